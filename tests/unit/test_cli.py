@@ -1,0 +1,60 @@
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from qatune.cli import cli, main
+
+
+def run(*args):
+    return CliRunner().invoke(cli, list(args))
+
+
+def test_help_lists_the_commands():
+    result = run("--help")
+    assert result.exit_code == 0
+    for command in ("train", "eval", "generate", "check", "env"):
+        assert command in result.output
+
+
+def test_version():
+    result = run("--version")
+    assert result.exit_code == 0 and "qatune, version" in result.output
+
+
+def test_env_reports_versions_and_device():
+    result = run("env", "--json")
+    assert result.exit_code == 0
+    info = json.loads(result.output)
+    for key in ("python", "torch", "transformers", "accelerate", "device", "torch_threads"):
+        assert key in info
+
+
+def test_config_error_is_one_clean_message(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("train:\n  lerning_rate: 1\n")
+    result = run("check", "--config", str(path))
+    assert result.exit_code == 1
+    assert "Traceback" not in result.output
+    assert "did you mean 'train.learning_rate'?" in result.stderr
+
+
+def test_verbose_shows_the_traceback(tmp_path):
+    result = run("-v", "check", "--config", str(tmp_path / "missing.yaml"))
+    assert result.exit_code == 1
+    assert "Traceback" in result.stderr and "not found" in result.stderr
+
+
+def test_main_returns_exit_codes(tmp_path, capsys):
+    assert main(["--version"]) == 0
+    assert main(["check", "--config", str(tmp_path / "none.yaml")]) == 1
+    assert main(["no-such-command"]) == 2
+    assert "not found" in capsys.readouterr().err
+
+
+def test_python_dash_m_entry_point():
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "qatune", "--help"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and "generate" in done.stdout

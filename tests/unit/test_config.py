@@ -1,0 +1,121 @@
+from pathlib import Path
+
+import pytest
+
+from qatune.config import Config, field_names, load_config
+from qatune.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def write(tmp_path, text):
+    path = tmp_path / "c.yaml"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+BASE = "model:\n  name_or_path: gpt2\ndata:\n  train_file: faq.csv\n"
+
+
+def test_contract_keys_load_with_their_types(tmp_path):
+    config = load_config(write(tmp_path, """
+task: generative
+seed: 7
+output_dir: runs/x
+model:
+  name_or_path: gpt2
+data:
+  train_file: examples/data/faq.csv
+  eval_file: null
+  question_column: q
+  answer_column: a
+  context_column: null
+  sheet: 2
+train:
+  epochs: 3
+  batch_size: 8
+  learning_rate: 5e-5
+  max_grad_norm: 1.0
+"""))
+    assert config.seed == 7 and config.data.sheet == 2 and config.data.question_column == "q"
+    # YAML 1.1 reads 5e-5 as a string; it must still become the float the user meant.
+    assert config.train.learning_rate == pytest.approx(5e-5)
+    assert {"task", "seed", "output_dir", "model.name_or_path", "data.train_file", "data.eval_file",
+            "data.question_column", "data.answer_column", "data.context_column", "data.sheet", "train.epochs",
+            "train.batch_size", "train.learning_rate", "train.max_grad_norm"} <= set(field_names())
+
+
+def test_unknown_key_suggests_the_closest(tmp_path):
+    with pytest.raises(ConfigError) as err:
+        load_config(write(tmp_path, BASE + "train:\n  lerning_rate: 0.1\n"))
+    assert str(err.value).endswith("train.lerning_rate: unknown key; did you mean 'train.learning_rate'?")
+
+
+def test_all_problems_are_reported_at_once(tmp_path):
+    with pytest.raises(ConfigError) as err:
+        load_config(write(tmp_path, BASE + "train:\n  batch_size: 0\n  learning_rate: -1\n  epochs: many\n"
+                                           "data2: {}\n" + "  \n"))
+    text = str(err.value)
+    assert "has 4 problems" in text
+    for expected in ["train.batch_size: must be greater than or equal to 1 (got 0)",
+                     "train.learning_rate: must be greater than 0 (got -1)",
+                     "train.epochs: must be a valid integer",
+                     "data2: unknown key; did you mean 'data'?"]:
+        assert expected in text
+
+
+@pytest.mark.parametrize("text, message", [
+    ("data:\n  train_file: x\n  max_length: 4\n" + "model: {name_or_path: gpt2}\n", "data.max_length: must be at least 8"),
+    ("model: {scratch: {n_embd: 100, n_head: 3}}\ndata: {train_file: x}\n", "not divisible by n_head=3"),
+    ("task: extractive\nmodel: {name_or_path: bert}\ndata: {train_file: x}\n", "data.context_column: required"),
+    ("model: {name_or_path: g}\ndata: {train_file: x, prompt_template: 'Q: {q}'}\n", "must contain {question}"),
+    ("data: {train_file: x}\n", "set model.name_or_path"),
+    ("task: summarise\n", "task: must be 'generative' or 'extractive'"),
+])
+def test_invalid_values(tmp_path, text, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(write(tmp_path, text))
+
+
+def test_set_overrides_with_type_checking(tmp_path):
+    path = write(tmp_path, BASE)
+    config = load_config(path, ["train.learning_rate=1e-5", "train.epochs=2", "data.sheet=Marks",
+                                "model.trust_remote_code=true"])
+    assert (config.train.learning_rate, config.train.epochs, config.data.sheet) == (1e-5, 2, "Marks")
+    assert config.model.trust_remote_code is True
+    with pytest.raises(ConfigError, match="train.epochs: must be a valid integer"):
+        load_config(path, ["train.epochs=lots"])
+    with pytest.raises(ConfigError, match="did you mean 'train.batch_size'"):
+        load_config(path, ["train.bach_size=4"])
+    with pytest.raises(ConfigError, match="expected KEY=VALUE"):
+        load_config(path, ["train.epochs"])
+
+
+@pytest.mark.parametrize("text, message", [
+    ("model: [\n", "not valid YAML at line 2"),
+    ("- a\n- b\n", "holds a YAML list, not a mapping"),
+    ("", "is empty"),
+])
+def test_bad_yaml_files(tmp_path, text, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(write(tmp_path, text))
+
+
+def test_missing_config_file(tmp_path):
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(tmp_path / "none.yaml")
+
+
+def test_resolved_config_round_trips(tmp_path):
+    config = load_config(write(tmp_path, BASE), ["train.scheduler.gamma=0.5"])
+    again = load_config(write(tmp_path, config.to_yaml()))
+    assert again == config
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "configs").glob("*.yaml")), ids=lambda p: p.name)
+def test_every_shipped_config_loads(path):
+    config = load_config(path)
+    assert isinstance(config, Config)
+    assert (ROOT / config.data.train_file).exists()
+    if config.data.eval_file:
+        assert (ROOT / config.data.eval_file).exists()
