@@ -18,7 +18,9 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/qatune check --config configs/tiny-gpt2.yaml
+	$(BIN)/qatune train --config configs/tiny-gpt2.yaml --overwrite
+	$(BIN)/qatune eval runs/tiny-gpt2 --data examples/data/faq.csv
+	$(BIN)/qatune generate runs/tiny-gpt2 "what character did john noble play in lord of the rings?"
 
 test: $(STAMP)
 	$(BIN)/python -m pytest

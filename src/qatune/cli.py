@@ -72,37 +72,85 @@ def _setup_logging(level: int) -> None:
     log.propagate = False
 
 
-def _not_yet(name: str) -> None:
-    raise QatuneError(f"'qatune {name}' is not implemented yet in this version")
-
-
 @cli.command()
-@click.option("--config", "config_path", required=True, type=click.Path(dir_okay=True), help="YAML config file.")
-@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="Override a config key (repeatable).")
+@click.option("--config", "config_path", required=True, help="YAML config file (see configs/).")
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
+              help="Override a config key, e.g. --set train.learning_rate=1e-5 (repeatable).")
 @click.option("--output-dir", default=None, help="Run directory (default: output_dir from the config).")
+@click.option("--overwrite", is_flag=True, help="Replace an existing run directory.")
+@click.option("--quiet", is_flag=True, help="No progress bar.")
 @verbose_option
-def train(config_path: str, overrides: tuple[str, ...], output_dir: str | None) -> None:
-    """Fine-tune a model on a spreadsheet and write a run directory."""
-    _not_yet("train")
+def train(config_path: str, overrides: tuple[str, ...], output_dir: str | None, overwrite: bool, quiet: bool) -> None:
+    """Fine-tune a model on a spreadsheet and write a run directory.
+
+    The run directory holds final/ (a plain transformers model folder), best/ (when there is
+    validation data), config.yaml, metrics.jsonl and run.json.
+    """
+    from qatune.config import load_config
+    from qatune.train import train as run_training
+
+    config = load_config(config_path, overrides)
+    run_dir = run_training(config, output_dir=output_dir, overwrite=overwrite, progress=not quiet)
+    click.echo(str(run_dir))
 
 
 @cli.command(name="eval")
 @click.argument("run_dir")
-@click.option("--data", "data_file", required=True, help="Held-out spreadsheet with the same columns.")
+@click.option("--data", "data_file", required=True, help="Held-out spreadsheet with the same columns as training.")
+@click.option("--model", "which", type=click.Choice(["final", "best"]), default="final", show_default=True,
+              help="Which model of the run to evaluate.")
+@click.option("--batch-size", type=click.IntRange(min=1), default=None, help="Evaluation batch size.")
 @click.option("--json", "as_json", is_flag=True, help="Print the metrics as JSON on stdout.")
 @verbose_option
-def eval_command(run_dir: str, data_file: str, as_json: bool) -> None:
-    """Evaluate a trained run on a held-out file (loss, perplexity, exact match, F1)."""
-    _not_yet("eval")
+def eval_command(run_dir: str, data_file: str, which: str, batch_size: int | None, as_json: bool) -> None:
+    """Evaluate a trained run on a held-out file: loss, perplexity, exact match, F1.
+
+    Writes eval-<file>.json and predictions-<file>.csv into the run directory.
+    """
+    from qatune.evaluate import evaluate_run
+
+    metrics, paths = evaluate_run(run_dir, data_file, which, batch_size, progress=not as_json)
+    if as_json:
+        click.echo(json.dumps(metrics, indent=2))
+        return
+    for key in ("exact_match", "f1", "loss", "perplexity"):
+        value = metrics[key]
+        click.echo(f"{key:<12} {value:.4f}" if isinstance(value, float) else f"{key:<12} n/a")
+    click.echo(f"{'num_examples':<12} {metrics['num_examples']}")
+    click.echo(f"predictions  {paths['predictions']}")
 
 
 @cli.command()
 @click.argument("run_dir")
 @click.argument("question", required=False)
+@click.option("--context", default=None, help="Extractive: the passage that holds the answer.")
+@click.option("--context-file", type=click.Path(dir_okay=False), default=None,
+              help="Extractive: read the passage from a text file.")
+@click.option("--file", "data_file", default=None, help="Answer every row of a spreadsheet (question column).")
+@click.option("--output", default=None, help="With --file: where to write the answers CSV.")
+@click.option("--model", "which", type=click.Choice(["final", "best"]), default="final", show_default=True)
+@click.option("--max-new-tokens", type=click.IntRange(min=1), default=None, help="Longest generated answer.")
+@click.option("--temperature", type=click.FloatRange(min=0.0), default=None, help="0 is greedy; above 0 samples.")
+@click.option("--top-p", type=click.FloatRange(min=0.0, max=1.0, min_open=True), default=None,
+              help="Nucleus sampling threshold.")
+@click.option("--seed", type=int, default=None, help="Seed for sampling.")
 @verbose_option
-def generate(run_dir: str, question: str | None) -> None:
-    """Answer a question (or every row of --file) with a trained run."""
-    _not_yet("generate")
+def generate(run_dir: str, question: str | None, context: str | None, context_file: str | None,
+             data_file: str | None, output: str | None, which: str, max_new_tokens: int | None,
+             temperature: float | None, top_p: float | None, seed: int | None) -> None:
+    """Answer a question (or every row of --file) with a trained run. Prints the answer only."""
+    from qatune.generate import answer_file, answer_one
+
+    options = {"max_new_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p}
+    if data_file is not None:
+        if question is not None:
+            raise QatuneError("give either a QUESTION or --file, not both")
+        path = answer_file(run_dir, data_file, output, which, options, seed)
+        click.echo(str(path))
+        return
+    if question is None or not question.strip():
+        raise QatuneError("the question is empty; pass a question in quotes, e.g. qatune generate RUN \"Who wrote it?\"")
+    click.echo(answer_one(run_dir, question, context, context_file, which, options, seed))
 
 
 @cli.command()

@@ -1,0 +1,109 @@
+"""Metrics over a held-out file: loss, perplexity, exact match and F1, plus a predictions file."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from qatune.config import GenerateConfig
+from qatune.data.extractive import prepare_features
+from qatune.data.generative import CausalCollator, PromptEncoder, PromptTemplate, encode_examples
+from qatune.data.spreadsheet import QARecord, load_from_config
+from qatune.generate import answer_questions, extract_answers, score_windows
+from qatune.metrics import best_scores, corpus_scores
+from qatune.model import ModelInfo, load_model_folder
+from qatune.objectives import CausalLMObjective, model_inputs
+
+
+def evaluate_records(model: Any, tokenizer: Any, info: ModelInfo, records: list[QARecord],
+                     generate: GenerateConfig | None = None, batch_size: int = 32, progress: bool = False
+                     ) -> tuple[dict[str, Any], list[str]]:
+    """Metrics (keys: exact_match, f1, loss, perplexity, num_examples) and one prediction per record."""
+    generate = generate or GenerateConfig()
+    if info.task == "generative":
+        loss = causal_lm_eval_loss(model, tokenizer, info, records, batch_size)
+        predictions = answer_questions(model, tokenizer, info, [r.question for r in records],
+                                       [r.context for r in records], generate, batch_size, progress)
+        perplexity = _safe_exp(loss)
+    else:
+        features, _, kept = prepare_features(tokenizer, records, info.max_length, info.doc_stride, train=False)
+        starts, ends, loss_sum, count = score_windows(model, tokenizer, features, batch_size, progress)
+        predictions = extract_answers(features, starts, ends, kept, generate)
+        loss = loss_sum / count if count else None
+        perplexity = None
+    scores = corpus_scores(predictions, [r.answers for r in records])
+    metrics = {**scores, "loss": loss, "perplexity": perplexity, "num_examples": len(records)}
+    return metrics, predictions
+
+
+def causal_lm_eval_loss(model: Any, tokenizer: Any, info: ModelInfo, records: list[QARecord],
+                        batch_size: int) -> float | None:
+    """Mean cross-entropy per supervised answer token (teacher forcing)."""
+    encoder = PromptEncoder(tokenizer, PromptTemplate(info.prompt_template, info.answer_prefix))
+    examples, _ = encode_examples(encoder, records, info.max_length)
+    if not examples:
+        return None
+    objective = CausalLMObjective(model)
+    collate = CausalCollator(tokenizer.pad_token_id)
+    device = next(model.parameters()).device
+    examples.sort(key=len)
+    total, count = 0.0, 0
+    model.eval()
+    with torch.inference_mode():
+        for i in range(0, len(examples), batch_size):
+            batch = {k: v.to(device) for k, v in model_inputs(collate(examples[i : i + batch_size])).items()}
+            out = objective(**batch)
+            total += float(out["loss_sum"])
+            count += int(out["count"])
+    return total / count if count else None
+
+
+def evaluate_run(run_dir: str | Path, data_file: str | Path, which: str = "final",
+                 batch_size: int | None = None, progress: bool = False) -> tuple[dict[str, Any], dict[str, Path]]:
+    """Evaluate a run's model on a file; writes the metrics JSON and a predictions CSV next to the run."""
+    loaded = load_model_folder(run_dir, which)
+    records, report = load_from_config(loaded.config.data, data_file, with_context=loaded.info.task == "extractive"
+                                       or PromptTemplate(loaded.info.prompt_template).uses_context)
+    metrics, predictions = evaluate_records(
+        loaded.model, loaded.tokenizer, loaded.info, records, loaded.config.generate,
+        batch_size or loaded.config.train.eval_batch_size, progress,
+    )
+    metrics["data_file"] = str(data_file)
+    metrics["rows_dropped"] = report.dropped_total
+    out_dir = _results_dir(Path(run_dir), loaded.folder)
+    stem = Path(data_file).stem
+    paths = {"metrics": out_dir / f"eval-{stem}.json", "predictions": out_dir / f"predictions-{stem}.csv"}
+    paths["metrics"].write_text(json.dumps(metrics, indent=2) + "\n", encoding="utf-8")
+    write_predictions(paths["predictions"], records, predictions)
+    return metrics, paths
+
+
+def write_predictions(path: Path, records: list[QARecord], predictions: list[str]) -> None:
+    """CSV with one row per question; the em and f1 columns (0-100) average to the reported metrics."""
+    with open(path, "w", encoding="utf-8", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["row", "question", "gold", "prediction", "em", "f1"])
+        for record, prediction in zip(records, predictions, strict=True):
+            em, f1 = best_scores(prediction, record.answers)
+            writer.writerow([record.row, record.question, " | ".join(record.answers), prediction,
+                             round(100 * em), round(100 * f1, 2)])
+
+
+def _results_dir(given: Path, model_folder: Path) -> Path:
+    if given.resolve() == model_folder.resolve() and (model_folder.parent / "run.json").is_file():
+        return model_folder.parent
+    return given
+
+
+def _safe_exp(loss: float | None) -> float | None:
+    if loss is None:
+        return None
+    try:
+        return math.exp(loss)
+    except OverflowError:
+        return float("inf")

@@ -1,0 +1,183 @@
+"""Answers for questions (and contexts) from a trained model, in batches.
+
+Generative: prompts are encoded exactly as in training, left-padded, and decoded until EOS.
+Extractive: every window of the context is scored and the best span is cut from the context.
+"""
+
+from __future__ import annotations
+
+import csv
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from pydantic import ValidationError
+from tqdm.auto import tqdm
+
+from qatune.config import GenerateConfig
+from qatune.data.extractive import Feature, SpanCollator, best_span, prepare_features
+from qatune.data.generative import PromptEncoder, PromptTemplate, left_pad
+from qatune.data.spreadsheet import QARecord
+from qatune.errors import ConfigError, DataError
+from qatune.model import ModelInfo, model_max_positions
+from qatune.objectives import span_logits
+
+
+def answer_questions(model: Any, tokenizer: Any, info: ModelInfo, questions: list[str],
+                     contexts: list[str | None] | None = None, generate: GenerateConfig | None = None,
+                     batch_size: int = 32, progress: bool = False) -> list[str]:
+    """One answer per question, in the input order."""
+    generate = generate or GenerateConfig()
+    contexts = contexts if contexts is not None else [None] * len(questions)
+    if info.task == "generative":
+        return generate_answers(model, tokenizer, info, questions, contexts, generate, batch_size, progress)
+    if any(not c for c in contexts):
+        raise DataError("extractive QA needs a context for every question; pass --context/--context-file "
+                        "or a file with a context column")
+    records = [QARecord(question=q, answers=[], context=c, row=i) for i, (q, c) in enumerate(zip(questions, contexts))]
+    features, _, kept = prepare_features(tokenizer, records, info.max_length, info.doc_stride, train=False)
+    starts, ends, _, _ = score_windows(model, tokenizer, features, batch_size, progress)
+    return extract_answers(features, starts, ends, kept, generate)
+
+
+def generate_answers(model: Any, tokenizer: Any, info: ModelInfo, questions: list[str], contexts: list[str | None],
+                     generate: GenerateConfig, batch_size: int, progress: bool) -> list[str]:
+    from transformers import GenerationConfig
+
+    encoder = PromptEncoder(tokenizer, PromptTemplate(info.prompt_template, info.answer_prefix))
+    limit = model_max_positions(model, tokenizer)
+    budget = max(8, limit - generate.max_new_tokens) if limit else None
+    prompts = []
+    for question, context in zip(questions, contexts):
+        ids = encoder.prompt_ids(question, context, budget)
+        if ids is None:
+            raise DataError(f"the prompt template alone is longer than the model's {limit} positions")
+        prompts.append(ids)
+    sampling = generate.temperature > 0
+    config = GenerationConfig(
+        max_new_tokens=generate.max_new_tokens, do_sample=sampling,
+        temperature=generate.temperature if sampling else None, top_p=generate.top_p if sampling else None,
+        top_k=None, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+    )
+    device = next(model.parameters()).device
+    answers: list[str] = [""] * len(prompts)
+    model.eval()
+    for chunk in _length_sorted_batches([len(p) for p in prompts], batch_size, progress, "generate"):
+        input_ids, attention_mask = left_pad([prompts[i] for i in chunk], tokenizer.pad_token_id)
+        with torch.inference_mode():
+            out = model.generate(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device),
+                                 generation_config=config)
+        for i, tokens in zip(chunk, out[:, input_ids.shape[1]:].tolist()):
+            if tokenizer.eos_token_id in tokens:
+                tokens = tokens[: tokens.index(tokenizer.eos_token_id)]
+            answers[i] = tokenizer.decode(tokens, skip_special_tokens=True).strip()
+    return answers
+
+
+def score_windows(model: Any, tokenizer: Any, features: list[Feature], batch_size: int, progress: bool = False
+                  ) -> tuple[list[torch.Tensor], list[torch.Tensor], float, int]:
+    """Start/end logits of every window, and the summed span loss over labelled windows."""
+    collate = SpanCollator(tokenizer.pad_token_id)
+    device = next(model.parameters()).device
+    starts: list[torch.Tensor] = [torch.empty(0)] * len(features)
+    ends: list[torch.Tensor] = [torch.empty(0)] * len(features)
+    loss_sum, count = 0.0, 0
+    model.eval()
+    for chunk in _length_sorted_batches([len(f) for f in features], batch_size, progress, "answer"):
+        batch = collate([features[i] for i in chunk])
+        with torch.inference_mode():
+            start, end = span_logits(model, batch["input_ids"].to(device), batch["attention_mask"].to(device),
+                                     batch["token_type_ids"].to(device) if "token_type_ids" in batch else None)
+            labelled = batch["start_positions"] >= 0
+            if labelled.any():
+                ce = torch.nn.functional.cross_entropy
+                s_pos, e_pos = batch["start_positions"].to(device), batch["end_positions"].to(device)
+                loss_sum += float(0.5 * (ce(start, s_pos, ignore_index=-100, reduction="sum")
+                                         + ce(end, e_pos, ignore_index=-100, reduction="sum")))
+                count += int(labelled.sum())
+        for j, i in enumerate(chunk):
+            starts[i], ends[i] = start[j].cpu(), end[j].cpu()
+    return starts, ends, loss_sum, count
+
+
+def extract_answers(features: list[Feature], starts: list[torch.Tensor], ends: list[torch.Tensor],
+                    records: list[QARecord], generate: GenerateConfig) -> list[str]:
+    by_example: dict[int, list[int]] = {}
+    for i, feature in enumerate(features):
+        by_example.setdefault(feature.example, []).append(i)
+    answers = []
+    for example, record in enumerate(records):
+        indices = by_example.get(example, [])
+        text, _ = best_span([features[i] for i in indices], [starts[i] for i in indices], [ends[i] for i in indices],
+                            record.context or "", generate.n_best, generate.max_answer_length)
+        answers.append(text)
+    return answers
+
+
+def _length_sorted_batches(lengths: list[int], batch_size: int, progress: bool, desc: str) -> Iterator[list[int]]:
+    """Indices in batches of similar length (less padding); callers put results back in order."""
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    chunks = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
+    yield from tqdm(chunks, desc=desc, unit="batch", disable=not progress, leave=False)
+
+
+def answer_one(run_dir: str | Path, question: str, context: str | None = None, context_file: str | None = None,
+               which: str = "final", options: dict[str, Any] | None = None, seed: int | None = None) -> str:
+    """The answer of a trained run to one question (the ``qatune generate RUN "question"`` command)."""
+    from qatune.model import load_model_folder
+
+    if context_file is not None:
+        context = _read_context(context_file)
+    loaded = load_model_folder(run_dir, which)
+    if loaded.info.task == "extractive" and not (context and context.strip()):
+        raise DataError("this run does extractive QA: pass the passage with --context TEXT or --context-file FILE")
+    _seed(seed)
+    generate = _generate_config(loaded.config.generate, options)
+    return answer_questions(loaded.model, loaded.tokenizer, loaded.info, [question.strip()], [context], generate)[0]
+
+
+def answer_file(run_dir: str | Path, data_file: str | Path, output: str | Path | None = None, which: str = "final",
+                options: dict[str, Any] | None = None, seed: int | None = None) -> Path:
+    """Answer every row of a spreadsheet; writes a CSV (row, question, answer) and returns its path."""
+    from qatune.data.spreadsheet import load_from_config
+    from qatune.model import load_model_folder
+
+    loaded = load_model_folder(run_dir, which)
+    needs_context = loaded.info.task == "extractive" or PromptTemplate(loaded.info.prompt_template).uses_context
+    records, _ = load_from_config(loaded.config.data, data_file, with_answers=False, with_context=needs_context)
+    _seed(seed)
+    generate = _generate_config(loaded.config.generate, options)
+    answers = answer_questions(loaded.model, loaded.tokenizer, loaded.info, [r.question for r in records],
+                               [r.context for r in records], generate, loaded.config.train.eval_batch_size,
+                               progress=True)
+    path = Path(output) if output else Path(run_dir) / f"answers-{Path(data_file).stem}.csv"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", encoding="utf-8", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["row", "question", "answer"])
+        writer.writerows([r.row, r.question, a] for r, a in zip(records, answers))
+    return path
+
+
+def _generate_config(base: GenerateConfig, options: dict[str, Any] | None) -> GenerateConfig:
+    updates = {k: v for k, v in (options or {}).items() if v is not None}
+    try:
+        return GenerateConfig.model_validate({**base.model_dump(), **updates})
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise ConfigError(f"{'.'.join(map(str, first['loc']))}: {first['msg']}") from None
+
+
+def _read_context(path: str) -> str:
+    try:
+        return Path(path).read_text(encoding="utf-8-sig")
+    except FileNotFoundError:
+        raise DataError(f"context file {path} not found") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise DataError(f"cannot read context file {path}: {exc}") from None
+
+
+def _seed(seed: int | None) -> None:
+    if seed is not None:
+        torch.manual_seed(seed)

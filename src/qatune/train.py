@@ -1,0 +1,554 @@
+"""Training: ``train(config)`` wires the pieces; ``fit`` is the loop, readable top to bottom.
+
+Everything that can fail because of the user's data, model or settings happens in ``prepare``,
+before the run directory is created, so a failed setup leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import random
+import shutil
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+
+from qatune import __version__
+from qatune.config import Config
+from qatune.data.extractive import SpanCollator, prepare_features
+from qatune.data.generative import (
+    CausalCollator,
+    ExampleDataset,
+    PromptEncoder,
+    PromptTemplate,
+    choose_max_length,
+    encode_examples,
+)
+from qatune.data.spreadsheet import LoadReport, QARecord, load_from_config, split_validation
+from qatune.errors import ConfigError, DataError, RunDirError, TrainingError
+from qatune.evaluate import evaluate_records
+from qatune.model import (
+    ModelInfo,
+    build_scratch,
+    load_pretrained,
+    load_tokenizer,
+    model_max_positions,
+    quiet_transformers,
+    save_model,
+    train_scratch_tokenizer,
+    write_status,
+)
+from qatune.objectives import count_items, model_inputs, objective_for
+
+log = logging.getLogger("qatune")
+
+EXTRACTIVE_AUTO_MAX_LENGTH = 384
+
+
+@dataclass
+class Prepared:
+    """Everything a run needs, built and checked before anything is written."""
+
+    config: Config
+    model: Any
+    tokenizer: Any
+    info: ModelInfo
+    train_records: list[QARecord]
+    eval_records: list[QARecord]
+    dataset: ExampleDataset
+    collator: Any
+    reports: dict[str, Any] = field(default_factory=dict)
+
+
+def prepare(config: Config) -> Prepared:
+    """Load data, build or load model and tokenizer, encode the training set."""
+    quiet_transformers()
+    _seed_everything(config.seed)
+    train_records, train_report = load_from_config(config.data, config.data.train_file)
+    reports: dict[str, Any] = {"train_file": train_report.to_dict()}
+    _log_report(train_report)
+    if config.data.eval_file:
+        eval_records, eval_report = load_from_config(config.data, config.data.eval_file)
+        reports["eval_file"] = eval_report.to_dict()
+        _log_report(eval_report)
+    else:
+        train_records, eval_records = split_validation(train_records, config.data.validation_fraction, config.seed)
+        if eval_records:
+            log.info("validation: %d rows held out of the training file (data.validation_fraction=%s)",
+                     len(eval_records), config.data.validation_fraction)
+
+    task = config.task
+    template = PromptTemplate(config.data.prompt_template)
+    if config.model.scratch is not None:
+        texts = _tokenizer_corpus(task, template, train_records)
+        tokenizer = train_scratch_tokenizer(task, texts, config.model.scratch.vocab_size)
+        model = build_scratch(config.model.scratch, task, tokenizer)
+        source = f"scratch {task} model"
+    else:
+        tokenizer = load_tokenizer(config.model, task)
+        model = load_pretrained(config.model, task, tokenizer)
+        source = config.model.name_or_path
+    n_params = sum(p.numel() for p in model.parameters())
+    log.info("model: %s (%s, %.1fM parameters)", source, type(model).__name__, n_params / 1e6)
+
+    limit = model_max_positions(model, tokenizer)
+    if task == "generative":
+        encoder = PromptEncoder(tokenizer, template)
+        lengths = [encoder.full_length(r) for r in train_records]
+        max_length = choose_max_length(lengths, config.data.max_length, limit)
+        examples, stats = encode_examples(encoder, train_records, max_length)
+        reports["encoding"] = {"max_length": max_length, "truncated_rows": stats.truncated_rows,
+                               "too_long_rows": stats.too_long_rows, "lengths": _length_summary(lengths)}
+        if stats.truncated_rows:
+            log.warning("%d rows longer than max_length=%d: their questions were shortened (rows %s)",
+                        len(stats.truncated_rows), max_length, _rows(stats.truncated_rows))
+        if stats.too_long_rows:
+            log.warning("%d rows dropped: the answer alone does not fit max_length=%d (rows %s)",
+                        len(stats.too_long_rows), max_length, _rows(stats.too_long_rows))
+        items: list[Any] = examples
+        collator: Any = CausalCollator(tokenizer.pad_token_id, config.train.train_on_prompt)
+        info = ModelInfo(task=task, max_length=max_length, prompt_template=template.template,
+                         answer_prefix=template.answer_prefix, qatune_version=__version__)
+    else:
+        setting = config.data.max_length
+        max_length = min(EXTRACTIVE_AUTO_MAX_LENGTH, limit or EXTRACTIVE_AUTO_MAX_LENGTH) if setting == "auto" else setting
+        if limit is not None and max_length > limit:
+            raise ConfigError(f"data.max_length={max_length} is more than the model's {limit} positions; lower it")
+        features, stats, kept = prepare_features(tokenizer, train_records, max_length, config.data.doc_stride, train=True)
+        for row in stats.not_found_rows:
+            train_report.drop("answer not in context", row)
+        reports["train_file"] = train_report.to_dict()
+        reports["encoding"] = {
+            "max_length": max_length, "doc_stride": config.data.doc_stride, "windows": stats.windows,
+            "windows_without_answer": stats.windows_without_answer, "answer_not_in_context_rows": stats.not_found_rows,
+            "unreachable_rows": stats.unreachable_rows,
+            "span_audit": {"checked": stats.audit_checked, "matched": stats.audit_matched,
+                           "share": stats.audit_share, "mismatches": stats.audit_mismatches},
+        }
+        if stats.not_found_rows:
+            log.warning("%d rows dropped: the answer is not in the context (rows %s)",
+                        len(stats.not_found_rows), _rows(stats.not_found_rows))
+        log.info("windows: %d (%d without the answer, labelled CLS); span audit: %.1f%% of %d labelled spans "
+                 "decode to the answer", stats.windows, stats.windows_without_answer, 100 * stats.audit_share,
+                 stats.audit_checked)
+        train_records = kept
+        items = features
+        collator = SpanCollator(tokenizer.pad_token_id)
+        info = ModelInfo(task=task, max_length=max_length, doc_stride=config.data.doc_stride,
+                         qatune_version=__version__)
+    if not items:
+        raise DataError(f"no training examples are left after encoding {config.data.train_file}; "
+                        "see the warnings above (max_length, answers not in context)")
+    return Prepared(config=config, model=model, tokenizer=tokenizer, info=info, train_records=train_records,
+                    eval_records=eval_records, dataset=ExampleDataset(items), collator=collator, reports=reports)
+
+
+def train(config: Config, output_dir: str | Path | None = None, overwrite: bool = False,
+          progress: bool = True) -> Path:
+    """Fine-tune according to ``config`` and return the run directory (with final/ inside)."""
+    run_dir = Path(output_dir or config.output_dir)
+    if output_dir is not None:
+        config = config.model_copy(update={"output_dir": str(output_dir)})
+    check_output_dir(run_dir, overwrite)
+    prepared = prepare(config)
+    create_run_dir(run_dir, overwrite)
+    (run_dir / "config.yaml").write_text(config.to_yaml(), encoding="utf-8")
+    write_status(run_dir, status="running", qatune_version=__version__, started=time.strftime("%Y-%m-%d %H:%M:%S"),
+                 task=config.task, max_length=prepared.info.max_length, data=prepared.reports)
+    try:
+        result = fit(prepared, run_dir, progress=progress)
+    except TrainingError as exc:
+        write_status(run_dir, status="failed", error=str(exc))
+        raise
+    except KeyboardInterrupt:
+        write_status(run_dir, status="stopped", error="interrupted")
+        raise
+    except BaseException as exc:
+        write_status(run_dir, status="failed", error=f"{type(exc).__name__}: {exc}")
+        raise
+    write_status(run_dir, status="complete", finished=time.strftime("%Y-%m-%d %H:%M:%S"), result=result)
+    log.info("run complete: %s (model in %s)", run_dir, run_dir / "final")
+    return run_dir
+
+
+def check_output_dir(run_dir: Path, overwrite: bool) -> None:
+    """Refuse early (before slow work) an output_dir that cannot or must not be used."""
+    if run_dir.exists() and not run_dir.is_dir():
+        raise RunDirError(f"output_dir {run_dir} is a file; choose a directory path (--output-dir)")
+    if run_dir.is_dir() and any(run_dir.iterdir()):
+        looks_like_run = (run_dir / "run.json").exists() or (run_dir / "config.yaml").exists()
+        if not overwrite:
+            what = "a run" if looks_like_run else "files"
+            raise RunDirError(f"output_dir {run_dir} already holds {what}; pass --overwrite to replace it "
+                              "or choose another --output-dir")
+        if not looks_like_run:
+            raise RunDirError(f"output_dir {run_dir} is not empty and is not a qatune run; refusing to delete it "
+                              "even with --overwrite; choose another --output-dir")
+    parent = _existing_parent(run_dir)
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise RunDirError(f"output_dir {run_dir} is not writable (no write permission on {parent}); "
+                          "choose another --output-dir")
+
+
+def create_run_dir(run_dir: Path, overwrite: bool) -> None:
+    check_output_dir(run_dir, overwrite)
+    if run_dir.exists() and overwrite:
+        shutil.rmtree(run_dir)
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise RunDirError(f"cannot create output_dir {run_dir}: {exc.strerror}") from None
+
+
+def _existing_parent(path: Path) -> Path:
+    path = path.absolute()
+    while not path.exists():
+        path = path.parent
+    return path
+
+
+class LengthGroupedBatches(torch.utils.data.Sampler):
+    """Shuffled batches of similar-length examples: less padding, still a new order every epoch.
+
+    Indices are shuffled, cut into mega-batches of 50 batches, each sorted by length and cut into
+    batches; then the batch order is shuffled. ``group=False`` gives plain shuffled batches.
+    """
+
+    def __init__(self, lengths: list[int], batch_size: int, seed: int, group: bool = True, mega: int = 50):
+        self.lengths = lengths
+        self.batch_size = batch_size
+        self.seed = seed
+        self.group = group
+        self.mega = mega
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self) -> Iterator[list[int]]:
+        rng = random.Random(self.seed * 1_000_003 + self.epoch)
+        order = list(range(len(self.lengths)))
+        rng.shuffle(order)
+        if self.group:
+            size = self.batch_size * self.mega
+            order = [i for start in range(0, len(order), size)
+                     for i in sorted(order[start : start + size], key=lambda j: -self.lengths[j])]
+        batches = [order[i : i + self.batch_size] for i in range(0, len(order), self.batch_size)]
+        if self.group:
+            rng.shuffle(batches)
+        return iter(batches)
+
+    def __len__(self) -> int:
+        return math.ceil(len(self.lengths) / self.batch_size)
+
+
+def build_optimizer(model: torch.nn.Module, lr: float, weight_decay: float) -> torch.optim.AdamW:
+    """AdamW; biases and normalisation weights (all 1-D parameters) get no weight decay."""
+    decay = [p for p in model.parameters() if p.requires_grad and p.ndim >= 2]
+    no_decay = [p for p in model.parameters() if p.requires_grad and p.ndim < 2]
+    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.999), eps=1e-8)
+
+
+def build_schedulers(optimizer: torch.optim.Optimizer, config: Config) -> tuple[Any, torch.optim.lr_scheduler.StepLR]:
+    """Linear warmup (per optimizer step) chained with StepLR (per epoch or per optimizer step).
+
+    Both are torch's chainable schedulers, so the learning rate is peak * warmup(t) * gamma**k.
+    """
+    train = config.train
+    warmup = None
+    if train.warmup_steps > 0:
+        w = train.warmup_steps
+        warmup = torch.optim.lr_scheduler.LinearLR(optimizer, start_factor=1.0 / w, end_factor=1.0,
+                                                   total_iters=max(1, w - 1))
+    decay = torch.optim.lr_scheduler.StepLR(optimizer, step_size=train.scheduler.step_size,
+                                            gamma=train.scheduler.gamma)
+    return warmup, decay
+
+
+class NonFiniteGuard:
+    """Every optimizer step: loss and gradient norm must be finite, from step 1.
+
+    A bad step is never applied. Its diagnosis (rows of the batch, lr, per-layer gradient norms,
+    largest logits, precision) goes to the console and to RUN/nonfinite-step-N.json.
+    """
+
+    def __init__(self, run_dir: Path | None, policy: str, limit: int, precision: str):
+        self.run_dir = run_dir
+        self.policy = policy
+        self.limit = limit
+        self.precision = precision
+        self.bad_steps: list[int] = []
+        self.in_a_row = 0
+
+    def ok(self) -> None:
+        self.in_a_row = 0
+
+    def record(self, step: int, epoch: int, loss: float, grad_norm: float, rows: list[int], lr: float,
+               model: torch.nn.Module, logit_absmax: float) -> None:
+        self.bad_steps.append(step)
+        self.in_a_row += 1
+        norms = {name: float(p.grad.detach().float().norm()) for name, p in model.named_parameters()
+                 if p.grad is not None}
+        worst = sorted(norms.items(), key=lambda kv: -kv[1] if math.isfinite(kv[1]) else -math.inf)
+        non_finite_layers = [name for name, value in norms.items() if not math.isfinite(value)]
+        diagnosis = {
+            "step": step, "epoch": epoch, "loss": loss, "grad_norm": grad_norm, "rows": rows, "lr": lr,
+            "precision": self.precision, "largest_abs_logit": logit_absmax,
+            "non_finite_grad_layers": non_finite_layers[:50], "largest_grad_norms": dict(worst[:10]),
+            "likely_causes": likely_causes(loss, grad_norm, lr, logit_absmax, self.precision),
+        }
+        if self.run_dir is not None:
+            path = self.run_dir / f"nonfinite-step-{step}.json"
+            path.write_text(json.dumps(diagnosis, indent=2, default=str) + "\n", encoding="utf-8")
+        log.warning("non-finite step %d (loss=%s, grad_norm=%s, lr=%.3g): update not applied; batch rows %s; %s",
+                    step, loss, grad_norm, lr, _rows(rows), diagnosis["likely_causes"][0])
+
+    def should_stop(self) -> bool:
+        if self.policy == "stop":
+            return len(self.bad_steps) >= self.limit
+        return self.in_a_row >= self.limit
+
+    def stop_message(self) -> str:
+        causes = likely_causes(math.nan, math.nan, 0.0, 0.0, self.precision)
+        where = f"; diagnosis in {self.run_dir}/nonfinite-step-*.json" if self.run_dir else ""
+        return (f"training stopped: {len(self.bad_steps)} non-finite step(s) (steps {self.bad_steps[:10]}), "
+                f"train.on_nonfinite={self.policy}{where}. Likely causes, in order: " + "; ".join(causes))
+
+
+def likely_causes(loss: float, grad_norm: float, lr: float, logit_absmax: float, precision: str) -> list[str]:
+    causes = []
+    if not math.isfinite(logit_absmax) or logit_absmax > 1e4:
+        causes.append("the forward pass overflowed (huge or non-finite logits): lower train.learning_rate, "
+                      "check the data for extreme inputs")
+    if precision == "fp16":
+        causes.append("fp16 overflows easily: use train.precision: bf16 or fp32")
+    if lr > 1e-3:
+        causes.append(f"learning rate {lr:.3g} is high for fine-tuning: lower train.learning_rate and keep "
+                      "train.max_grad_norm set")
+    causes.append("a batch with no supervised tokens or broken labels: run 'qatune check --config ...'")
+    causes.append("too high a learning rate without warmup: set train.warmup_steps and train.max_grad_norm")
+    return causes
+
+
+def fit(prepared: Prepared, run_dir: Path | None, progress: bool = True) -> dict[str, Any]:
+    """The training loop. Returns the final training loss and the best evaluation metrics."""
+    from accelerate import Accelerator
+
+    config, train_cfg = prepared.config, prepared.config.train
+    accelerator = _accelerator(config)
+    task = config.task
+    objective = objective_for(task, prepared.model)
+    optimizer = build_optimizer(objective, train_cfg.learning_rate, train_cfg.weight_decay)
+    sampler = LengthGroupedBatches(prepared.dataset.lengths, train_cfg.batch_size, config.seed,
+                                   group=train_cfg.group_by_length)
+    loader = torch.utils.data.DataLoader(prepared.dataset, batch_sampler=sampler, collate_fn=prepared.collator)
+    objective, optimizer, loader = accelerator.prepare(objective, optimizer, loader)
+    warmup, decay = build_schedulers(optimizer, config)
+    guard = NonFiniteGuard(run_dir if accelerator.is_main_process else None, train_cfg.on_nonfinite,
+                           train_cfg.max_nonfinite_steps, train_cfg.precision)
+    metrics_log = MetricsLog(run_dir / "metrics.jsonl" if run_dir and accelerator.is_main_process else None)
+    accum = train_cfg.gradient_accumulation_steps
+    steps_per_epoch = math.ceil(len(loader) / accum)
+    bar = tqdm(total=steps_per_epoch * train_cfg.epochs, desc="train", unit="step", file=sys.stderr,
+               disable=not (progress and accelerator.is_main_process), dynamic_ncols=True)
+    max_norm = train_cfg.max_grad_norm or math.inf
+    step, best, last_loss = 0, None, math.nan
+    window_stats = _Window()
+    for epoch in range(train_cfg.epochs):
+        sampler.set_epoch(epoch)
+        objective.train()
+        for window in _windows(loader, accum):
+            items = _global_count(accelerator, sum(count_items(b, task) for b in window))
+            if items == 0:
+                log.warning("step %d: a batch with no supervised tokens (rows %s); skipped", step + 1,
+                            _rows(_batch_rows(window)))
+                continue
+            loss_sum = torch.zeros((), device=accelerator.device)
+            logit_absmax = torch.zeros((), device=accelerator.device)
+            for i, batch in enumerate(window):
+                sync = accelerator.no_sync(objective) if i < len(window) - 1 else nullcontext()
+                with sync:
+                    out = objective(**model_inputs(batch))
+                    accelerator.backward(out["loss_sum"] * accelerator.num_processes / items)
+                loss_sum += out["loss_sum"].detach()
+                logit_absmax = torch.maximum(logit_absmax, out["logit_absmax"].float())
+            grad_norm = accelerator.clip_grad_norm_(objective.parameters(), max_norm)
+            loss = float(accelerator.reduce(loss_sum, "sum")) / items
+            norm = float(grad_norm)
+            lr = optimizer.param_groups[0]["lr"]
+            if not (math.isfinite(loss) and math.isfinite(norm)):
+                optimizer.zero_grad(set_to_none=True)
+                guard.record(step + 1, epoch, loss, norm, _batch_rows(window), lr,
+                             accelerator.unwrap_model(objective).model, float(logit_absmax))
+                if guard.should_stop():
+                    bar.close()
+                    raise TrainingError(guard.stop_message())
+                continue
+            guard.ok()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            if warmup is not None:
+                warmup.step()
+            if train_cfg.scheduler.interval == "step":
+                decay.step()
+            step += 1
+            last_loss = loss
+            window_stats.add(loss, items, sum(int(b["attention_mask"].sum()) for b in window))
+            bar.update(1)
+            if step == 1 or step % train_cfg.logging_steps == 0:
+                record = window_stats.flush(step=step, epoch=epoch + 1, lr=lr, grad_norm=norm, supervised=items)
+                metrics_log.write({"event": "train", **record})
+                bar.set_postfix(loss=f"{record['loss']:.4f}", lr=f"{lr:.2e}", tok_s=f"{record['tokens_per_s']:.0f}")
+        if train_cfg.scheduler.interval == "epoch":
+            decay.step()
+        if prepared.eval_records and accelerator.is_main_process:
+            best = _evaluate_epoch(prepared, accelerator.unwrap_model(objective).model, run_dir, epoch, step,
+                                   metrics_log, best)
+        accelerator.wait_for_everyone()
+    bar.close()
+    model = accelerator.unwrap_model(objective).model
+    if run_dir is not None and accelerator.is_main_process:
+        save_model(run_dir / "final", model, prepared.tokenizer, config, prepared.info)
+    accelerator.wait_for_everyone()
+    return {"steps": step, "final_train_loss": last_loss, "best_eval": best, "nonfinite_steps": guard.bad_steps}
+
+
+def _evaluate_epoch(prepared: Prepared, model: torch.nn.Module, run_dir: Path | None, epoch: int, step: int,
+                    metrics_log: MetricsLog, best: dict[str, Any] | None) -> dict[str, Any] | None:
+    config = prepared.config
+    metrics, _ = evaluate_records(model, prepared.tokenizer, prepared.info, prepared.eval_records,
+                                  config.generate, config.train.eval_batch_size)
+    model.train()
+    metrics_log.write({"event": "eval", "epoch": epoch + 1, "step": step, **metrics})
+    log.info("epoch %d: eval loss %s, exact match %.1f, F1 %.1f (%d examples)", epoch + 1,
+             f"{metrics['loss']:.4f}" if metrics["loss"] is not None else "n/a", metrics["exact_match"],
+             metrics["f1"], metrics["num_examples"])
+    if best is None or (metrics["f1"], -(metrics["loss"] or 0.0)) > (best["f1"], -(best["loss"] or 0.0)):
+        best = {**metrics, "epoch": epoch + 1, "step": step}
+        if run_dir is not None:
+            save_model(run_dir / "best", model, prepared.tokenizer, config, prepared.info)
+    return best
+
+
+class MetricsLog:
+    """Appends one JSON object per line to metrics.jsonl (nothing when path is None)."""
+
+    def __init__(self, path: Path | None):
+        self.path = path
+
+    def write(self, record: dict[str, Any]) -> None:
+        if self.path is None:
+            return
+        with open(self.path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(record, default=_json_default) + "\n")
+
+
+@dataclass
+class _Window:
+    """Token-weighted loss and throughput since the last log line."""
+
+    loss_sum: float = 0.0
+    items: int = 0
+    tokens: int = 0
+    since: float = field(default_factory=time.perf_counter)
+
+    def add(self, loss: float, items: int, tokens: int) -> None:
+        self.loss_sum += loss * items
+        self.items += items
+        self.tokens += tokens
+
+    def flush(self, **fields: Any) -> dict[str, Any]:
+        elapsed = max(time.perf_counter() - self.since, 1e-9)
+        record = {**fields, "loss": self.loss_sum / max(self.items, 1), "tokens_per_s": self.tokens / elapsed}
+        record = {"step": fields["step"], "epoch": fields["epoch"], "loss": record["loss"], "lr": fields["lr"],
+                  "grad_norm": fields["grad_norm"], "supervised_tokens": fields["supervised"],
+                  "tokens_per_s": record["tokens_per_s"]}
+        self.loss_sum, self.items, self.tokens, self.since = 0.0, 0, 0, time.perf_counter()
+        return record
+
+
+def _windows(loader: Any, accum: int) -> Iterator[list[dict[str, torch.Tensor]]]:
+    """Groups of ``accum`` micro-batches (the last group of an epoch may be shorter)."""
+    window: list[dict[str, torch.Tensor]] = []
+    for batch in loader:
+        window.append(batch)
+        if len(window) == accum:
+            yield window
+            window = []
+    if window:
+        yield window
+
+
+def _global_count(accelerator: Any, count: int) -> int:
+    if accelerator.num_processes == 1:
+        return count
+    total = accelerator.reduce(torch.tensor(count, device=accelerator.device), "sum")
+    return int(total)
+
+
+def _batch_rows(window: list[dict[str, torch.Tensor]]) -> list[int]:
+    return [int(r) for batch in window for r in batch["row"].tolist()]
+
+
+def _accelerator(config: Config) -> Any:
+    from accelerate import Accelerator
+
+    train_cfg = config.train
+    if train_cfg.device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("train.device is cuda but no GPU is visible; set train.device: auto or cpu")
+    on_cpu = train_cfg.device == "cpu" or not torch.cuda.is_available()
+    if train_cfg.precision == "fp16" and on_cpu:
+        raise ConfigError("train.precision fp16 needs a GPU; on CPU use bf16 or fp32")
+    mixed = {"fp32": "no", "bf16": "bf16", "fp16": "fp16"}[train_cfg.precision]
+    if int(os.environ.get("WORLD_SIZE", "1")) == 1:
+        # One process may train several times (tests, notebooks); accelerate keeps its state global.
+        from accelerate.state import AcceleratorState
+
+        AcceleratorState._reset_state(reset_partial_state=True)
+    try:
+        return Accelerator(mixed_precision=mixed, cpu=train_cfg.device == "cpu")
+    except ValueError as exc:
+        raise ConfigError(f"train.precision {train_cfg.precision} is not supported here: {exc}") from None
+
+
+def _seed_everything(seed: int) -> None:
+    from accelerate.utils import set_seed
+
+    set_seed(seed)
+
+
+def _tokenizer_corpus(task: str, template: PromptTemplate, records: list[QARecord]) -> list[str]:
+    if task == "generative":
+        return [template.render(r.question, r.context) + template.answer_prefix + r.answer for r in records]
+    return [text for r in records for text in (r.question, r.context or "")]
+
+
+def _length_summary(lengths: list[int]) -> dict[str, int]:
+    from qatune.data.generative import percentile
+
+    return {"min": min(lengths), "median": percentile(lengths, 50), "p95": percentile(lengths, 95),
+            "max": max(lengths)} if lengths else {}
+
+
+def _log_report(report: LoadReport) -> None:
+    log.info("data: %s", report.summary())
+
+
+def _rows(rows: list[int], limit: int = 10) -> str:
+    shown = ", ".join(map(str, rows[:limit]))
+    return shown + (f" and {len(rows) - limit} more" if len(rows) > limit else "")
+
+
+def _json_default(value: Any) -> Any:
+    return str(value)

@@ -1,0 +1,108 @@
+"""The seed's scenario end to end through the CLI: a tiny GPT-2 learns 100 FAQ-like rows by heart."""
+
+import csv
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from qatune.cli import cli
+from tests.conftest import FIXTURES
+
+pytestmark = pytest.mark.slow
+
+CONFIG = f"""
+task: generative
+seed: 42
+model:
+  scratch: {{n_layer: 2, n_embd: 256, n_head: 4, vocab_size: 2000, n_positions: 128}}
+data:
+  train_file: {FIXTURES / "faq100.csv"}
+train:
+  epochs: 30
+  batch_size: 10
+  learning_rate: 1.0e-3
+  weight_decay: 0.0
+  warmup_steps: 10
+  logging_steps: 5
+"""
+
+
+def invoke(*args):
+    result = CliRunner().invoke(cli, [str(a) for a in args])
+    assert result.exit_code == 0, result.output + result.stderr
+    return result
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("gen")
+    config = tmp / "config.yaml"
+    config.write_text(CONFIG, encoding="utf-8")
+    result = invoke("train", "--config", config, "--output-dir", tmp / "run", "--quiet")
+    assert result.stdout.strip() == str(tmp / "run")
+    return tmp / "run"
+
+
+def test_run_directory_is_complete(run_dir):
+    for name in ["config.yaml", "run.json", "metrics.jsonl", "final/model.safetensors", "final/config.json",
+                 "final/tokenizer.json", "final/qatune.json", "final/config.yaml"]:
+        assert (run_dir / name).is_file(), name
+    assert not list(run_dir.glob("final/*.bin"))
+    status = json.loads((run_dir / "run.json").read_text())
+    assert status["status"] == "complete"
+    info = json.loads((run_dir / "final/qatune.json").read_text())
+    assert info["prompt_template"] == "Question: {question}\nAnswer:" and info["task"] == "generative"
+
+
+def test_loss_falls(run_dir):
+    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    train = [line for line in lines if line["event"] == "train"]
+    assert train[0]["step"] == 1 and train[-1]["step"] == 300
+    assert {"step", "epoch", "loss", "lr", "grad_norm", "supervised_tokens", "tokens_per_s"} <= set(train[0])
+    assert train[-1]["loss"] < train[0]["loss"] / 10
+
+
+def test_eval_learns_the_questions(run_dir):
+    result = invoke("eval", run_dir, "--data", FIXTURES / "faq100.csv", "--json")
+    metrics = json.loads(result.stdout)
+    assert set(metrics) >= {"exact_match", "f1", "loss", "perplexity", "num_examples"}
+    assert metrics["num_examples"] == 100
+    assert metrics["exact_match"] >= 90
+    assert metrics["f1"] >= metrics["exact_match"]
+    with open(run_dir / "predictions-faq100.csv", encoding="utf-8") as f:
+        rows = list(csv.DictReader(f))
+    assert list(rows[0]) == ["row", "question", "gold", "prediction", "em", "f1"]
+    assert sum(float(r["em"]) for r in rows) / len(rows) == pytest.approx(metrics["exact_match"])
+    assert json.loads((run_dir / "eval-faq100.json").read_text())["exact_match"] == metrics["exact_match"]
+
+
+def test_generate_returns_the_trained_answer(run_dir):
+    with open(FIXTURES / "faq100.csv", encoding="utf-8") as f:
+        gold = {row["question"]: row["answer"] for row in csv.DictReader(f)}
+    with open(run_dir / "predictions-faq100.csv", encoding="utf-8") as f:
+        right = [row for row in csv.DictReader(f) if row["em"] == "100"][:3]
+    for row in right:
+        assert invoke("generate", run_dir, row["question"]).stdout == gold[row["question"]] + "\n"
+
+
+def test_generate_a_file_of_questions(run_dir, tmp_path):
+    questions = tmp_path / "ask.csv"
+    questions.write_text("question\nwhere did henry knox die?\n", encoding="utf-8")
+    out = tmp_path / "answers.csv"
+    invoke("generate", run_dir, "--file", questions, "--output", out)
+    with open(out, encoding="utf-8") as f:
+        rows = list(csv.DictReader(f))
+    assert [r["question"] for r in rows] == ["where did henry knox die?"]
+    assert rows[0]["answer"] == "Thomaston"
+
+
+def test_final_model_loads_with_plain_transformers(run_dir):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(run_dir / "final")
+    tokenizer = AutoTokenizer.from_pretrained(run_dir / "final")
+    prompt = tokenizer("Question: where did henry knox die?\nAnswer:", return_tensors="pt")
+    out = model.generate(**prompt, max_new_tokens=10, do_sample=False, pad_token_id=tokenizer.eos_token_id)
+    answer = tokenizer.decode(out[0, prompt["input_ids"].shape[1]:], skip_special_tokens=True)
+    assert answer.strip() == "Thomaston"

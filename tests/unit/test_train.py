@@ -1,0 +1,150 @@
+import json
+
+import pytest
+import torch
+
+from qatune.config import load_config
+from qatune.train import LengthGroupedBatches, build_optimizer, build_schedulers, fit, prepare
+
+
+def tiny_config(tmp_path, rows, *overrides):
+    data = tmp_path / "qa.csv"
+    data.write_text("question,answer\n" + "".join(f"{q},{a}\n" for q, a in rows), encoding="utf-8")
+    return load_config(None, [
+        f"data.train_file={data}", "model.scratch.n_layer=1", "model.scratch.n_embd=32", "model.scratch.n_head=2",
+        "model.scratch.vocab_size=300", "train.epochs=1", "train.weight_decay=0.0", "train.logging_steps=1",
+        *overrides,
+    ])
+
+
+ROWS = [(f"question number {i}", "yes" if i % 2 else "a much longer answer with many words") for i in range(14)]
+
+
+class StepSpy:
+    """Records, at every optimizer step, how many backward passes ran and the gradient norm."""
+
+    def __init__(self, monkeypatch):
+        self.backwards = 0
+        self.at_step = []
+        self.norms = []
+        original = build_optimizer
+
+        def spying_build(model, lr, wd):
+            optimizer = original(model, lr, wd)
+            embedding = next(p for name, p in model.named_parameters() if "wte" in name)
+            embedding.register_hook(self._count)
+            step = optimizer.step
+
+            def recorded_step(*args, **kwargs):
+                self.at_step.append(self.backwards)
+                grads = [p.grad.norm() for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
+                self.norms.append(float(torch.stack(grads).norm()))
+                return step(*args, **kwargs)
+
+            optimizer.step = recorded_step
+            return optimizer
+
+        monkeypatch.setattr("qatune.train.build_optimizer", spying_build)
+
+    def _count(self, grad):
+        self.backwards += 1
+        return grad
+
+
+def test_first_optimizer_step_after_exactly_n_micro_batches(tmp_path, monkeypatch):
+    spy = StepSpy(monkeypatch)
+    config = tiny_config(tmp_path, ROWS, "train.batch_size=2", "train.gradient_accumulation_steps=3")
+    fit(prepare(config), tmp_path, progress=False)
+    # 14 rows / 2 = 7 micro-batches -> steps after micro-batches 3, 6 and the short last window 7.
+    assert spy.at_step == [3, 6, 7]
+    lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [line["step"] for line in lines] == [1, 2, 3]
+
+
+def test_accumulation_gives_the_same_update_as_one_large_batch(tmp_path, monkeypatch):
+    # Plain SGD: the update is the gradient itself (Adam's first step would hide its scale).
+    monkeypatch.setattr("qatune.train.build_optimizer", lambda model, lr, wd: torch.optim.SGD(model.parameters(), lr=1.0))
+    rows = [("q1", "yes"), ("q2", "no"), ("q3", "ok"), ("q4", "a much longer answer with many more words")]
+    big = prepare(tiny_config(tmp_path, rows, "train.batch_size=4", "train.group_by_length=false"))
+    small = prepare(tiny_config(tmp_path, rows, "train.batch_size=2", "train.gradient_accumulation_steps=2",
+                                "train.group_by_length=false"))
+    assert all(torch.equal(a, b) for a, b in zip(big.model.parameters(), small.model.parameters()))
+    before = [p.detach().clone() for p in big.model.parameters()]
+    fit(big, None, progress=False)
+    fit(small, None, progress=False)
+    assert any(not torch.allclose(a, b) for a, b in zip(before, big.model.parameters()))
+    # The micro-batches hold different numbers of answer tokens; the loss is normalised by the tokens of
+    # the whole window, so the two updates agree.
+    for a, b in zip(big.model.parameters(), small.model.parameters()):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+
+
+def test_gradients_are_clipped_and_the_norm_before_clipping_is_logged(tmp_path, monkeypatch):
+    spy = StepSpy(monkeypatch)
+    config = tiny_config(tmp_path, ROWS, "train.batch_size=7", "train.max_grad_norm=0.001")
+    fit(prepare(config), tmp_path, progress=False)
+    assert spy.norms and all(norm <= 0.001 * (1 + 1e-4) for norm in spy.norms)
+    logged = [json.loads(line)["grad_norm"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert all(norm > 0.01 for norm in logged)
+
+
+def test_step_lr_after_warmup(tmp_path):
+    config = tiny_config(tmp_path, ROWS, "train.learning_rate=0.1", "train.warmup_steps=4",
+                         "train.scheduler.step_size=3", "train.scheduler.gamma=0.5", "train.scheduler.interval=step")
+    optimizer = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
+    warmup, decay = build_schedulers(optimizer, config)
+    seen = []
+    for _ in range(10):
+        seen.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        warmup.step()
+        decay.step()
+    expected = [0.1 * min(1.0, (k + 1) / 4) * 0.5 ** (k // 3) for k in range(10)]
+    assert seen == pytest.approx(expected)
+
+
+def test_step_lr_per_epoch(tmp_path):
+    config = tiny_config(tmp_path, ROWS, "train.learning_rate=0.1", "train.scheduler.step_size=2",
+                         "train.scheduler.gamma=0.1")
+    optimizer = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
+    warmup, decay = build_schedulers(optimizer, config)
+    assert warmup is None
+    seen = []
+    for _epoch in range(5):
+        seen.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        decay.step()
+    assert seen == pytest.approx([0.1, 0.1, 0.01, 0.01, 0.001])
+
+
+def test_no_weight_decay_on_biases_and_norms():
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))
+    optimizer = build_optimizer(model, 1e-3, 0.1)
+    decayed, plain = optimizer.param_groups
+    assert decayed["weight_decay"] == 0.1 and plain["weight_decay"] == 0.0
+    assert [p.shape for p in decayed["params"]] == [torch.Size([4, 4])]
+    assert len(plain["params"]) == 3
+
+
+def test_same_seed_same_run(tmp_path):
+    a = prepare(tiny_config(tmp_path, ROWS, "train.batch_size=4", "model.scratch.dropout=0.1"))
+    fit(a, None, progress=False)
+    b = prepare(tiny_config(tmp_path, ROWS, "train.batch_size=4", "model.scratch.dropout=0.1"))
+    fit(b, None, progress=False)
+    assert all(torch.equal(x, y) for x, y in zip(a.model.parameters(), b.model.parameters()))
+
+
+def test_length_grouped_batches_cover_everything_once_and_reduce_padding():
+    lengths = [(i * 37) % 101 + 1 for i in range(400)]
+    sampler = LengthGroupedBatches(lengths, batch_size=8, seed=3)
+    first = list(sampler)
+    assert sorted(i for batch in first for i in batch) == list(range(400))
+    assert len(first) == len(sampler) == 50
+    padding = sum(max(lengths[i] for i in b) * len(b) - sum(lengths[i] for i in b) for b in first)
+    plain = list(LengthGroupedBatches(lengths, batch_size=8, seed=3, group=False))
+    plain_padding = sum(max(lengths[i] for i in b) * len(b) - sum(lengths[i] for i in b) for b in plain)
+    assert padding < plain_padding / 5
+    sampler.set_epoch(1)
+    assert list(sampler) != first
+    sampler.set_epoch(0)
+    assert list(sampler) == first
