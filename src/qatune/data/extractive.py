@@ -36,6 +36,8 @@ class Feature:
     start_position: int = IGNORE_INDEX
     end_position: int = IGNORE_INDEX
     has_answer: bool = False
+    answer_text: str | None = None
+    """The answer as it stands in the context, for windows that hold it."""
 
     def __len__(self) -> int:
         return len(self.input_ids)
@@ -53,7 +55,12 @@ class SpanStats:
     """Rows whose answer is in the context but in no window as a whole (answer longer than a window)."""
     audit_checked: int = 0
     audit_matched: int = 0
+    """Labelled spans that decode exactly to the answer."""
+    audit_boundary: int = 0
+    """Spans that cover the answer but run on to a token boundary (the answer ends inside a token)."""
     audit_mismatches: list[dict[str, Any]] = field(default_factory=list)
+    """Spans that do not cover the answer: a bug (at most 20 kept)."""
+    audit_boundary_examples: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def audit_share(self) -> float:
@@ -182,6 +189,7 @@ def prepare_features(
             else:
                 feature.start_position, feature.end_position = positions
                 feature.has_answer = True
+                feature.answer_text = (kept[example].context or "")[span[0] : span[1]]
                 labelled_rows.add(example)
                 _audit(tokenizer, feature, kept[example], span, stats)
         features.append(feature)
@@ -213,12 +221,19 @@ def _token_span(offsets: list[tuple[int, int] | None], span: tuple[int, int]) ->
 
 def _audit(tokenizer: Any, feature: Feature, record: QARecord, span: tuple[int, int], stats: SpanStats) -> None:
     decoded = tokenizer.decode(feature.input_ids[feature.start_position : feature.end_position + 1])
+    decoded = decoded.removeprefix("##")  # a WordPiece span may start inside a word
     answer_text = (record.context or "")[span[0] : span[1]]
     stats.audit_checked += 1
+    example = {"row": record.row, "answer": answer_text, "labelled_tokens": decoded}
     if squash(decoded) == squash(answer_text):
         stats.audit_matched += 1
+    elif squash(answer_text) in squash(decoded) or (tokenizer.unk_token and tokenizer.unk_token in decoded):
+        # The answer ends inside a token, or holds characters the tokenizer cannot represent.
+        stats.audit_boundary += 1
+        if len(stats.audit_boundary_examples) < 20:
+            stats.audit_boundary_examples.append(example)
     elif len(stats.audit_mismatches) < 20:
-        stats.audit_mismatches.append({"row": record.row, "answer": answer_text, "labelled_tokens": decoded})
+        stats.audit_mismatches.append(example)
 
 
 @dataclass
