@@ -157,18 +157,24 @@ def generate(run_dir: str, question: str | None, context: str | None, context_fi
 @click.option("--config", "config_path", required=True, help="YAML config file.")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="Override a config key (repeatable).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout.")
+@click.option("--overfit", type=click.IntRange(min=1), default=None, metavar="N",
+              help="Also train a few dozen steps on N rows; fail if the loss does not fall near zero.")
+@click.option("--overfit-steps", type=click.IntRange(min=1), default=50, show_default=True,
+              help="Optimizer steps of the --overfit run.")
 @verbose_option
-def check(config_path: str, overrides: tuple[str, ...], as_json: bool) -> None:
-    """Check config, data and settings before training (trains nothing)."""
+def check(config_path: str, overrides: tuple[str, ...], as_json: bool, overfit: int | None, overfit_steps: int) -> None:
+    """Check config, data, tokenization and settings before training.
+
+    Exit code 0 when fit to train (warnings allowed), 1 when there are errors.
+    """
+    from qatune.check import render_report, run_check
     from qatune.config import load_config
-    from qatune.data.spreadsheet import load_from_config
 
     config = load_config(config_path, overrides)
-    records, report = load_from_config(config.data, config.data.train_file)
-    if as_json:
-        click.echo(json.dumps({"train": report.to_dict()}, indent=2))
-    else:
-        click.echo(report.summary())
+    report = run_check(config, overfit=overfit, overfit_steps=overfit_steps)
+    click.echo(json.dumps(report, indent=2, ensure_ascii=False) if as_json else render_report(report))
+    if not report["ok"]:
+        raise click.exceptions.Exit(1)
 
 
 @cli.command()

@@ -46,7 +46,7 @@ def generate_answers(model: Any, tokenizer: Any, info: ModelInfo, questions: lis
     from transformers import GenerationConfig
 
     encoder = PromptEncoder(tokenizer, PromptTemplate(info.prompt_template, info.answer_prefix))
-    limit = model_max_positions(model, tokenizer)
+    limit = model_max_positions(model.config, tokenizer)
     budget = max(8, limit - generate.max_new_tokens) if limit else None
     prompts = []
     for question, context in zip(questions, contexts):

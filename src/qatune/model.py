@@ -167,10 +167,9 @@ def train_scratch_tokenizer(task: str, texts: list[str], vocab_size: int) -> Any
     tok.post_processor = processors.TemplateProcessing(
         single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", cls_id), ("[SEP]", sep_id)]
     )
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", sep_token="[SEP]", pad_token="[PAD]",
-                                   cls_token="[CLS]", mask_token="[MASK]")
-    fast.model_input_names = ["input_ids", "token_type_ids", "attention_mask"]
-    return fast
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", sep_token="[SEP]", pad_token="[PAD]",
+                                   cls_token="[CLS]", mask_token="[MASK]",
+                                   model_input_names=["input_ids", "token_type_ids", "attention_mask"])
 
 
 def build_scratch(shape: ScratchModel, task: str, tokenizer: Any) -> Any:
@@ -194,9 +193,19 @@ def build_scratch(shape: ScratchModel, task: str, tokenizer: Any) -> Any:
     return BertForQuestionAnswering(config)
 
 
-def model_max_positions(model: Any, tokenizer: Any = None) -> int | None:
-    """Longest sequence the model's position embeddings allow (None when unknown)."""
-    config = model.config
+def load_model_config(model: ModelConfig) -> Any:
+    """The transformers config of a pretrained model, without its weights."""
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(resolve_model_path(model.name_or_path),
+                                          trust_remote_code=model.trust_remote_code, revision=model.revision)
+    except (OSError, ValueError, KeyError) as exc:
+        raise ModelError(_load_failure("model", model.name_or_path, exc)) from None
+
+
+def model_max_positions(config: Any, tokenizer: Any = None) -> int | None:
+    """Longest sequence a model config's position embeddings allow (None when unknown)."""
     for name in ("n_positions", "max_position_embeddings", "max_sequence_length", "seq_length"):
         value = getattr(config, name, None)
         if isinstance(value, int) and value > 0:

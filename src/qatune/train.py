@@ -40,6 +40,7 @@ from qatune.evaluate import evaluate_records
 from qatune.model import (
     ModelInfo,
     build_scratch,
+    load_model_config,
     load_pretrained,
     load_tokenizer,
     model_max_positions,
@@ -49,6 +50,15 @@ from qatune.model import (
     write_status,
 )
 from qatune.objectives import count_items, model_inputs, objective_for
+from qatune.validate import (
+    Finding,
+    error,
+    raise_for_errors,
+    validate_batch,
+    validate_dataset,
+    validate_settings,
+    warning,
+)
 
 log = logging.getLogger("qatune")
 
@@ -68,20 +78,31 @@ class Prepared:
     dataset: ExampleDataset
     collator: Any
     reports: dict[str, Any] = field(default_factory=dict)
+    findings: list[Finding] = field(default_factory=list)
+    """Batch validator and settings checks: errors stop train, check reports them."""
 
 
-def prepare(config: Config) -> Prepared:
-    """Load data, build or load model and tokenizer, encode the training set."""
+def prepare(config: Config, train_records: list[QARecord] | None = None,
+            eval_records: list[QARecord] | None = None, with_model: bool = True) -> Prepared:
+    """Load data, build or load model and tokenizer, encode the training set, validate the batches.
+
+    Records can be given directly (from Python); otherwise they are read from the config's files.
+    ``with_model=False`` loads only the tokenizer and the model's config (for ``qatune check``).
+    """
     quiet_transformers()
     _seed_everything(config.seed)
-    train_records, train_report = load_from_config(config.data, config.data.train_file)
-    reports: dict[str, Any] = {"train_file": train_report.to_dict()}
-    _log_report(train_report)
-    if config.data.eval_file:
+    reports: dict[str, Any] = {}
+    if train_records is None:
+        train_records, train_report = load_from_config(config.data, config.data.train_file)
+        _log_report(train_report)
+    else:
+        train_report = LoadReport(file="(records)", rows_read=len(train_records), kept=len(train_records))
+    reports["train_file"] = train_report.to_dict()
+    if eval_records is None and config.data.eval_file:
         eval_records, eval_report = load_from_config(config.data, config.data.eval_file)
         reports["eval_file"] = eval_report.to_dict()
         _log_report(eval_report)
-    else:
+    elif eval_records is None:
         train_records, eval_records = split_validation(train_records, config.data.validation_fraction, config.seed)
         if eval_records:
             log.info("validation: %d rows held out of the training file (data.validation_fraction=%s)",
@@ -89,19 +110,27 @@ def prepare(config: Config) -> Prepared:
 
     task = config.task
     template = PromptTemplate(config.data.prompt_template)
+    findings: list[Finding] = []
+    model = None
     if config.model.scratch is not None:
         texts = _tokenizer_corpus(task, template, train_records)
         tokenizer = train_scratch_tokenizer(task, texts, config.model.scratch.vocab_size)
-        model = build_scratch(config.model.scratch, task, tokenizer)
+        limit = config.model.scratch.n_positions
+        if with_model:
+            model = build_scratch(config.model.scratch, task, tokenizer)
         source = f"scratch {task} model"
     else:
         tokenizer = load_tokenizer(config.model, task)
-        model = load_pretrained(config.model, task, tokenizer)
+        if with_model:
+            model = load_pretrained(config.model, task, tokenizer)
+            limit = model_max_positions(model.config, tokenizer)
+        else:
+            limit = model_max_positions(load_model_config(config.model), tokenizer)
         source = config.model.name_or_path
-    n_params = sum(p.numel() for p in model.parameters())
-    log.info("model: %s (%s, %.1fM parameters)", source, type(model).__name__, n_params / 1e6)
+    if model is not None:
+        n_params = sum(p.numel() for p in model.parameters())
+        log.info("model: %s (%s, %.1fM parameters)", source, type(model).__name__, n_params / 1e6)
 
-    limit = model_max_positions(model, tokenizer)
     if task == "generative":
         encoder = PromptEncoder(tokenizer, template)
         lengths = [encoder.full_length(r) for r in train_records]
@@ -110,11 +139,13 @@ def prepare(config: Config) -> Prepared:
         reports["encoding"] = {"max_length": max_length, "truncated_rows": stats.truncated_rows,
                                "too_long_rows": stats.too_long_rows, "lengths": _length_summary(lengths)}
         if stats.truncated_rows:
-            log.warning("%d rows longer than max_length=%d: their questions were shortened (rows %s)",
-                        len(stats.truncated_rows), max_length, _rows(stats.truncated_rows))
+            findings.append(warning("rows-truncated", f"{len(stats.truncated_rows)} rows are longer than "
+                                    f"max_length={max_length}: their questions were shortened (rows "
+                                    f"{_rows(stats.truncated_rows)}); raise data.max_length or use auto"))
         if stats.too_long_rows:
-            log.warning("%d rows dropped: the answer alone does not fit max_length=%d (rows %s)",
-                        len(stats.too_long_rows), max_length, _rows(stats.too_long_rows))
+            findings.append(warning("rows-too-long", f"{len(stats.too_long_rows)} rows dropped: the answer alone "
+                                    f"does not fit max_length={max_length} (rows {_rows(stats.too_long_rows)}); "
+                                    "raise data.max_length or use auto"))
         items: list[Any] = examples
         collator: Any = CausalCollator(tokenizer.pad_token_id, config.train.train_on_prompt)
         info = ModelInfo(task=task, max_length=max_length, prompt_template=template.template,
@@ -133,14 +164,25 @@ def prepare(config: Config) -> Prepared:
             "windows_without_answer": stats.windows_without_answer, "answer_not_in_context_rows": stats.not_found_rows,
             "unreachable_rows": stats.unreachable_rows,
             "span_audit": {"checked": stats.audit_checked, "matched": stats.audit_matched,
-                           "share": stats.audit_share, "mismatches": stats.audit_mismatches},
+                           "share": stats.audit_share, "token_boundary": stats.audit_boundary,
+                           "token_boundary_examples": stats.audit_boundary_examples[:5],
+                           "mismatches": stats.audit_mismatches},
         }
         if stats.not_found_rows:
-            log.warning("%d rows dropped: the answer is not in the context (rows %s)",
-                        len(stats.not_found_rows), _rows(stats.not_found_rows))
+            findings.append(warning("answer-not-in-context", f"{len(stats.not_found_rows)} rows dropped: the answer "
+                                    f"is not in the context (rows {_rows(stats.not_found_rows)})"))
+        if stats.unreachable_rows:
+            findings.append(warning("answer-longer-than-window", f"{len(stats.unreachable_rows)} rows have an answer "
+                                    f"that no window holds whole (rows {_rows(stats.unreachable_rows)}); raise "
+                                    "data.max_length or shorten those answers"))
         log.info("windows: %d (%d without the answer, labelled CLS); span audit: %.1f%% of %d labelled spans "
-                 "decode to the answer", stats.windows, stats.windows_without_answer, 100 * stats.audit_share,
-                 stats.audit_checked)
+                 "decode to the answer, %d end inside a token", stats.windows, stats.windows_without_answer,
+                 100 * stats.audit_share, stats.audit_checked, stats.audit_boundary)
+        if stats.audit_mismatches:
+            first = stats.audit_mismatches[0]
+            findings.append(error("span-audit", f"span audit: {len(stats.audit_mismatches)} labelled spans do not "
+                                                f"cover their answer (row {first['row']}: tokens {first['labelled_tokens']!r}, "
+                                                f"answer {first['answer']!r}); please report this with the row"))
         train_records = kept
         items = features
         collator = SpanCollator(tokenizer.pad_token_id)
@@ -149,8 +191,32 @@ def prepare(config: Config) -> Prepared:
     if not items:
         raise DataError(f"no training examples are left after encoding {config.data.train_file}; "
                         "see the warnings above (max_length, answers not in context)")
+    dataset = ExampleDataset(items)
+    findings += _validate(config, dataset, collator, tokenizer, len(train_records))
     return Prepared(config=config, model=model, tokenizer=tokenizer, info=info, train_records=train_records,
-                    eval_records=eval_records, dataset=ExampleDataset(items), collator=collator, reports=reports)
+                    eval_records=eval_records, dataset=dataset, collator=collator, reports=reports,
+                    findings=findings)
+
+
+def _validate(config: Config, dataset: ExampleDataset, collator: Any, tokenizer: Any, n_rows: int) -> list[Finding]:
+    """The batch validator on the first two batches the loop will see, plus the settings checks."""
+    train_cfg = config.train
+    findings = validate_dataset(dataset.items)
+    sampler = LengthGroupedBatches(dataset.lengths, train_cfg.batch_size, config.seed, group=train_cfg.group_by_length)
+    for indices in list(sampler)[:2]:
+        items = [dataset[i] for i in indices]
+        answers = [getattr(item, "answer_text", None) for item in items] if config.task == "extractive" else None
+        for finding in validate_batch(collator(items), tokenizer=tokenizer, answers=answers):
+            if finding not in findings:
+                findings.append(finding)
+    settings = validate_settings(
+        learning_rate=train_cfg.learning_rate, max_grad_norm=train_cfg.max_grad_norm,
+        warmup_steps=train_cfg.warmup_steps, precision=train_cfg.precision, task=config.task,
+        pretrained=config.model.name_or_path is not None, n_examples=n_rows,
+        batch_size=train_cfg.batch_size * train_cfg.gradient_accumulation_steps,
+    )
+    codes = {f.code for f in findings}
+    return findings + [f for f in settings if f.code not in codes]
 
 
 def train(config: Config, output_dir: str | Path | None = None, overwrite: bool = False,
@@ -161,6 +227,10 @@ def train(config: Config, output_dir: str | Path | None = None, overwrite: bool 
         config = config.model_copy(update={"output_dir": str(output_dir)})
     check_output_dir(run_dir, overwrite)
     prepared = prepare(config)
+    for finding in prepared.findings:
+        if finding.level == "warning":
+            log.warning("warning: %s", finding.message)
+    raise_for_errors(prepared.findings)
     create_run_dir(run_dir, overwrite)
     (run_dir / "config.yaml").write_text(config.to_yaml(), encoding="utf-8")
     write_status(run_dir, status="running", qatune_version=__version__, started=time.strftime("%Y-%m-%d %H:%M:%S"),
@@ -343,8 +413,6 @@ def likely_causes(loss: float, grad_norm: float, lr: float, logit_absmax: float,
 
 def fit(prepared: Prepared, run_dir: Path | None, progress: bool = True) -> dict[str, Any]:
     """The training loop. Returns the final training loss and the best evaluation metrics."""
-    from accelerate import Accelerator
-
     config, train_cfg = prepared.config, prepared.config.train
     accelerator = _accelerator(config)
     task = config.task
@@ -363,7 +431,7 @@ def fit(prepared: Prepared, run_dir: Path | None, progress: bool = True) -> dict
     bar = tqdm(total=steps_per_epoch * train_cfg.epochs, desc="train", unit="step", file=sys.stderr,
                disable=not (progress and accelerator.is_main_process), dynamic_ncols=True)
     max_norm = train_cfg.max_grad_norm or math.inf
-    step, best, last_loss = 0, None, math.nan
+    step, best, first_loss, last_loss = 0, None, math.nan, math.nan
     window_stats = _Window()
     for epoch in range(train_cfg.epochs):
         sampler.set_epoch(epoch)
@@ -389,7 +457,7 @@ def fit(prepared: Prepared, run_dir: Path | None, progress: bool = True) -> dict
             lr = optimizer.param_groups[0]["lr"]
             if not (math.isfinite(loss) and math.isfinite(norm)):
                 optimizer.zero_grad(set_to_none=True)
-                guard.record(step + 1, epoch, loss, norm, _batch_rows(window), lr,
+                guard.record(step + 1, epoch + 1, loss, norm, _batch_rows(window), lr,
                              accelerator.unwrap_model(objective).model, float(logit_absmax))
                 if guard.should_stop():
                     bar.close()
@@ -404,6 +472,8 @@ def fit(prepared: Prepared, run_dir: Path | None, progress: bool = True) -> dict
                 decay.step()
             step += 1
             last_loss = loss
+            if step == 1:
+                first_loss = loss
             window_stats.add(loss, items, sum(int(b["attention_mask"].sum()) for b in window))
             bar.update(1)
             if step == 1 or step % train_cfg.logging_steps == 0:
@@ -421,7 +491,8 @@ def fit(prepared: Prepared, run_dir: Path | None, progress: bool = True) -> dict
     if run_dir is not None and accelerator.is_main_process:
         save_model(run_dir / "final", model, prepared.tokenizer, config, prepared.info)
     accelerator.wait_for_everyone()
-    return {"steps": step, "final_train_loss": last_loss, "best_eval": best, "nonfinite_steps": guard.bad_steps}
+    return {"steps": step, "first_train_loss": first_loss, "final_train_loss": last_loss, "best_eval": best,
+            "nonfinite_steps": guard.bad_steps}
 
 
 def _evaluate_epoch(prepared: Prepared, model: torch.nn.Module, run_dir: Path | None, epoch: int, step: int,

