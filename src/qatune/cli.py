@@ -78,9 +78,12 @@ def _setup_logging(level: int) -> None:
               help="Override a config key, e.g. --set train.learning_rate=1e-5 (repeatable).")
 @click.option("--output-dir", default=None, help="Run directory (default: output_dir from the config).")
 @click.option("--overwrite", is_flag=True, help="Replace an existing run directory.")
+@click.option("--resume", is_flag=False, flag_value="", default=None, metavar="[RUN_DIR|CHECKPOINT]",
+              help="Continue a stopped run from its newest checkpoint (default: the config's output_dir).")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 @verbose_option
-def train(config_path: str, overrides: tuple[str, ...], output_dir: str | None, overwrite: bool, quiet: bool) -> None:
+def train(config_path: str, overrides: tuple[str, ...], output_dir: str | None, overwrite: bool, resume: str | None,
+          quiet: bool) -> None:
     """Fine-tune a model on a spreadsheet and write a run directory.
 
     The run directory holds final/ (a plain transformers model folder), best/ (when there is
@@ -90,7 +93,7 @@ def train(config_path: str, overrides: tuple[str, ...], output_dir: str | None, 
     from qatune.train import train as run_training
 
     config = load_config(config_path, overrides)
-    run_dir = run_training(config, output_dir=output_dir, overwrite=overwrite, progress=not quiet)
+    run_dir = run_training(config, output_dir=output_dir, overwrite=overwrite, progress=not quiet, resume=resume)
     click.echo(str(run_dir))
 
 

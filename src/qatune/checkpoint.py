@@ -1,0 +1,150 @@
+"""Resumable checkpoints: RUN/checkpoints/step-NNNNNNN/.
+
+A checkpoint is a model folder (model.safetensors, tokenizer, config.yaml, qatune.json: eval and
+generate accept it) plus what an exact resume needs: optimizer.pt and scheduler.pt (tensors and
+numbers only, read back with ``torch.load(weights_only=True)``), rng.pt, and trainer_state.json
+(step, epoch, position in the epoch, best metrics). It is written to a hidden temporary folder,
+fsynced and renamed, so a process killed at any moment leaves either the new checkpoint or none,
+never a half-written one under a valid name.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import re
+import shutil
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from qatune.errors import RunDirError
+
+log = logging.getLogger("qatune")
+
+_NAME = re.compile(r"^step-(\d+)$")
+
+
+@dataclass
+class TrainState:
+    """Where training stands; saved as trainer_state.json in every checkpoint."""
+
+    step: int = 0
+    """Optimizer steps taken."""
+    epoch: int = 0
+    """Current epoch, 0-based."""
+    consumed: int = 0
+    """Micro-batches of the current epoch already trained on (per process)."""
+    best: dict[str, Any] | None = None
+    best_checkpoint: str | None = None
+    stale_evals: int = 0
+    """Evaluations in a row without improvement (early stopping)."""
+    first_loss: float = float("nan")
+    last_loss: float = float("nan")
+    bad_steps: list[int] = field(default_factory=list)
+
+
+def checkpoint_dir(run_dir: Path) -> Path:
+    return Path(run_dir) / "checkpoints"
+
+
+def save_checkpoint(run_dir: Path, state: TrainState, model: Any, tokenizer: Any, config: Any, info: Any,
+                    optimizer: torch.optim.Optimizer, schedulers: dict[str, Any], keep: int) -> Path:
+    """Write a checkpoint atomically, then prune all but the last ``keep`` (and the best)."""
+    from qatune.model import fsync_tree, replace_dir
+
+    root = checkpoint_dir(run_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    name = f"step-{state.step:07d}"
+    tmp = root / f".tmp-{name}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        tmp.mkdir()
+        model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        (tmp / "config.yaml").write_text(config.to_yaml(), encoding="utf-8")
+        info.save(tmp)
+        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+        torch.save({k: s.state_dict() for k, s in schedulers.items() if s is not None}, tmp / "scheduler.pt")
+        torch.save(_rng_state(), tmp / "rng.pt")
+        # Written last: a folder without it is not a checkpoint.
+        (tmp / "trainer_state.json").write_text(json.dumps(asdict(state), indent=2) + "\n", encoding="utf-8")
+        fsync_tree(tmp)
+        replace_dir(tmp, root / name)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    _prune(root, keep, state.best_checkpoint)
+    return root / name
+
+
+def find_checkpoint(path: Path) -> Path:
+    """``path`` itself when it is a checkpoint, else the newest complete checkpoint of a run directory."""
+    path = Path(path)
+    if (path / "trainer_state.json").is_file():
+        return path
+    candidates = list_checkpoints(path)
+    if not candidates:
+        raise RunDirError(f"nothing to resume in {path}: no checkpoints/step-*/trainer_state.json; "
+                          "start a new run, or pass a run directory that saved checkpoints")
+    return candidates[-1]
+
+
+def list_checkpoints(run_dir: Path) -> list[Path]:
+    root = checkpoint_dir(run_dir)
+    if not root.is_dir():
+        return []
+    found = [p for p in root.iterdir() if _NAME.match(p.name) and (p / "trainer_state.json").is_file()]
+    return sorted(found, key=lambda p: int(_NAME.match(p.name).group(1)))
+
+
+def load_state(checkpoint: Path) -> TrainState:
+    data = json.loads((checkpoint / "trainer_state.json").read_text(encoding="utf-8"))
+    return TrainState(**{k: v for k, v in data.items() if k in TrainState.__dataclass_fields__})
+
+
+def restore(checkpoint: Path, optimizer: torch.optim.Optimizer, schedulers: dict[str, Any]) -> TrainState:
+    """Load optimizer, scheduler and RNG states (safe loading: tensors and plain data only)."""
+    optimizer.load_state_dict(torch.load(checkpoint / "optimizer.pt", weights_only=True, map_location="cpu"))
+    saved = torch.load(checkpoint / "scheduler.pt", weights_only=True)
+    for key, scheduler in schedulers.items():
+        if scheduler is not None and key in saved:
+            scheduler.load_state_dict(saved[key])
+    _set_rng_state(torch.load(checkpoint / "rng.pt", weights_only=True))
+    return load_state(checkpoint)
+
+
+def _rng_state() -> dict[str, Any]:
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    state = {
+        "python": random.getstate(),
+        "numpy": {"kind": kind, "keys": keys.tolist(), "pos": pos, "has_gauss": has_gauss, "cached": cached},
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    n = state["numpy"]
+    np.random.set_state((n["kind"], np.array(n["keys"], dtype=np.uint32), n["pos"], n["has_gauss"], n["cached"]))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _prune(root: Path, keep: int, best: str | None) -> None:
+    checkpoints = [p for p in root.iterdir() if _NAME.match(p.name)]
+    checkpoints.sort(key=lambda p: int(_NAME.match(p.name).group(1)))
+    for old in checkpoints[:-keep]:
+        if old.name != best:
+            shutil.rmtree(old, ignore_errors=True)
+    for stale in root.glob(".tmp-*"):
+        shutil.rmtree(stale, ignore_errors=True)

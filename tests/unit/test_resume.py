@@ -1,0 +1,201 @@
+"""Checkpoints, exact resume, interrupts, early stopping."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from click.testing import CliRunner
+from safetensors.torch import load_file
+
+from qatune import train as train_module
+from qatune.checkpoint import find_checkpoint, list_checkpoints
+from qatune.cli import cli
+from qatune.config import load_config
+from qatune.errors import ConfigError, RunDirError
+from qatune.train import TrainingInterrupted, train
+
+ROWS = [(f"question number {i}", f"answer {i % 5}") for i in range(12)]
+
+
+def write_data(tmp_path):
+    data = tmp_path / "qa.csv"
+    data.write_text("question,answer\n" + "".join(f"{q},{a}\n" for q, a in ROWS), encoding="utf-8")
+    return data
+
+
+def config_for(tmp_path, *overrides):
+    return load_config(None, [
+        f"data.train_file={write_data(tmp_path)}", "model.scratch.n_layer=1", "model.scratch.n_embd=32",
+        "model.scratch.n_head=2", "model.scratch.vocab_size=300", "model.scratch.dropout=0.1", "train.epochs=3",
+        "train.batch_size=2", "train.gradient_accumulation_steps=2", "train.logging_steps=1", "train.save_every=2",
+        "train.learning_rate=3e-3", "train.warmup_steps=2", "train.scheduler.gamma=0.5", *overrides,
+    ])
+
+
+def losses(run_dir):
+    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return {line["step"]: line["loss"] for line in lines if line["event"] == "train"}
+
+
+def interrupt_at(monkeypatch, step):
+    original = train_module._train_step
+
+    def stepping(*args, **kwargs):
+        done = original(*args, **kwargs)
+        if args[-1].step == step:
+            os.kill(os.getpid(), signal.SIGINT)
+        return done
+
+    monkeypatch.setattr(train_module, "_train_step", stepping)
+
+
+def test_resume_continues_exactly_where_it_stopped(tmp_path, monkeypatch):
+    straight = train(config_for(tmp_path), output_dir=tmp_path / "straight", progress=False)
+    interrupt_at(monkeypatch, 4)
+    with pytest.raises(TrainingInterrupted) as err:
+        train(config_for(tmp_path), output_dir=tmp_path / "stopped", progress=False)
+    assert "training stopped by SIGINT at step 4 (epoch 2)" in str(err.value)
+    assert f"--resume {tmp_path / 'stopped'}" in str(err.value)
+    assert json.loads((tmp_path / "stopped" / "run.json").read_text())["status"] == "stopped"
+    assert find_checkpoint(tmp_path / "stopped").name == "step-0000004"
+    monkeypatch.undo()
+    resumed = train(config_for(tmp_path), output_dir=tmp_path / "stopped", resume="", progress=False)
+    a, b = losses(straight), losses(resumed)
+    assert sorted(a) == sorted(b) == list(range(1, 10))      # 3 epochs x 3 steps, each step logged once
+    assert abs(a[9] - b[9]) / a[9] <= 1e-4
+    final_a = load_file(straight / "final" / "model.safetensors")
+    final_b = load_file(resumed / "final" / "model.safetensors")
+    assert all(torch.allclose(final_a[k], final_b[k], rtol=1e-4, atol=1e-6) for k in final_a)
+    assert json.loads((resumed / "run.json").read_text())["status"] == "complete"
+
+
+def test_checkpoints_keep_the_last_k(tmp_path):
+    run = train(config_for(tmp_path, "train.keep_checkpoints=2"), output_dir=tmp_path / "run", progress=False)
+    assert [p.name for p in list_checkpoints(run)] == ["step-0000008", "step-0000009"]
+    checkpoint = list_checkpoints(run)[-1]
+    for name in ("model.safetensors", "optimizer.pt", "scheduler.pt", "rng.pt", "trainer_state.json",
+                 "tokenizer.json", "qatune.json", "config.yaml"):
+        assert (checkpoint / name).is_file(), name
+    state = json.loads((checkpoint / "trainer_state.json").read_text())
+    assert (state["step"], state["epoch"], state["consumed"]) == (9, 3, 0)
+
+
+def test_a_failed_checkpoint_write_leaves_the_previous_one(tmp_path, monkeypatch):
+    from qatune import checkpoint as checkpoint_module
+
+    calls = {"n": 0}
+    real_save = torch.save
+
+    def failing_save(obj, path, *args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 4:  # the 2nd checkpoint, while its optimizer state is written
+            raise OSError("disk full")
+        return real_save(obj, path, *args, **kwargs)
+
+    monkeypatch.setattr(checkpoint_module.torch, "save", failing_save)
+    with pytest.raises(OSError):
+        train(config_for(tmp_path), output_dir=tmp_path / "run", progress=False)
+    names = [p.name for p in (tmp_path / "run" / "checkpoints").iterdir()]
+    assert names == ["step-0000002"]                      # no half-written step-0000004, no temporary folder
+    assert find_checkpoint(tmp_path / "run").name == "step-0000002"
+
+
+def test_resume_ignores_a_temporary_folder_left_by_a_kill(tmp_path, monkeypatch):
+    interrupt_at(monkeypatch, 2)
+    with pytest.raises(TrainingInterrupted):
+        train(config_for(tmp_path), output_dir=tmp_path / "run", progress=False)
+    junk = tmp_path / "run" / "checkpoints" / ".tmp-step-0000003"
+    junk.mkdir()
+    (junk / "model.safetensors").write_bytes(b"partial")
+    assert find_checkpoint(tmp_path / "run").name == "step-0000002"
+
+
+def test_resume_refuses_a_changed_config_and_missing_checkpoints(tmp_path, monkeypatch):
+    interrupt_at(monkeypatch, 2)
+    with pytest.raises(TrainingInterrupted):
+        train(config_for(tmp_path), output_dir=tmp_path / "run", progress=False)
+    monkeypatch.undo()
+    with pytest.raises(ConfigError, match=r"differs from the run being resumed in \['train.learning_rate'\]"):
+        train(config_for(tmp_path, "train.learning_rate=1e-4"), output_dir=tmp_path / "run", resume="")
+    with pytest.raises(RunDirError, match="nothing to resume"):
+        train(config_for(tmp_path), output_dir=tmp_path / "empty", resume="")
+    more = train(config_for(tmp_path, "train.epochs=4"), output_dir=tmp_path / "run", resume="", progress=False)
+    assert max(losses(more)) == 12
+
+
+def test_existing_run_is_refused_without_overwrite(tmp_path):
+    config = config_for(tmp_path, "train.epochs=1")
+    train(config, output_dir=tmp_path / "run", progress=False)
+    with pytest.raises(RunDirError, match="already holds a run; pass --overwrite"):
+        train(config, output_dir=tmp_path / "run", progress=False)
+    train(config, output_dir=tmp_path / "run", overwrite=True, progress=False)
+
+
+def test_early_stopping(tmp_path, monkeypatch):
+    scores = iter([50.0, 40.0, 45.0, 60.0])
+    monkeypatch.setattr(train_module, "evaluate_records", lambda *a, **k: (
+        {"exact_match": 0.0, "f1": next(scores), "loss": 1.0, "perplexity": 2.7, "num_examples": 3}, []))
+    config = config_for(tmp_path, "train.epochs=4", "data.validation_fraction=0.25",
+                        "train.early_stopping_patience=2")
+    run = train(config, output_dir=tmp_path / "run", progress=False)
+    status = json.loads((run / "run.json").read_text())
+    assert status["result"]["best_eval"]["epoch"] == 1           # stopped after epochs 2 and 3 did not improve
+    evals = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if '"eval"' in x]
+    assert len(evals) == 3
+    assert (run / "best" / "model.safetensors").is_file() and (run / "final" / "model.safetensors").is_file()
+    assert json.loads((find_checkpoint(run) / "trainer_state.json").read_text())["best_checkpoint"] == "step-0000003"
+
+
+SLOW_CONFIG = """
+model: {{scratch: {{n_layer: 2, n_embd: 64, n_head: 2, vocab_size: 300}}}}
+data: {{train_file: {data}}}
+train: {{epochs: 200, batch_size: 2, save_every: 1, keep_checkpoints: 3, learning_rate: 1.0e-3}}
+"""
+
+
+def start_training(tmp_path):
+    config = tmp_path / "c.yaml"
+    config.write_text(SLOW_CONFIG.format(data=write_data(tmp_path)), encoding="utf-8")
+    run = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "qatune", "train", "--config", str(config), "--output-dir",
+                             str(run), "--quiet"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while len(list_checkpoints(run)) < 2 and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+    return proc, config, run
+
+
+@pytest.mark.slow
+def test_sigkill_at_any_moment_leaves_only_loadable_checkpoints(tmp_path):
+    proc, _, run = start_training(tmp_path)
+    time.sleep(0.7)
+    proc.kill()
+    proc.wait()
+    checkpoints = list_checkpoints(run)
+    assert checkpoints
+    for checkpoint in checkpoints:
+        json.loads((checkpoint / "trainer_state.json").read_text())
+        load_file(checkpoint / "model.safetensors")
+        torch.load(checkpoint / "optimizer.pt", weights_only=True)
+
+
+@pytest.mark.slow
+def test_sigterm_saves_a_checkpoint_and_the_cli_resumes(tmp_path):
+    proc, config, run = start_training(tmp_path)
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130
+    assert "training stopped by SIGTERM" in stderr and "--resume" in stderr
+    assert "Traceback" not in stderr
+    stopped_at = json.loads((find_checkpoint(run) / "trainer_state.json").read_text())["step"]
+    result = CliRunner().invoke(cli, ["train", "--config", str(config), "--output-dir", str(run), "--resume",
+                                      "--set", "train.epochs=2", "--quiet"])
+    # the run was already past 2 epochs? then it just finishes; otherwise it trains to the end of epoch 2
+    assert result.exit_code == 0, result.output + result.stderr
+    assert json.loads((run / "run.json").read_text())["status"] == "complete"
+    assert json.loads((find_checkpoint(run) / "trainer_state.json").read_text())["step"] >= stopped_at
