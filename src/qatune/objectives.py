@@ -15,6 +15,8 @@ from torch import nn
 
 from qatune.data.generative import IGNORE_INDEX
 
+_BOOKKEEPING = {"row", "n_items", "n_tokens"}
+
 # Config attributes of causal LMs whose logits are not just lm_head(hidden).
 _LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling", "logit_softcapping")
 
@@ -100,14 +102,21 @@ def fuse_activations(model: nn.Module) -> int:
 
 def count_items(batch: dict[str, torch.Tensor], task: str) -> int:
     """Supervised tokens (generative) or labelled windows (extractive) in a batch."""
+    if "n_items" in batch:
+        return int(batch["n_items"])
     if task == "generative":
         return int((batch["labels"][:, 1:] != IGNORE_INDEX).sum())
     return int((batch["start_positions"] != IGNORE_INDEX).sum())
 
 
+def count_tokens(batch: dict[str, torch.Tensor]) -> int:
+    """Non-padding tokens in a batch."""
+    return int(batch["n_tokens"]) if "n_tokens" in batch else int(batch["attention_mask"].sum())
+
+
 def model_inputs(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """The tensors an objective takes (drops bookkeeping such as source row numbers)."""
-    return {key: value for key, value in batch.items() if key != "row"}
+    return {key: value for key, value in batch.items() if key not in _BOOKKEEPING}
 
 
 def _absmax(logits: torch.Tensor) -> torch.Tensor:

@@ -15,9 +15,9 @@ from typing import Any
 
 import torch
 
-from qatune.data.generative import IGNORE_INDEX
+from qatune.data.generative import IGNORE_INDEX, _round_up
 from qatune.data.spreadsheet import QARecord
-from qatune.errors import DataError
+from qatune.errors import DataError, ModelError
 
 MAX_QUESTION_TOKENS = 64
 
@@ -194,8 +194,33 @@ def prepare_features(
                 _audit(tokenizer, feature, kept[example], span, stats)
         features.append(feature)
     stats.windows = len(features)
+    _check_coverage(tokenizer, features, kept)
     stats.unreachable_rows = [kept[i].row for i, span in enumerate(spans) if span is not None and i not in labelled_rows]
     return features, stats, kept
+
+
+def _check_coverage(tokenizer: Any, features: list[Feature], records: list[QARecord]) -> None:
+    """Every context must be covered by its windows up to its last token.
+
+    tokenizers 0.23.1-0.23.2 stop tokenizing a truncated text early and return too few overflow
+    windows (huggingface/tokenizers#2091): the end of long contexts silently disappears.
+    """
+    covered: dict[int, int] = {}
+    for feature in features:
+        ends = [o[1] for o in feature.offsets if o is not None]
+        if ends:
+            covered[feature.example] = max(covered.get(feature.example, 0), max(ends))
+    for example, record in enumerate(records):
+        context = record.context or ""
+        tail = context[covered.get(example, 0):]
+        if tail.strip() and tokenizer(tail, add_special_tokens=False)["input_ids"]:
+            import tokenizers
+
+            raise ModelError(
+                f"the tokenizer left the end of a long context out of every window (row {record.row}: windows cover "
+                f"{covered.get(example, 0)} of {len(context)} characters); tokenizers {tokenizers.__version__} has "
+                "this bug (huggingface/tokenizers#2091): pip install -U 'tokenizers>=0.23.3'"
+            )
 
 
 def _cut_question(tokenizer: Any, question: str, limit: int) -> str:
@@ -241,9 +266,10 @@ class SpanCollator:
     """Right-pads windows to the longest in the batch; start/end labels go along unchanged."""
 
     pad_token_id: int
+    pad_to_multiple_of: int = 1
 
     def __call__(self, batch: list[Feature]) -> dict[str, torch.Tensor]:
-        width = max(len(feature) for feature in batch)
+        width = _round_up(max(len(feature) for feature in batch), self.pad_to_multiple_of)
         input_ids = torch.full((len(batch), width), self.pad_token_id, dtype=torch.long)
         attention_mask = torch.zeros((len(batch), width), dtype=torch.long)
         with_types = batch[0].token_type_ids is not None
@@ -260,6 +286,8 @@ class SpanCollator:
             "start_positions": torch.tensor([f.start_position for f in batch], dtype=torch.long),
             "end_positions": torch.tensor([f.end_position for f in batch], dtype=torch.long),
             "row": torch.tensor([f.row for f in batch], dtype=torch.long),
+            "n_items": sum(f.start_position != IGNORE_INDEX for f in batch),
+            "n_tokens": sum(len(f) for f in batch),
         }
         if with_types:
             out["token_type_ids"] = token_type_ids

@@ -170,9 +170,11 @@ class CausalCollator:
 
     pad_token_id: int
     train_on_prompt: bool = False
+    pad_to_multiple_of: int = 1
+    """Round the batch width up (on a GPU a few distinct shapes beat many: each new one costs warm-up)."""
 
     def __call__(self, batch: list[Example]) -> dict[str, torch.Tensor]:
-        width = max(len(example) for example in batch)
+        width = _round_up(max(len(example) for example in batch), self.pad_to_multiple_of)
         input_ids = torch.full((len(batch), width), self.pad_token_id, dtype=torch.long)
         attention_mask = torch.zeros((len(batch), width), dtype=torch.long)
         labels = torch.full((len(batch), width), IGNORE_INDEX, dtype=torch.long)
@@ -184,7 +186,15 @@ class CausalCollator:
             first = 0 if self.train_on_prompt else example.prompt_length
             labels[i, first:n] = ids[first:]
         rows = torch.tensor([example.row for example in batch], dtype=torch.long)
-        return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels, "row": rows}
+        # Counts known on the host, so the loop never waits for the device to learn them.
+        n_items = sum(len(e) - max(1 if self.train_on_prompt else e.prompt_length, 1) for e in batch)
+        n_tokens = sum(len(e) for e in batch)
+        return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels, "row": rows,
+                "n_items": n_items, "n_tokens": n_tokens}
+
+
+def _round_up(width: int, multiple: int) -> int:
+    return -(-width // multiple) * multiple
 
 
 def left_pad(prompts: list[list[int]], pad_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:

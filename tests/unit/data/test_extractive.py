@@ -138,3 +138,20 @@ def test_best_span_takes_the_best_valid_span_across_windows():
     assert text == "w9 w10" and score == 10.0
     text, score = best_span(features, starts, ends, context, n_best=5, max_answer_length=1)
     assert score == 9.0 and len(text.split()) == 1
+
+
+def test_windows_cover_every_context_to_its_end():
+    for answer in ("w19", "w0"):
+        features, _, kept = features_for(LONG, answer, max_length=12, stride=3)
+        last = max(o[1] for f in features for o in f.offsets if o is not None)
+        assert last == len(LONG)
+
+
+def test_a_tokenizer_that_drops_the_end_of_a_context_is_refused(monkeypatch):
+    from qatune.data import extractive
+    from qatune.errors import ModelError
+
+    features, _, kept = features_for(LONG, "w5", max_length=12, stride=3)
+    with pytest.raises(ModelError, match="huggingface/tokenizers#2091"):
+        extractive._check_coverage(TOKENIZER, features[:3], kept)   # what tokenizers 0.23.2 returns
+    extractive._check_coverage(TOKENIZER, features, kept)
