@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import subprocess
 import sys
 import traceback
+import warnings
 
 import click
 
@@ -62,9 +65,14 @@ def cli(ctx: click.Context) -> None:
     """Turn a spreadsheet of questions and answers into a fine-tuned QA model."""
     level = logging.DEBUG if ctx.meta.get("qatune.verbose") else logging.INFO
     _setup_logging(level)
+    if not ctx.meta.get("qatune.verbose"):
+        warnings.filterwarnings("ignore", category=FutureWarning)  # library deprecation chatter
+        warnings.filterwarnings("ignore", category=DeprecationWarning)
 
 
 def _setup_logging(level: int) -> None:
+    if int(os.environ.get("RANK", "0")) > 0:
+        level = max(level, logging.ERROR)  # other processes of an accelerate launch stay quiet
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(message)s"))
     log.handlers[:] = [handler]
@@ -81,9 +89,12 @@ def _setup_logging(level: int) -> None:
 @click.option("--resume", is_flag=False, flag_value="", default=None, metavar="[RUN_DIR|CHECKPOINT]",
               help="Continue a stopped run from its newest checkpoint (default: the config's output_dir).")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
+@click.option("--num-processes", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Data-parallel processes on this machine (launches torchrun; GPUs or CPU with gloo).")
 @verbose_option
-def train(config_path: str, overrides: tuple[str, ...], output_dir: str | None, overwrite: bool, resume: str | None,
-          quiet: bool) -> None:
+@click.pass_context
+def train(ctx: click.Context, config_path: str, overrides: tuple[str, ...], output_dir: str | None, overwrite: bool,
+          resume: str | None, quiet: bool, num_processes: int) -> None:
     """Fine-tune a model on a spreadsheet and write a run directory.
 
     The run directory holds final/ (a plain transformers model folder), best/ (when there is
@@ -93,8 +104,20 @@ def train(config_path: str, overrides: tuple[str, ...], output_dir: str | None, 
     from qatune.train import train as run_training
 
     config = load_config(config_path, overrides)
+    if num_processes > 1 and "RANK" not in os.environ:
+        args = ["train", "--config", config_path, *[x for o in overrides for x in ("--set", o)]]
+        args += ["--output-dir", output_dir] if output_dir else []
+        args += ["--overwrite"] if overwrite else []
+        args += ["--resume", resume] if resume else (["--resume"] if resume == "" else [])
+        args += ["--quiet"] if quiet else []
+        verbose = ["-v"] if ctx.find_root().meta.get("qatune.verbose") else []
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={num_processes}",
+                   "-m", "qatune", *verbose, *args]
+        log.info("launching %d processes: %s", num_processes, " ".join(command))
+        ctx.exit(subprocess.run(command, check=False).returncode)
     run_dir = run_training(config, output_dir=output_dir, overwrite=overwrite, progress=not quiet, resume=resume)
-    click.echo(str(run_dir))
+    if int(os.environ.get("RANK", "0")) == 0:
+        click.echo(str(run_dir))
 
 
 @cli.command(name="eval")
@@ -178,6 +201,19 @@ def check(config_path: str, overrides: tuple[str, ...], as_json: bool, overfit: 
     click.echo(json.dumps(report, indent=2, ensure_ascii=False) if as_json else render_report(report))
     if not report["ok"]:
         raise click.exceptions.Exit(1)
+
+
+@cli.command()
+@click.argument("run_dir")
+@click.option("--merge", "output", required=True, metavar="OUT",
+              help="Folder to write the merged plain transformers model to (LoRA adapters folded in).")
+@click.option("--model", "which", type=click.Choice(["final", "best"]), default="final", show_default=True)
+@verbose_option
+def export(run_dir: str, output: str, which: str) -> None:
+    """Write a run's model as one plain transformers folder (LoRA adapters merged into the weights)."""
+    from qatune.model import export_merged
+
+    click.echo(str(export_merged(run_dir, output, which)))
 
 
 @cli.command()

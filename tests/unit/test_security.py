@@ -31,6 +31,8 @@ def test_every_from_pretrained_model_load_asks_for_safetensors_and_passes_trust_
     for where, node in calls(".from_pretrained"):
         keywords = {k.arg for k in node.keywords}
         target = ast.unparse(node.func)
+        if target == "PeftModel.from_pretrained":
+            continue  # adapters: model.py checks that adapter_model.safetensors exists (tested below)
         if "Tokenizer" in target or "tokenizer" in target or "AutoConfig" in target:
             assert "trust_remote_code" in keywords, f"{where}: {ast.unparse(node)}"
         else:
@@ -70,3 +72,14 @@ def test_spreadsheet_formulas_and_dde_payloads_stay_text(tmp_path):
     path.write_text("question,answer\n\"=cmd|' /C calc'!A0\",=1+1\n", encoding="utf-8")
     records, _ = load_records(path)
     assert (records[0].question, records[0].answer) == ("=cmd|' /C calc'!A0", "=1+1")
+
+
+def test_lora_adapters_are_loaded_from_safetensors_only(tmp_path):
+    pytest.importorskip("peft")
+    from qatune.errors import RunDirError
+    from qatune.model import ModelInfo, _load_lora
+
+    (tmp_path / "adapter_config.json").write_text("{}")
+    (tmp_path / "adapter_model.bin").write_bytes(b"pickle")
+    with pytest.raises(RunDirError, match="no adapter_model.safetensors"):
+        _load_lora(tmp_path, ModelInfo(task="generative", max_length=8, lora_base="base"), None, False)

@@ -1,0 +1,145 @@
+"""report.md and loss.png for a run directory, written from its files alone.
+
+Reads run.json (status, data report, result), metrics.jsonl (loss, lr, evaluations) and
+predictions-validation.csv (the last validation pass) and writes a short Markdown report with the
+loss and learning-rate curves (matplotlib, headless) and the 10 worst validation predictions.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("qatune")
+
+VALIDATION_PREDICTIONS = "predictions-validation.csv"
+
+
+def write_report(run_dir: str | Path) -> Path:
+    run_dir = Path(run_dir)
+    status = _read_json(run_dir / "run.json")
+    lines = [json.loads(x) for x in _read_text(run_dir / "metrics.jsonl").splitlines() if x.strip()]
+    train = [x for x in lines if x.get("event") == "train"]
+    evals = [x for x in lines if x.get("event") == "eval"]
+    plot = _plot(run_dir / "loss.png", train, evals)
+    text = [f"# qatune run: {run_dir.name}", ""]
+    text += [f"- status: **{status.get('status', 'unknown')}**, task: {status.get('task', '?')}, "
+             f"qatune {status.get('qatune_version', '?')}",
+             f"- started {status.get('started', '?')}, finished {status.get('finished', '-')}", ""]
+    text += ["## Data", ""] + _data_section(status.get("data", {}), status.get("max_length")) + [""]
+    result = status.get("result", {})
+    text += ["## Training", ""]
+    if train:
+        text.append(f"- {result.get('steps', train[-1]['step'])} optimizer steps; training loss "
+                    f"{_num(result.get('first_train_loss', train[0]['loss']))} at step 1 -> "
+                    f"{_num(result.get('final_train_loss', train[-1]['loss']))} at the end")
+    if result.get("nonfinite_steps"):
+        text.append(f"- non-finite steps (not applied): {result['nonfinite_steps']}")
+    text += ["", f"![loss and learning rate]({plot.name})" if plot else "(loss.png not written: matplotlib is "
+             "not installed; pip install matplotlib)", ""]
+    text += ["## Evaluation", ""]
+    if evals:
+        text += ["| epoch | step | loss | exact match | F1 | examples |", "|---:|---:|---:|---:|---:|---:|"]
+        text += [f"| {e['epoch']} | {e['step']} | {_num(e.get('loss'))} | {e['exact_match']:.1f} | {e['f1']:.1f} | "
+                 f"{e['num_examples']} |" for e in evals]
+        best = result.get("best_eval")
+        if best:
+            text += ["", f"Best: epoch {best['epoch']} (saved in best/)."]
+    else:
+        text.append("No validation data (set data.eval_file or data.validation_fraction).")
+    worst = _worst_predictions(run_dir / VALIDATION_PREDICTIONS)
+    if worst:
+        text += ["", "## The 10 worst validation predictions", "",
+                 "| row | question | gold | prediction | F1 |", "|---:|---|---|---|---:|"]
+        text += [f"| {r['row']} | {_cell(r['question'])} | {_cell(r['gold'])} | {_cell(r['prediction'])} | "
+                 f"{float(r['f1']):.0f} |" for r in worst]
+    path = run_dir / "report.md"
+    path.write_text("\n".join(text) + "\n", encoding="utf-8")
+    return path
+
+
+def _data_section(data: dict[str, Any], max_length: Any) -> list[str]:
+    lines = []
+    for key in ("train_file", "eval_file"):
+        report = data.get(key)
+        if not report:
+            continue
+        dropped = ", ".join(f"{len(rows)} {reason}" for reason, rows in report.get("dropped", {}).items()) or "none"
+        lines.append(f"- {key}: {report['file']}: {report['rows_read']} rows read, {report['kept']} kept; "
+                     f"dropped: {dropped}; duplicates: {report.get('duplicates', 0)}")
+    encoding = data.get("encoding", {})
+    if max_length is not None:
+        lines.append(f"- max_length: {max_length}")
+    if "lengths" in encoding and encoding["lengths"]:
+        n = encoding["lengths"]
+        lines.append(f"- tokens per example: min {n['min']}, median {n['median']}, p95 {n['p95']}, max {n['max']}; "
+                     f"questions shortened: {len(encoding.get('truncated_rows', []))}, "
+                     f"dropped as too long: {len(encoding.get('too_long_rows', []))}")
+    if "span_audit" in encoding:
+        audit = encoding["span_audit"]
+        lines.append(f"- windows: {encoding['windows']} ({encoding['windows_without_answer']} without the answer); "
+                     f"span audit: {100 * audit['share']:.1f}% of {audit['checked']} labelled spans decode to "
+                     f"the answer, {len(audit['mismatches'])} mismatches")
+    return lines
+
+
+def _plot(path: Path, train: list[dict], evals: list[dict]) -> Path | None:
+    if not train:
+        return None
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 6), sharex=True)
+    top.plot([x["step"] for x in train], [x["loss"] for x in train], label="training loss")
+    points = [x for x in evals if x.get("loss") is not None]
+    if points:
+        top.plot([x["step"] for x in points], [x["loss"] for x in points], "o-", label="validation loss")
+    top.set_ylabel("loss")
+    top.legend()
+    top.grid(alpha=0.3)
+    bottom.plot([x["step"] for x in train], [x["lr"] for x in train], color="tab:orange")
+    bottom.set_ylabel("learning rate")
+    bottom.set_xlabel("optimizer step")
+    bottom.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def _worst_predictions(path: Path, n: int = 10) -> list[dict[str, str]]:
+    if not path.is_file():
+        return []
+    with open(path, encoding="utf-8", newline="") as f:
+        rows = list(csv.DictReader(f))
+    return sorted(rows, key=lambda r: (float(r["f1"]), int(r["row"])))[:n]
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+
+
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except OSError:
+        return ""
+
+
+def _num(value: Any) -> str:
+    return f"{value:.4f}" if isinstance(value, int | float) else "n/a"
+
+
+def _cell(text: str, limit: int = 80) -> str:
+    text = " ".join(str(text).split()).replace("|", "\\|")
+    return text if len(text) <= limit else text[: limit - 1] + "…"

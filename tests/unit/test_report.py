@@ -1,0 +1,49 @@
+"""report.md, loss.png and TensorBoard logs at the end of training."""
+
+import csv
+import json
+
+from qatune.config import load_config
+from qatune.train import train
+
+ROWS = [(f"what is item {i}?", f"thing {i}") for i in range(20)]
+
+
+def run(tmp_path, *overrides):
+    data = tmp_path / "qa.csv"
+    data.write_text("question,answer\n" + "".join(f"{q},{a}\n" for q, a in ROWS), encoding="utf-8")
+    config = load_config(None, [f"data.train_file={data}", "model.scratch.n_layer=1", "model.scratch.n_embd=32",
+                                "model.scratch.n_head=2", "model.scratch.vocab_size=300", "train.epochs=3",
+                                "train.batch_size=4", "train.logging_steps=1", "data.validation_fraction=0.5",
+                                *overrides])
+    return train(config, output_dir=tmp_path / "run", progress=False)
+
+
+def test_report_and_plot(tmp_path):
+    run_dir = run(tmp_path)
+    report = (run_dir / "report.md").read_text()
+    for heading in ("## Data", "## Training", "## Evaluation", "## The 10 worst validation predictions"):
+        assert heading in report
+    assert "train_file: qa.csv: 20 rows read, 20 kept" in report
+    assert report.count("\n| 1 |") + report.count("\n| 2 |") + report.count("\n| 3 |") >= 3   # one row per epoch
+    assert "![loss and learning rate](loss.png)" in report
+    assert (run_dir / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with open(run_dir / "predictions-validation.csv", encoding="utf-8") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 10
+    table = report.split("## The 10 worst validation predictions")[1].strip().splitlines()[2:]
+    assert len(table) == 10
+    f1s = [float(line.rsplit("|", 2)[1]) for line in table]
+    assert f1s == sorted(f1s)
+
+
+def test_tensorboard_logs(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    run_dir = run(tmp_path, "train.report_to=tensorboard")
+    events = EventAccumulator(str(run_dir / "tensorboard"))
+    events.Reload()
+    steps = [json.loads(x)["step"] for x in (run_dir / "metrics.jsonl").read_text().splitlines()
+             if '"train"' in x]
+    assert [e.step for e in events.Scalars("train/loss")] == steps
+    assert len(events.Scalars("eval/f1")) == 3
