@@ -64,9 +64,9 @@ def _generative_section(prepared: Prepared) -> dict[str, Any]:
     eos_ok = True
     eos = prepared.tokenizer.eos_token_id
     for example in examples:
-        labels = prepared.collator([example])["labels"][0]
-        supervised.append(int((labels[1:] != IGNORE_INDEX).sum()))
-        eos_ok &= bool(labels[-1] == eos)
+        batch = prepared.collator([example])
+        supervised.append(int(batch["n_items"]))
+        eos_ok &= bool(batch["labels"][0][-1] == eos)
     rendered = [render_trained_tokens(prepared, example) for example in examples[:2]]
     encoding = prepared.reports["encoding"]
     return {
@@ -100,6 +100,10 @@ def _extractive_section(prepared: Prepared) -> dict[str, Any]:
 
 def render_trained_tokens(prepared: Prepared, example: Any) -> str:
     """The example's text with the trained (label) tokens inside ⟦ ⟧."""
+    if prepared.info.seq2seq:
+        source = prepared.tokenizer.decode(example.input_ids, skip_special_tokens=False)
+        target = prepared.tokenizer.decode(example.target_ids, skip_special_tokens=False)
+        return f"encoder: {source}\ndecoder: ⟦{target}⟧"
     batch = prepared.collator([example])
     ids = batch["input_ids"][0].tolist()
     trained = [label != IGNORE_INDEX for label in batch["labels"][0].tolist()]

@@ -38,6 +38,8 @@ class ScratchModel(Section):
     """Longest sequence the model can read."""
     dropout: float = Field(0.0, ge=0.0, lt=1.0)
     """Dropout on embeddings, attention and residuals."""
+    architecture: Literal["auto", "gpt2", "t5", "bert"] = "auto"
+    """auto: GPT-2 for generative, BERT for extractive; t5: an encoder-decoder for generative QA."""
 
 
 class LoraSettings(Section):
@@ -345,6 +347,11 @@ def _cross_checks(config: Config) -> list[str]:
             f"model.scratch.n_embd: {model.scratch.n_embd} is not divisible by n_head={model.scratch.n_head}; "
             "pick an n_embd that is a multiple of n_head"
         )
+    if model.scratch is not None:
+        allowed = {"generative": ("auto", "gpt2", "t5"), "extractive": ("auto", "bert")}[config.task]
+        if model.scratch.architecture not in allowed:
+            problems.append(f"model.scratch.architecture: {model.scratch.architecture} does not do {config.task} QA; "
+                            f"use one of {list(allowed)}")
     if data.train_file is None:
         problems.append("data.train_file: required; set it to your spreadsheet (.csv, .xlsx, .jsonl ...)")
     if config.task == "extractive" and data.context_column is None:

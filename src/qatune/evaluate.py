@@ -12,12 +12,19 @@ import torch
 
 from qatune.config import GenerateConfig
 from qatune.data.extractive import prepare_features
-from qatune.data.generative import CausalCollator, PromptEncoder, PromptTemplate, encode_examples
+from qatune.data.generative import (
+    CausalCollator,
+    PromptEncoder,
+    PromptTemplate,
+    Seq2SeqCollator,
+    Seq2SeqEncoder,
+    encode_examples,
+)
 from qatune.data.spreadsheet import QARecord, load_from_config
 from qatune.generate import answer_questions, extract_answers, score_windows
 from qatune.metrics import best_scores, corpus_scores
 from qatune.model import ModelInfo, load_model_folder
-from qatune.objectives import CausalLMObjective, model_inputs
+from qatune.objectives import CausalLMObjective, Seq2SeqObjective, model_inputs
 
 
 def evaluate_records(model: Any, tokenizer: Any, info: ModelInfo, records: list[QARecord],
@@ -44,12 +51,13 @@ def evaluate_records(model: Any, tokenizer: Any, info: ModelInfo, records: list[
 def causal_lm_eval_loss(model: Any, tokenizer: Any, info: ModelInfo, records: list[QARecord],
                         batch_size: int) -> float | None:
     """Mean cross-entropy per supervised answer token (teacher forcing)."""
-    encoder = PromptEncoder(tokenizer, PromptTemplate(info.prompt_template, info.answer_prefix))
+    template = PromptTemplate(info.prompt_template, info.answer_prefix)
+    encoder = (Seq2SeqEncoder if info.seq2seq else PromptEncoder)(tokenizer, template)
     examples, _ = encode_examples(encoder, records, info.max_length)
     if not examples:
         return None
-    objective = CausalLMObjective(model)
-    collate = CausalCollator(tokenizer.pad_token_id)
+    objective = Seq2SeqObjective(model) if info.seq2seq else CausalLMObjective(model)
+    collate = Seq2SeqCollator(tokenizer.pad_token_id) if info.seq2seq else CausalCollator(tokenizer.pad_token_id)
     device = next(model.parameters()).device
     examples.sort(key=len)
     total, count = 0.0, 0

@@ -17,7 +17,7 @@ from tqdm.auto import tqdm
 
 from qatune.config import GenerateConfig
 from qatune.data.extractive import Feature, SpanCollator, best_span, prepare_features
-from qatune.data.generative import PromptEncoder, PromptTemplate, left_pad
+from qatune.data.generative import PromptEncoder, PromptTemplate, Seq2SeqEncoder, left_pad, right_pad
 from qatune.data.spreadsheet import QARecord
 from qatune.errors import ConfigError, DataError
 from qatune.model import ModelInfo, model_max_positions
@@ -45,9 +45,13 @@ def generate_answers(model: Any, tokenizer: Any, info: ModelInfo, questions: lis
                      generate: GenerateConfig, batch_size: int, progress: bool) -> list[str]:
     from transformers import GenerationConfig
 
-    encoder = PromptEncoder(tokenizer, PromptTemplate(info.prompt_template, info.answer_prefix))
+    template = PromptTemplate(info.prompt_template, info.answer_prefix)
+    encoder = (Seq2SeqEncoder if info.seq2seq else PromptEncoder)(tokenizer, template)
     limit = model_max_positions(model.config, tokenizer)
-    budget = max(8, limit - generate.max_new_tokens) if limit else None
+    if info.seq2seq:  # the encoder reads the prompt; the decoder writes the answer
+        budget = info.max_length
+    else:
+        budget = max(8, limit - generate.max_new_tokens) if limit else None
     prompts = []
     for question, context in zip(questions, contexts):
         ids = encoder.prompt_ids(question, context, budget)
@@ -64,11 +68,14 @@ def generate_answers(model: Any, tokenizer: Any, info: ModelInfo, questions: lis
     answers: list[str] = [""] * len(prompts)
     model.eval()
     for chunk in _length_sorted_batches([len(p) for p in prompts], batch_size, progress, "generate"):
-        input_ids, attention_mask = left_pad([prompts[i] for i in chunk], tokenizer.pad_token_id)
+        pad = right_pad if info.seq2seq else left_pad  # a decoder-only model continues from the right edge
+        input_ids, attention_mask = pad([prompts[i] for i in chunk], tokenizer.pad_token_id)
         with torch.inference_mode():
             out = model.generate(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device),
                                  generation_config=config)
-        for i, tokens in zip(chunk, out[:, input_ids.shape[1]:].tolist()):
+        # Seq2seq output starts with the decoder start token; a causal LM's repeats the prompt.
+        new_tokens = out[:, 1:] if info.seq2seq else out[:, input_ids.shape[1]:]
+        for i, tokens in zip(chunk, new_tokens.tolist()):
             if tokenizer.eos_token_id in tokens:
                 tokens = tokens[: tokens.index(tokenizer.eos_token_id)]
             answers[i] = tokenizer.decode(tokens, skip_special_tokens=True).strip()

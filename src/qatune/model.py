@@ -37,6 +37,7 @@ GPT2_SPECIAL = "<|endoftext|>"
 LORA_BASE_IN_RUN = "base"
 """LoRA on a scratch model: the random base weights are saved in RUN/base."""
 BERT_SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+T5_SPECIALS = ["<pad>", "</s>", "<unk>"]
 
 
 @dataclass
@@ -49,6 +50,8 @@ class ModelInfo:
     answer_prefix: str = " "
     doc_stride: int = 128
     qatune_version: str = ""
+    seq2seq: bool = False
+    """Generative QA with an encoder-decoder (T5-style): prompt in, answer out."""
     lora_base: str | None = None
     """LoRA runs: the base model (a hub id, a folder, or "base" for RUN/base); the folder holds the adapter."""
 
@@ -114,19 +117,25 @@ def prepare_tokenizer(tokenizer: Any, task: str, name: str) -> Any:
 
 
 def load_pretrained(model: ModelConfig, task: str, tokenizer: Any) -> Any:
-    from transformers import AutoModelForCausalLM, AutoModelForQuestionAnswering
-
     path = resolve_model_path(model.name_or_path)
-    auto = AutoModelForCausalLM if task == "generative" else AutoModelForQuestionAnswering
+    auto = auto_class(task, load_model_config(model).is_encoder_decoder if task == "generative" else False)
     quiet_transformers()
     try:
         loaded = auto.from_pretrained(path, trust_remote_code=model.trust_remote_code, revision=model.revision,
                                       use_safetensors=True, dtype="float32")
     except (OSError, ValueError, KeyError) as exc:
         raise ModelError(_load_failure("model", model.name_or_path, exc, task)) from None
-    if task == "generative" and loaded.config.pad_token_id is None:
+    if task == "generative" and getattr(loaded.config, "pad_token_id", None) is None:
         loaded.config.pad_token_id = tokenizer.pad_token_id
     return loaded
+
+
+def auto_class(task: str, seq2seq: bool = False) -> Any:
+    from transformers import AutoModelForCausalLM, AutoModelForQuestionAnswering, AutoModelForSeq2SeqLM
+
+    if task == "extractive":
+        return AutoModelForQuestionAnswering
+    return AutoModelForSeq2SeqLM if seq2seq else AutoModelForCausalLM
 
 
 def _load_failure(what: str, name: str, exc: Exception, task: str = "") -> str:
@@ -146,11 +155,23 @@ def _load_failure(what: str, name: str, exc: Exception, task: str = "") -> str:
             f"({text}); check model.name_or_path, or download it first while online")
 
 
-def train_scratch_tokenizer(task: str, texts: list[str], vocab_size: int) -> Any:
-    """Byte-level BPE (GPT-2 style) or WordPiece (BERT style) trained on ``texts``."""
+def train_scratch_tokenizer(task: str, texts: list[str], vocab_size: int, architecture: str = "auto") -> Any:
+    """Byte-level BPE (GPT-2), Unigram (T5) or WordPiece (BERT) trained on ``texts``."""
     from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
 
+    if architecture == "t5":
+        tok = Tokenizer(models.Unigram())
+        tok.normalizer = normalizers.NFKC()
+        tok.pre_tokenizer = pre_tokenizers.Metaspace()
+        tok.decoder = decoders.Metaspace()
+        trainer = trainers.UnigramTrainer(vocab_size=vocab_size, special_tokens=T5_SPECIALS, unk_token="<unk>",
+                                          show_progress=False)
+        tok.train_from_iterator(texts, trainer)
+        eos = tok.token_to_id("</s>")
+        tok.post_processor = processors.TemplateProcessing(single="$A </s>", pair="$A </s> $B </s>",
+                                                           special_tokens=[("</s>", eos)])
+        return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="</s>", unk_token="<unk>")
     if task == "generative":
         tok = Tokenizer(models.BPE())
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -177,9 +198,18 @@ def train_scratch_tokenizer(task: str, texts: list[str], vocab_size: int) -> Any
 
 
 def build_scratch(shape: ScratchModel, task: str, tokenizer: Any) -> Any:
-    """A randomly initialised GPT-2 or BERT of the given shape (seed the RNG before calling)."""
-    from transformers import BertConfig, BertForQuestionAnswering, GPT2Config, GPT2LMHeadModel
+    """A randomly initialised GPT-2, T5 or BERT of the given shape (seed the RNG before calling)."""
+    from transformers import (BertConfig, BertForQuestionAnswering, GPT2Config, GPT2LMHeadModel, T5Config,
+                              T5ForConditionalGeneration)
 
+    if shape.architecture == "t5":
+        config = T5Config(
+            vocab_size=len(tokenizer), d_model=shape.n_embd, d_kv=shape.n_embd // shape.n_head,
+            d_ff=4 * shape.n_embd, num_layers=shape.n_layer, num_decoder_layers=shape.n_layer,
+            num_heads=shape.n_head, dropout_rate=shape.dropout, pad_token_id=tokenizer.pad_token_id,
+            eos_token_id=tokenizer.eos_token_id, decoder_start_token_id=tokenizer.pad_token_id,
+        )
+        return T5ForConditionalGeneration(config)
     if task == "generative":
         config = GPT2Config(
             vocab_size=len(tokenizer), n_positions=shape.n_positions, n_embd=shape.n_embd, n_layer=shape.n_layer,
@@ -214,7 +244,10 @@ def apply_lora(model: Any, lora: Any, task: str) -> Any:
         from peft import LoraConfig, TaskType, get_peft_model
     except ImportError:
         raise ModelError("model.lora needs the peft library: pip install 'qatune[lora]'") from None
-    task_type = TaskType.CAUSAL_LM if task == "generative" else TaskType.QUESTION_ANS
+    if task == "extractive":
+        task_type = TaskType.QUESTION_ANS
+    else:
+        task_type = TaskType.SEQ_2_SEQ_LM if model.config.is_encoder_decoder else TaskType.CAUSAL_LM
     settings = LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
                           target_modules=lora.target_modules, task_type=task_type)
     try:
@@ -320,7 +353,7 @@ def find_model_folder(path: str | Path, which: str = "final") -> Path:
 def load_model_folder(path: str | Path, which: str = "final", device: str | None = None) -> LoadedModel:
     """Load a trained model with its tokenizer, config and prompt info, ready for inference."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoModelForQuestionAnswering, AutoTokenizer
+    from transformers import AutoTokenizer
 
     folder = find_model_folder(path, which)
     import yaml
@@ -328,7 +361,7 @@ def load_model_folder(path: str | Path, which: str = "final", device: str | None
     raw = yaml.safe_load((folder / "config.yaml").read_text(encoding="utf-8"))
     config = validate_config(raw, str(folder / "config.yaml"))
     info = ModelInfo.load(folder)
-    auto = AutoModelForCausalLM if info.task == "generative" else AutoModelForQuestionAnswering
+    auto = auto_class(info.task, info.seq2seq)
     quiet_transformers()
     trust = config.model.trust_remote_code
     try:

@@ -67,6 +67,33 @@ class SpanObjective(nn.Module):
             attention_mask == 0, 0.0))}
 
 
+class Seq2SeqObjective(nn.Module):
+    """Encoder-decoder: cross-entropy of the decoder over the answer tokens (teacher forcing)."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, labels: torch.Tensor, **_: Any
+                ) -> dict[str, torch.Tensor]:
+        decoder_input_ids = _shift_right(labels, self.model.config)
+        logits = self.model(input_ids=input_ids, attention_mask=attention_mask,
+                            decoder_input_ids=decoder_input_ids).logits
+        supervised = labels != IGNORE_INDEX
+        logits = logits[supervised]
+        loss_sum = F.cross_entropy(logits.float(), labels[supervised], reduction="sum")
+        return {"loss_sum": loss_sum, "count": supervised.sum(), "logit_absmax": _absmax(logits)}
+
+
+def _shift_right(labels: torch.Tensor, config: Any) -> torch.Tensor:
+    """Decoder inputs: the start token, then the labels shifted right (padding for -100)."""
+    start = config.decoder_start_token_id if config.decoder_start_token_id is not None else config.pad_token_id
+    shifted = labels.new_full(labels.shape, config.pad_token_id)
+    shifted[:, 1:] = labels[:, :-1].masked_fill(labels[:, :-1] == IGNORE_INDEX, config.pad_token_id)
+    shifted[:, 0] = start
+    return shifted
+
+
 def span_logits(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                 token_type_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Float32 start/end logits with padding positions pushed to the lowest value."""
@@ -81,7 +108,13 @@ def span_logits(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch
 
 def objective_for(task: str, model: nn.Module) -> nn.Module:
     fuse_activations(model)
-    return CausalLMObjective(model) if task == "generative" else SpanObjective(model)
+    if task == "extractive":
+        return SpanObjective(model)
+    return Seq2SeqObjective(model) if is_encoder_decoder(model) else CausalLMObjective(model)
+
+
+def is_encoder_decoder(model: nn.Module) -> bool:
+    return bool(getattr(getattr(model, "config", None), "is_encoder_decoder", False))
 
 
 def fuse_activations(model: nn.Module) -> int:

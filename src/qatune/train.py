@@ -37,6 +37,8 @@ from qatune.data.generative import (
     ExampleDataset,
     PromptEncoder,
     PromptTemplate,
+    Seq2SeqCollator,
+    Seq2SeqEncoder,
     choose_max_length,
     encode_examples,
 )
@@ -132,26 +134,28 @@ def prepare(config: Config, train_records: list[QARecord] | None = None,
     findings: list[Finding] = []
     model = None
     if config.model.scratch is not None:
+        shape = config.model.scratch
         texts = _tokenizer_corpus(task, template, train_records)
-        tokenizer = train_scratch_tokenizer(task, texts, config.model.scratch.vocab_size)
-        limit = config.model.scratch.n_positions
+        tokenizer = train_scratch_tokenizer(task, texts, shape.vocab_size, shape.architecture)
+        limit = shape.n_positions
+        seq2seq = shape.architecture == "t5"
         if with_model:
-            model = build_scratch(config.model.scratch, task, tokenizer)
+            model = build_scratch(shape, task, tokenizer)
         source = f"scratch {task} model"
     else:
         tokenizer = load_tokenizer(config.model, task)
+        model_config = load_model_config(config.model)
+        seq2seq = task == "generative" and bool(getattr(model_config, "is_encoder_decoder", False))
         if with_model:
             model = load_pretrained(config.model, task, tokenizer)
-            limit = model_max_positions(model.config, tokenizer)
-        else:
-            limit = model_max_positions(load_model_config(config.model), tokenizer)
+        limit = model_max_positions(model_config, tokenizer)
         source = config.model.name_or_path
     if model is not None:
         n_params = sum(p.numel() for p in model.parameters())
         log.info("model: %s (%s, %.1fM parameters)", source, type(model).__name__, n_params / 1e6)
 
     if task == "generative":
-        encoder = PromptEncoder(tokenizer, template)
+        encoder = (Seq2SeqEncoder if seq2seq else PromptEncoder)(tokenizer, template)
         lengths = [encoder.full_length(r) for r in train_records]
         max_length = choose_max_length(lengths, config.data.max_length, limit)
         examples, stats = encode_examples(encoder, train_records, max_length)
@@ -166,9 +170,12 @@ def prepare(config: Config, train_records: list[QARecord] | None = None,
                                     f"does not fit max_length={max_length} (rows {_rows(stats.too_long_rows)}); "
                                     "raise data.max_length or use auto"))
         items: list[Any] = examples
-        collator: Any = CausalCollator(tokenizer.pad_token_id, config.train.train_on_prompt)
+        if seq2seq:
+            collator: Any = Seq2SeqCollator(tokenizer.pad_token_id)
+        else:
+            collator = CausalCollator(tokenizer.pad_token_id, config.train.train_on_prompt)
         info = ModelInfo(task=task, max_length=max_length, prompt_template=template.template,
-                         answer_prefix=template.answer_prefix, qatune_version=__version__)
+                         answer_prefix=template.answer_prefix, qatune_version=__version__, seq2seq=seq2seq)
     else:
         setting = config.data.max_length
         max_length = min(EXTRACTIVE_AUTO_MAX_LENGTH, limit or EXTRACTIVE_AUTO_MAX_LENGTH) if setting == "auto" else setting
@@ -238,7 +245,8 @@ def _validate(config: Config, dataset: ExampleDataset, collator: Any, tokenizer:
     for indices in list(sampler)[:2]:
         items = [dataset[i] for i in indices]
         answers = [getattr(item, "answer_text", None) for item in items] if config.task == "extractive" else None
-        for finding in validate_batch(collator(items), tokenizer=tokenizer, answers=answers):
+        seq2seq = isinstance(collator, Seq2SeqCollator)
+        for finding in validate_batch(collator(items), tokenizer=tokenizer, answers=answers, seq2seq=seq2seq):
             if finding not in findings:
                 findings.append(finding)
     settings = validate_settings(

@@ -81,7 +81,7 @@ def validate_dataset(dataset: Any) -> list[Finding]:
 
 
 def validate_batch(batch: Any, *, tokenizer: Any = None, pad_token_id: int | None = None,
-                   answers: Sequence[str] | None = None) -> list[Finding]:
+                   answers: Sequence[str] | None = None, seq2seq: bool = False) -> list[Finding]:
     """Check one collated batch: shapes, labels, attention mask, span positions.
 
     ``answers`` (extractive, one per row) enables the check that each start/end span decodes to
@@ -105,7 +105,7 @@ def validate_batch(batch: Any, *, tokenizer: Any = None, pad_token_id: int | Non
     if "start_positions" in batch or "end_positions" in batch:
         findings += _check_spans(batch, input_ids, mask, tokenizer, answers)
     else:
-        findings += _check_labels(batch, input_ids, mask)
+        findings += _check_labels(batch, input_ids, mask, seq2seq)
     return findings
 
 
@@ -211,12 +211,17 @@ def _run_length(ids: list[int], value: int) -> int:
     return n
 
 
-def _check_labels(batch: Mapping, input_ids: torch.Tensor, mask: torch.Tensor | None) -> list[Finding]:
+def _check_labels(batch: Mapping, input_ids: torch.Tensor, mask: torch.Tensor | None,
+                  seq2seq: bool = False) -> list[Finding]:
     if "labels" not in batch:
         return [error("no-labels",
                       "the batch has no 'labels': a causal LM computes no loss without them (or you compare "
                       "outputs with nothing); set labels = input_ids with -100 on padding (and on the prompt)")]
     labels = torch.as_tensor(batch["labels"])
+    if seq2seq:  # decoder targets: their own length, every position predicted
+        if not bool((labels != IGNORE_INDEX).any()):
+            return [error("all-labels-ignored", "every decoder label in the batch is -100: nothing to learn")]
+        return []
     if labels.shape != input_ids.shape:
         return [error("labels-shape", f"labels have shape {tuple(labels.shape)} but input_ids {tuple(input_ids.shape)}")]
     supervised = labels[:, 1:] != IGNORE_INDEX

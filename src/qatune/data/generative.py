@@ -123,6 +123,62 @@ class PromptEncoder:
         return best
 
 
+@dataclass
+class Seq2SeqExample:
+    """Encoder-decoder QA: the prompt is the encoder input, the answer + EOS the decoder target."""
+
+    input_ids: list[int]
+    target_ids: list[int]
+    row: int
+    truncated: bool = False
+
+    def __len__(self) -> int:
+        return len(self.input_ids) + len(self.target_ids)
+
+
+class Seq2SeqEncoder(PromptEncoder):
+    """Like PromptEncoder, but the encoder input keeps the tokenizer's EOS and the answer stands alone."""
+
+    def answer_ids(self, answer: str) -> list[int]:
+        return [*self.tokenizer(answer, add_special_tokens=False)["input_ids"], self.eos_id]
+
+    def example(self, record: QARecord, max_length: int) -> Seq2SeqExample | None:
+        target = self.answer_ids(record.answer)
+        source = self.prompt_ids(record.question, record.context, budget=max_length)
+        if source is None or len(target) > max_length:
+            return None
+        full = self._encode_prompt(record.question, record.context)
+        return Seq2SeqExample(input_ids=source, target_ids=target, row=record.row, truncated=len(source) < len(full))
+
+    def full_length(self, record: QARecord) -> int:
+        return max(len(self._encode_prompt(record.question, record.context)), len(self.answer_ids(record.answer)))
+
+    def _encode_prompt(self, question: str, context: str | None) -> list[int]:
+        return self.tokenizer(self.template.render(question, context), add_special_tokens=True)["input_ids"]
+
+
+@dataclass
+class Seq2SeqCollator:
+    """Right-pads encoder inputs and decoder targets separately; targets are -100 past their length."""
+
+    pad_token_id: int
+    pad_to_multiple_of: int = 1
+
+    def __call__(self, batch: list[Seq2SeqExample]) -> dict[str, Any]:
+        width = _round_up(max(len(e.input_ids) for e in batch), self.pad_to_multiple_of)
+        target_width = _round_up(max(len(e.target_ids) for e in batch), self.pad_to_multiple_of)
+        input_ids = torch.full((len(batch), width), self.pad_token_id, dtype=torch.long)
+        attention_mask = torch.zeros((len(batch), width), dtype=torch.long)
+        labels = torch.full((len(batch), target_width), IGNORE_INDEX, dtype=torch.long)
+        for i, example in enumerate(batch):
+            input_ids[i, : len(example.input_ids)] = torch.tensor(example.input_ids, dtype=torch.long)
+            attention_mask[i, : len(example.input_ids)] = 1
+            labels[i, : len(example.target_ids)] = torch.tensor(example.target_ids, dtype=torch.long)
+        return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels,
+                "row": torch.tensor([e.row for e in batch], dtype=torch.long),
+                "n_items": sum(len(e.target_ids) for e in batch), "n_tokens": sum(len(e) for e in batch)}
+
+
 def choose_max_length(lengths: list[int], setting: int | str, model_limit: int | None) -> int:
     """``auto``: the longest training example, capped by the model's positions."""
     limit = model_limit or 1024
@@ -206,6 +262,17 @@ def left_pad(prompts: list[list[int]], pad_token_id: int) -> tuple[torch.Tensor,
         if prompt:
             input_ids[i, width - len(prompt):] = torch.tensor(prompt, dtype=torch.long)
             attention_mask[i, width - len(prompt):] = 1
+    return input_ids, attention_mask
+
+
+def right_pad(prompts: list[list[int]], pad_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-padded ids and attention mask (encoder inputs)."""
+    width = max(len(p) for p in prompts)
+    input_ids = torch.full((len(prompts), width), pad_token_id, dtype=torch.long)
+    attention_mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for i, prompt in enumerate(prompts):
+        input_ids[i, : len(prompt)] = torch.tensor(prompt, dtype=torch.long)
+        attention_mask[i, : len(prompt)] = 1
     return input_ids, attention_mask
 
 
