@@ -31,31 +31,47 @@ def evaluate_records(model: Any, tokenizer: Any, info: ModelInfo, records: list[
                      generate: GenerateConfig | None = None, batch_size: int = 32, progress: bool = False
                      ) -> tuple[dict[str, Any], list[str]]:
     """Metrics (keys: exact_match, f1, loss, perplexity, num_examples) and one prediction per record."""
+    predictions, loss_sum, count = evaluation_parts(model, tokenizer, info, records, generate, batch_size, progress)
+    return metrics_from(info, records, predictions, loss_sum, count), predictions
+
+
+def evaluation_parts(model: Any, tokenizer: Any, info: ModelInfo, records: list[QARecord],
+                     generate: GenerateConfig | None = None, batch_size: int = 32, progress: bool = False
+                     ) -> tuple[list[str], float, int]:
+    """Predictions plus the summed loss and its item count: parts that add up across data shards."""
     generate = generate or GenerateConfig()
     if info.task == "generative":
-        loss = causal_lm_eval_loss(model, tokenizer, info, records, batch_size)
+        loss_sum, count = _teacher_forced_loss(model, tokenizer, info, records, batch_size)
         predictions = answer_questions(model, tokenizer, info, [r.question for r in records],
                                        [r.context for r in records], generate, batch_size, progress)
-        perplexity = _safe_exp(loss)
-    else:
-        features, _, kept = prepare_features(tokenizer, records, info.max_length, info.doc_stride, train=False)
-        starts, ends, loss_sum, count = score_windows(model, tokenizer, features, batch_size, progress)
-        predictions = extract_answers(features, starts, ends, kept, generate)
-        loss = loss_sum / count if count else None
-        perplexity = None
+        return predictions, loss_sum, count
+    features, _, kept = prepare_features(tokenizer, records, info.max_length, info.doc_stride, train=False)
+    starts, ends, loss_sum, count = score_windows(model, tokenizer, features, batch_size, progress)
+    return extract_answers(features, starts, ends, kept, generate), loss_sum, count
+
+
+def metrics_from(info: ModelInfo, records: list[QARecord], predictions: list[str], loss_sum: float,
+                 count: int) -> dict[str, Any]:
+    loss = loss_sum / count if count else None
+    perplexity = _safe_exp(loss) if info.task == "generative" else None
     scores = corpus_scores(predictions, [r.answers for r in records])
-    metrics = {**scores, "loss": loss, "perplexity": perplexity, "num_examples": len(records)}
-    return metrics, predictions
+    return {**scores, "loss": loss, "perplexity": perplexity, "num_examples": len(records)}
 
 
 def causal_lm_eval_loss(model: Any, tokenizer: Any, info: ModelInfo, records: list[QARecord],
                         batch_size: int) -> float | None:
     """Mean cross-entropy per supervised answer token (teacher forcing)."""
+    total, count = _teacher_forced_loss(model, tokenizer, info, records, batch_size)
+    return total / count if count else None
+
+
+def _teacher_forced_loss(model: Any, tokenizer: Any, info: ModelInfo, records: list[QARecord],
+                         batch_size: int) -> tuple[float, int]:
     template = PromptTemplate(info.prompt_template, info.answer_prefix)
     encoder = (Seq2SeqEncoder if info.seq2seq else PromptEncoder)(tokenizer, template)
     examples, _ = encode_examples(encoder, records, info.max_length)
     if not examples:
-        return None
+        return 0.0, 0
     objective = Seq2SeqObjective(model) if info.seq2seq else CausalLMObjective(model)
     collate = Seq2SeqCollator(tokenizer.pad_token_id) if info.seq2seq else CausalCollator(tokenizer.pad_token_id)
     device = next(model.parameters()).device
@@ -68,7 +84,7 @@ def causal_lm_eval_loss(model: Any, tokenizer: Any, info: ModelInfo, records: li
             out = objective(**batch)
             total += float(out["loss_sum"])
             count += int(out["count"])
-    return total / count if count else None
+    return total, count
 
 
 def evaluate_run(run_dir: str | Path, data_file: str | Path, which: str = "final",

@@ -44,7 +44,7 @@ from qatune.data.generative import (
 )
 from qatune.data.spreadsheet import LoadReport, QARecord, load_from_config, split_validation
 from qatune.errors import ConfigError, DataError, RunDirError, TrainingError
-from qatune.evaluate import evaluate_records, write_predictions
+from qatune.evaluate import evaluation_parts, metrics_from, write_predictions
 from qatune.model import (
     LORA_BASE_IN_RUN,
     ModelInfo,
@@ -652,8 +652,9 @@ def fit(prepared: Prepared, run_dir: Path | None, progress: bool = True,
             if train_cfg.scheduler.interval == "epoch":
                 decay.step()
             state.epoch, state.consumed = epoch + 1, 0
-            if prepared.eval_records and main:
-                if _evaluate_epoch(prepared, accelerator.unwrap_model(objective).model, run_dir, state, metrics_log):
+            if prepared.eval_records:
+                model = accelerator.unwrap_model(objective).model
+                if _evaluate_epoch(prepared, model, run_dir if main else None, state, metrics_log, accelerator):
                     state.best_checkpoint = f"step-{state.step:07d}"
             checkpoint()
             accelerator.wait_for_everyone()
@@ -760,11 +761,26 @@ class TrainingInterrupted(TrainingError):
 
 
 def _evaluate_epoch(prepared: Prepared, model: torch.nn.Module, run_dir: Path | None, state: TrainState,
-                    metrics_log: MetricsLog) -> bool:
-    """Evaluate on the validation rows; save best/ when the chosen metric improves. Returns whether it did."""
-    config = prepared.config
-    metrics, predictions = evaluate_records(model, prepared.tokenizer, prepared.info, prepared.eval_records,
-                                            config.generate, config.train.eval_batch_size)
+                    metrics_log: MetricsLog, accelerator: Any) -> bool:
+    """Evaluate on the validation rows; save best/ when the chosen metric improves. Returns whether it did.
+
+    With several processes each evaluates every n-th row; predictions and loss sums are gathered so
+    that every process computes the same metrics (and takes the same early-stopping decision).
+    """
+    config, records = prepared.config, prepared.eval_records
+    rank, world = accelerator.process_index, accelerator.num_processes
+    mine = list(range(rank, len(records), world))
+    predictions, loss_sum, count = evaluation_parts(model, prepared.tokenizer, prepared.info,
+                                                    [records[i] for i in mine], config.generate,
+                                                    config.train.eval_batch_size)
+    if world > 1:
+        from accelerate.utils import gather_object
+
+        pairs = dict(gather_object(list(zip(mine, predictions))))   # each row index exactly once
+        predictions = [pairs[i] for i in range(len(records))]
+        sums = gather_object([(loss_sum, count)])
+        loss_sum, count = sum(s for s, _ in sums), sum(c for _, c in sums)
+    metrics = metrics_from(prepared.info, records, predictions, loss_sum, count)
     model.train()
     metrics_log.write({"event": "eval", "epoch": state.epoch, "step": state.step, **metrics})
     if run_dir is not None:

@@ -138,9 +138,8 @@ def test_existing_run_is_refused_without_overwrite(tmp_path):
 
 def test_early_stopping(tmp_path, monkeypatch):
     scores = iter([50.0, 40.0, 45.0, 60.0])
-    monkeypatch.setattr(train_module, "evaluate_records", lambda model, tokenizer, info, records, *a, **k: (
-        {"exact_match": 0.0, "f1": next(scores), "loss": 1.0, "perplexity": 2.7, "num_examples": 3},
-        [""] * len(records)))
+    monkeypatch.setattr(train_module, "metrics_from", lambda info, records, predictions, loss_sum, count: {
+        "exact_match": 0.0, "f1": next(scores), "loss": 1.0, "perplexity": 2.7, "num_examples": len(records)})
     config = config_for(tmp_path, "train.epochs=4", "data.validation_fraction=0.25",
                         "train.early_stopping_patience=2")
     run = train(config, output_dir=tmp_path / "run", progress=False)
