@@ -56,3 +56,14 @@ def wordpiece_tokenizer(words):
     return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", sep_token="[SEP]", pad_token="[PAD]",
                                    cls_token="[CLS]", mask_token="[MASK]",
                                    model_input_names=["input_ids", "token_type_ids", "attention_mask"])
+
+
+def cli_ok(*args):
+    """Run the CLI in-process and insist on success (the output is in the assertion message)."""
+    from click.testing import CliRunner
+
+    from qatune.cli import cli
+
+    result = CliRunner().invoke(cli, [str(a) for a in args])
+    assert result.exit_code == 0, result.output + result.stderr
+    return result

@@ -11,7 +11,7 @@ from qatune.config import Config
 from qatune.data.generative import percentile
 from qatune.data.spreadsheet import normalize_question
 from qatune.train import Prepared, fit, prepare
-from qatune.validate import IGNORE_INDEX, Finding, error, warning
+from qatune.validate import IGNORE_INDEX, error, warning
 
 OVERFIT_STEPS = 50
 OVERFIT_TARGET = 0.1

@@ -2,7 +2,6 @@
 run directory that looks complete."""
 
 import json
-from pathlib import Path
 
 import pytest
 from click.testing import CliRunner

@@ -7,7 +7,7 @@ import pytest
 from click.testing import CliRunner
 
 from qatune.cli import cli
-from tests.conftest import FIXTURES
+from tests.conftest import FIXTURES, cli_ok as invoke
 
 pytestmark = pytest.mark.slow
 
@@ -30,12 +30,6 @@ train:
   learning_rate: 1.0e-3
   logging_steps: 5
 """
-
-
-def invoke(*args):
-    result = CliRunner().invoke(cli, [str(a) for a in args])
-    assert result.exit_code == 0, result.output + result.stderr
-    return result
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,6 @@
 import json
 
 import pytest
-import torch
 from click.testing import CliRunner
 
 from qatune.cli import cli
@@ -29,7 +28,7 @@ def config_for(tmp_path, *overrides, task="generative"):
         f"task={task}", f"data.train_file={data}", "model.scratch.n_layer=2", "model.scratch.n_embd=64",
         "model.scratch.n_head=2", "model.scratch.vocab_size=300", "model.lora.r=16", "model.lora.alpha=32",
         "model.lora.dropout=0.0", "train.learning_rate=1e-2", "train.epochs=20", "train.batch_size=4",
-        "train.logging_steps=1", *([f"data.context_column=context"] if task == "extractive" else []), *overrides,
+        "train.logging_steps=1", *(["data.context_column=context"] if task == "extractive" else []), *overrides,
     ])
 
 

@@ -8,7 +8,6 @@ the prompt. Prompts are encoded by the same function at training and at generati
 
 from __future__ import annotations
 
-import bisect
 import string
 from dataclasses import dataclass, field
 from typing import Any
@@ -283,8 +282,3 @@ def percentile(values: list[int], q: float) -> int:
         return 0
     rank = max(1, min(len(ordered), int(-(-q * len(ordered) // 100))))
     return ordered[rank - 1]
-
-
-def rows_over(lengths: list[int], limit: int) -> int:
-    ordered = sorted(lengths)
-    return len(ordered) - bisect.bisect_right(ordered, limit)

@@ -13,7 +13,6 @@ import numbers
 import random
 import re
 import zipfile
-from collections import Counter
 from dataclasses import asdict, dataclass, field
 from datetime import date, datetime, time
 from pathlib import Path
@@ -478,8 +477,3 @@ def _as_offset(value: str | None) -> int | None:
 def _row_list(rows: list[int], limit: int = 8) -> str:
     shown = ", ".join(map(str, rows[:limit]))
     return shown + (f" and {len(rows) - limit} more" if len(rows) > limit else "")
-
-
-def duplicate_questions(records: list[QARecord]) -> Counter:
-    """How often each normalised question occurs (for reports)."""
-    return Counter(normalize_question(r.question) for r in records)
