@@ -1,0 +1,67 @@
+"""Is torch.compile worth it for qatune's loop on this machine? Compile time vs steady-state step time.
+
+W1's model (GPT-2 6 layers x 512 x 8 heads, vocab 4096) through qatune's training objective, batches of
+16 rows with varying lengths (28-36 tokens, as length-grouped batches have), eager and compiled
+(dynamic shapes). Prints the first compiled step (the compile cost) and the mean step time of both.
+
+    python bench/compile_probe.py        # ~3 minutes on 2 CPU cores
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel
+
+from qatune.objectives import CausalLMObjective, fuse_activations
+
+LENGTHS = (28, 30, 32, 34, 36, 28, 30, 32)
+
+
+def batch(length: int) -> dict[str, torch.Tensor]:
+    ids = torch.randint(0, 4096, (16, length))
+    labels = ids.clone()
+    labels[:, : length - 5] = -100
+    return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": labels}
+
+
+def step(objective: torch.nn.Module, inputs: dict[str, torch.Tensor]) -> None:
+    objective(**inputs)["loss_sum"].backward()
+
+
+def mean_step(objective: torch.nn.Module) -> float:
+    start = time.perf_counter()
+    for length in LENGTHS:
+        step(objective, batch(length))
+    return (time.perf_counter() - start) / len(LENGTHS)
+
+
+def main() -> int:
+    torch.manual_seed(0)
+    config = GPT2Config(vocab_size=4096, n_positions=256, n_embd=512, n_layer=6, n_head=8, resid_pdrop=0.0,
+                        embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0)
+    model = GPT2LMHeadModel(config)
+    fuse_activations(model)
+    eager = CausalLMObjective(model)
+    for _ in range(2):
+        step(eager, batch(30))
+    eager_s = mean_step(eager)
+    compiled = torch.compile(eager, dynamic=True)
+    start = time.perf_counter()
+    step(compiled, batch(30))
+    compile_s = time.perf_counter() - start
+    step(compiled, batch(34))
+    compiled_s = mean_step(compiled)
+    print(f"{torch.get_num_threads()} threads; eager step {eager_s:.3f} s, compiled step {compiled_s:.3f} s "
+          f"({100 * (1 - compiled_s / eager_s):.0f}% faster), first compiled step (compile) {compile_s:.0f} s")
+    if compiled_s < eager_s:
+        print(f"break-even after {compile_s / (eager_s - compiled_s):.0f} steps (W1 is 63 steps)")
+    else:
+        print("compiled steps are not faster here: never worth it")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
