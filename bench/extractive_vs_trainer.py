@@ -114,10 +114,14 @@ def run_trainer(args, train_rows, eval_rows, workdir):
 # --- run_qa.py (transformers examples) preprocessing, kept close to the original -----------------------
 
 
+def _tokenize(tokenizer, rows, max_length, doc_stride):
+    return tokenizer([r.question.lstrip() for r in rows], [r.context for r in rows], truncation="only_second",
+                     max_length=max_length, stride=doc_stride, return_overflowing_tokens=True,
+                     return_offsets_mapping=True, padding="max_length")
+
+
 def prepare_train_features(tokenizer, rows, max_length, doc_stride):
-    tokenized = tokenizer([r.question.lstrip() for r in rows], [r.context for r in rows], truncation="only_second",
-                          max_length=max_length, stride=doc_stride, return_overflowing_tokens=True,
-                          return_offsets_mapping=True, padding="max_length")
+    tokenized = _tokenize(tokenizer, rows, max_length, doc_stride)
     sample_mapping = tokenized.pop("overflow_to_sample_mapping")
     offset_mapping = tokenized.pop("offset_mapping")
     features = []
@@ -151,9 +155,7 @@ def prepare_train_features(tokenizer, rows, max_length, doc_stride):
 
 
 def prepare_validation_features(tokenizer, rows, max_length, doc_stride):
-    tokenized = tokenizer([r.question.lstrip() for r in rows], [r.context for r in rows], truncation="only_second",
-                          max_length=max_length, stride=doc_stride, return_overflowing_tokens=True,
-                          return_offsets_mapping=True, padding="max_length")
+    tokenized = _tokenize(tokenizer, rows, max_length, doc_stride)
     sample_mapping = tokenized.pop("overflow_to_sample_mapping")
     offset_mapping = tokenized.pop("offset_mapping")
     features, meta = [], []

@@ -116,9 +116,11 @@ def prepare_tokenizer(tokenizer: Any, task: str, name: str) -> Any:
     return tokenizer
 
 
-def load_pretrained(model: ModelConfig, task: str, tokenizer: Any) -> Any:
+def load_pretrained(model: ModelConfig, task: str, tokenizer: Any, model_config: Any = None) -> Any:
     path = resolve_model_path(model.name_or_path)
-    auto = auto_class(task, load_model_config(model).is_encoder_decoder if task == "generative" else False)
+    model_config = model_config if model_config is not None else load_model_config(model)
+    seq2seq = task == "generative" and bool(getattr(model_config, "is_encoder_decoder", False))
+    auto = auto_class(task, seq2seq)
     quiet_transformers()
     try:
         loaded = auto.from_pretrained(path, trust_remote_code=model.trust_remote_code, revision=model.revision,

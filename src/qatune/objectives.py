@@ -161,7 +161,19 @@ def _backbone(model: nn.Module) -> nn.Module:
 
 
 def _selective_head_matches(model: nn.Module) -> bool:
-    """True when lm_head(backbone(x)) reproduces the model's own logits (checked on a tiny input)."""
+    """True when lm_head(backbone(x)) reproduces the model's own logits (checked once per model)."""
+    cached = getattr(model, "_qatune_selective_head", None)
+    if cached is None:
+        cached = _check_selective_head(model)
+        try:
+            model._qatune_selective_head = cached  # evaluations build objectives every epoch
+        except AttributeError:
+            pass
+    return cached
+
+
+def _check_selective_head(model: nn.Module) -> bool:
+    """Compare lm_head(backbone(x)) with the model's own logits on a tiny input."""
     config = getattr(model, "config", None)
     if config is None or getattr(config, "is_encoder_decoder", False):
         return False

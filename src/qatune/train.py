@@ -147,7 +147,7 @@ def prepare(config: Config, train_records: list[QARecord] | None = None,
         model_config = load_model_config(config.model)
         seq2seq = task == "generative" and bool(getattr(model_config, "is_encoder_decoder", False))
         if with_model:
-            model = load_pretrained(config.model, task, tokenizer)
+            model = load_pretrained(config.model, task, tokenizer, model_config)
         limit = model_max_positions(model_config, tokenizer)
         source = config.model.name_or_path
     if model is not None:
@@ -691,10 +691,12 @@ def _train_step(accelerator: Any, objective: torch.nn.Module, optimizer: Any, wi
         loss_sum += out["loss_sum"].detach()
         logit_absmax = torch.maximum(logit_absmax, out["logit_absmax"].float())
     grad_norm = accelerator.clip_grad_norm_(objective.parameters(), train_cfg.max_grad_norm or math.inf)
+    # Loss and non-padding tokens summed over processes, in one collective.
+    local_tokens = float(sum(count_tokens(b) for b in window))
+    summed = accelerator.reduce(torch.stack([loss_sum.float(), loss_sum.new_tensor(local_tokens).float()]), "sum")
     # The one host-device sync of a step: the NaN guard must see loss and norm before the update.
-    total, grad_norm, absmax = torch.stack([accelerator.reduce(loss_sum, "sum").float(),
-                                            torch.as_tensor(grad_norm, device=loss_sum.device).float(),
-                                            logit_absmax]).tolist()
+    total, tokens, grad_norm, absmax = torch.cat([
+        summed, torch.stack([torch.as_tensor(grad_norm, device=loss_sum.device).float(), logit_absmax])]).tolist()
     loss = total / items
     lr = optimizer.param_groups[0]["lr"]
     if math.isfinite(loss) and not math.isfinite(grad_norm) and accelerator.scaler is not None:
@@ -718,8 +720,7 @@ def _train_step(accelerator: Any, objective: torch.nn.Module, optimizer: Any, wi
     state.last_loss = loss
     if state.step == 1:
         state.first_loss = loss
-    tokens = sum(count_tokens(b) for b in window)
-    return {"loss": loss, "items": items, "tokens": tokens, "lr": lr, "grad_norm": grad_norm}
+    return {"loss": loss, "items": items, "tokens": int(tokens), "lr": lr, "grad_norm": grad_norm}
 
 
 class StopSignals:
