@@ -80,7 +80,8 @@ def _teacher_forced_loss(model: Any, tokenizer: Any, info: ModelInfo, records: l
     model.eval()
     with torch.inference_mode():
         for i in range(0, len(examples), batch_size):
-            batch = {k: v.to(device) for k, v in model_inputs(collate(examples[i : i + batch_size])).items()}
+            batch = {k: v.to(device) if torch.is_tensor(v) else v
+                     for k, v in model_inputs(collate(examples[i : i + batch_size])).items()}
             out = objective(**batch)
             total += float(out["loss_sum"])
             count += int(out["count"])

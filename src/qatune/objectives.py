@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from qatune import lean_gpt2
 from qatune.data.generative import IGNORE_INDEX
 
 _BOOKKEEPING = {"row", "n_items", "n_tokens"}
@@ -26,19 +27,25 @@ class CausalLMObjective(nn.Module):
 
     When the model's logits are a plain linear head over the last hidden state, the head is applied
     to the supervised positions alone (for QA that is the answer and its EOS, a small share of the
-    sequence); otherwise the full logits are computed.
+    sequence); otherwise the full logits are computed. GPT-2 goes further (see :mod:`qatune.lean_gpt2`):
+    its last block also runs on the supervised positions only, and a prompt prefix shared by the
+    batch's rows (``shared_prefix``, from the collator) is computed once.
     """
 
     def __init__(self, model: nn.Module):
         super().__init__()
         self.model = model
         self.selective = _selective_head_matches(model)
+        self.lean = self.selective and _lean_path_matches(model)
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, labels: torch.Tensor, **_: Any
-                ) -> dict[str, torch.Tensor]:
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, labels: torch.Tensor,
+                shared_prefix: int = 0, **_: Any) -> dict[str, torch.Tensor]:
         targets = labels[:, 1:]
         supervised = targets != IGNORE_INDEX
-        if self.selective:
+        if self.lean:
+            hidden = lean_gpt2.supervised_hidden(self.model, input_ids, supervised, shared_prefix)
+            logits = self.model.get_output_embeddings()(hidden)
+        elif self.selective:
             hidden = _backbone(self.model)(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
             logits = self.model.get_output_embeddings()(hidden[:, :-1][supervised])
         else:
@@ -167,6 +174,18 @@ def _selective_head_matches(model: nn.Module) -> bool:
         cached = _check_selective_head(model)
         try:
             model._qatune_selective_head = cached  # evaluations build objectives every epoch
+        except AttributeError:
+            pass
+    return cached
+
+
+def _lean_path_matches(model: nn.Module) -> bool:
+    """True when :mod:`qatune.lean_gpt2` applies to the model and reproduces its logits (checked once)."""
+    cached = getattr(model, "_qatune_lean_path", None)
+    if cached is None:
+        cached = lean_gpt2.supported(model) and lean_gpt2.matches_model(model, model.get_output_embeddings())
+        try:
+            model._qatune_lean_path = cached
         except AttributeError:
             pass
     return cached

@@ -245,7 +245,19 @@ class CausalCollator:
         n_items = sum(len(e) - max(1 if self.train_on_prompt else e.prompt_length, 1) for e in batch)
         n_tokens = sum(len(e) for e in batch)
         return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels, "row": rows,
-                "n_items": n_items, "n_tokens": n_tokens}
+                "n_items": n_items, "n_tokens": n_tokens, "shared_prefix": self.shared_prefix(batch)}
+
+    def shared_prefix(self, batch: list[Example]) -> int:
+        """Leading tokens common to every row and before every row's first supervised position (the
+        position that predicts the first answer token): the model may compute them once per batch."""
+        if len(batch) < 2 or self.train_on_prompt:
+            return 0
+        limit = min(e.prompt_length for e in batch) - 1
+        first = batch[0].input_ids
+        length = 0
+        while length < limit and all(e.input_ids[length] == first[length] for e in batch):
+            length += 1
+        return length
 
 
 def _round_up(width: int, multiple: int) -> int:

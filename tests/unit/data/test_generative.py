@@ -121,3 +121,20 @@ def test_real_bpe_tokenizer_trained_on_the_fly_keeps_answer_tokens_identical():
     batch = CausalCollator(tokenizer.pad_token_id)([example])
     assert batch["labels"][0, -1] == tokenizer.eos_token_id
     assert torch.equal(batch["labels"][0, example.prompt_length:], batch["input_ids"][0, example.prompt_length:])
+
+
+def test_shared_prefix_is_common_to_every_row_and_ends_before_the_first_supervised_position(char_tokenizer):
+    encoder = PromptEncoder(char_tokenizer, TEMPLATE)
+    collate = CausalCollator(pad_token_id=0)
+    a = encoder.example(QARecord("abc", ["x"]), 64)    # Q:abc\nA: x<eos>
+    b = encoder.example(QARecord("abd", ["y"]), 64)
+    c = encoder.example(QARecord("b", ["z"]), 64)
+    assert collate([a, b])["shared_prefix"] == len("Q:ab")
+    assert collate([a, b, c])["shared_prefix"] == len("Q:")
+    # Identical prompts: the prefix stops at the position that predicts the first answer token.
+    assert collate([a, a])["shared_prefix"] == a.prompt_length - 1
+    assert collate([a])["shared_prefix"] == 0
+    assert CausalCollator(pad_token_id=0, train_on_prompt=True)([a, b])["shared_prefix"] == 0
+    other = PromptEncoder(char_tokenizer, PromptTemplate("{question}\nA:", answer_prefix=" "))
+    assert collate([a, other.example(QARecord("Q:b", ["z"]), 64)])["shared_prefix"] == len("Q:")
+    assert collate([a, other.example(QARecord("x", ["z"]), 64)])["shared_prefix"] == 0

@@ -1,0 +1,127 @@
+"""The generative loss: GPT-2's lean path (last block on supervised positions, shared prefix once)
+must give the model's own loss and gradients, and fall back whenever it would not."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from qatune import lean_gpt2
+from qatune.data.generative import IGNORE_INDEX
+from qatune.objectives import CausalLMObjective
+
+
+def tiny_gpt2(dropout: float = 0.0, seed: int = 0):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(seed)
+    config = GPT2Config(n_layer=3, n_embd=32, n_head=4, vocab_size=50, n_positions=32, resid_pdrop=dropout,
+                        embd_pdrop=dropout, attn_pdrop=dropout)
+    return GPT2LMHeadModel(config)
+
+
+def qa_batch():
+    """Three rows sharing the 3-token prefix [7, 8, 9]; the last row is padded (pad id 0)."""
+    input_ids = torch.tensor([
+        [7, 8, 9, 11, 12, 13, 21, 22, 0],
+        [7, 8, 9, 14, 15, 31, 32, 33, 0],
+        [7, 8, 9, 16, 41, 0, 0, 0, 0],
+    ])
+    attention_mask = (torch.arange(9) < torch.tensor([[9], [9], [6]])).long()
+    labels = torch.full_like(input_ids, IGNORE_INDEX)
+    labels[0, 6:9] = input_ids[0, 6:9]   # answer 21 22 + EOS 0
+    labels[1, 5:9] = input_ids[1, 5:9]   # answer 31 32 33 + EOS 0
+    labels[2, 4:6] = input_ids[2, 4:6]   # answer 41 + EOS 0
+    return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
+
+
+def reference_loss(model, batch):
+    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    targets = batch["labels"][:, 1:]
+    return F.cross_entropy(logits[:, :-1][targets != IGNORE_INDEX], targets[targets != IGNORE_INDEX],
+                           reduction="sum")
+
+
+def grads(model, loss):
+    model.zero_grad(set_to_none=True)
+    loss.backward()
+    return {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("shared_prefix", [0, 3])
+def test_lean_gpt2_loss_and_gradients_equal_the_models_own(shared_prefix):
+    model = tiny_gpt2()
+    batch = qa_batch()
+    objective = CausalLMObjective(model)
+    assert objective.lean
+    expected = grads(model, reference_loss(model, batch))
+    out = objective(**batch, shared_prefix=shared_prefix)
+    assert out["count"] == 9
+    torch.testing.assert_close(out["loss_sum"], reference_loss(model, batch), rtol=1e-5, atol=1e-5)
+    got = grads(model, out["loss_sum"])
+    for name, grad in expected.items():
+        torch.testing.assert_close(got[name], grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_the_last_block_runs_on_the_supervised_positions_only():
+    model = tiny_gpt2()
+    batch = qa_batch()
+    rows_seen = []
+    model.transformer.h[-1].mlp.register_forward_hook(lambda module, args, out: rows_seen.append(args[0].shape[0]))
+    model.transformer.h[0].mlp.register_forward_hook(lambda module, args, out: rows_seen.append(args[0].shape[0]))
+    CausalLMObjective(model)(**batch, shared_prefix=3)
+    # First block: the 3 shared tokens once + 3 rows x 6 remaining positions; last block: the 9 supervised.
+    assert rows_seen[-2:] == [3 + 3 * 6, 9]
+
+
+def test_with_dropout_every_row_draws_its_own_noise_on_the_prefix():
+    model = tiny_gpt2(dropout=0.3)
+    model.train()
+    batch = qa_batch()
+    selected = batch["labels"][:, 1:] != IGNORE_INDEX
+    torch.manual_seed(1)
+    unshared = lean_gpt2.supervised_hidden(model, batch["input_ids"], selected, 0)
+    torch.manual_seed(1)
+    asked_to_share = lean_gpt2.supervised_hidden(model, batch["input_ids"], selected, 3)
+    assert torch.equal(unshared, asked_to_share)  # the prefix was not shared
+    model.eval()
+    torch.testing.assert_close(lean_gpt2.supervised_hidden(model, batch["input_ids"], selected, 3),
+                               lean_gpt2.supervised_hidden(model, batch["input_ids"], selected, 0))
+
+
+def test_a_path_that_does_not_reproduce_the_model_is_not_used(monkeypatch):
+    real = lean_gpt2.supervised_hidden
+    monkeypatch.setattr(lean_gpt2, "supervised_hidden", lambda *args: real(*args) + 0.01)
+    model = tiny_gpt2()
+    objective = CausalLMObjective(model)
+    assert not objective.lean and objective.selective
+    batch = qa_batch()
+    torch.testing.assert_close(objective(**batch, shared_prefix=3)["loss_sum"], reference_loss(model, batch))
+
+
+def test_other_architectures_keep_the_selective_head():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    model = LlamaForCausalLM(LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                         num_attention_heads=4, num_key_value_heads=4, vocab_size=50))
+    objective = CausalLMObjective(model)
+    assert objective.selective and not objective.lean
+    batch = qa_batch()
+    torch.testing.assert_close(objective(**batch, shared_prefix=3)["loss_sum"], reference_loss(model, batch))
+
+
+def test_lora_wrapped_gpt2_takes_the_lean_path_with_its_adapters():
+    from peft import LoraConfig, get_peft_model
+
+    model = get_peft_model(tiny_gpt2(), LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0,
+                                                   target_modules=["c_attn", "c_proj"], task_type="CAUSAL_LM"))
+    for name, param in model.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(param, std=0.1)  # adapters that change the output
+    objective = CausalLMObjective(model)
+    assert objective.lean
+    batch = qa_batch()
+    expected = grads(model, reference_loss(model, batch))
+    got = grads(model, objective(**batch, shared_prefix=3)["loss_sum"])
+    assert set(got) == set(expected) and any("lora_A" in name for name in got)
+    for name, grad in expected.items():
+        torch.testing.assert_close(got[name], grad, rtol=1e-4, atol=1e-6, msg=name)
