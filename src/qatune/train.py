@@ -43,6 +43,7 @@ from qatune.data.generative import (
     encode_examples,
 )
 from qatune.data.spreadsheet import LoadReport, QARecord, load_from_config, split_validation
+from qatune.environment import keep_freed_memory
 from qatune.errors import ConfigError, DataError, RunDirError, TrainingError
 from qatune.evaluate import evaluation_parts, metrics_from, write_predictions
 from qatune.model import (
@@ -585,6 +586,8 @@ def fit(prepared: Prepared, run_dir: Path | None, progress: bool = True,
     """
     config, train_cfg, task = prepared.config, prepared.config.train, prepared.config.task
     accelerator = _accelerator(config)
+    if accelerator.device.type == "cpu":
+        keep_freed_memory()
     if accelerator.device.type == "cuda" and hasattr(prepared.collator, "pad_to_multiple_of"):
         prepared.collator.pad_to_multiple_of = GPU_PAD_MULTIPLE
     objective = objective_for(task, prepared.model)
@@ -690,7 +693,7 @@ def _train_step(accelerator: Any, objective: torch.nn.Module, optimizer: Any, wi
             accelerator.backward(out["loss_sum"] * accelerator.num_processes / items)
         loss_sum += out["loss_sum"].detach()
         logit_absmax = torch.maximum(logit_absmax, out["logit_absmax"].float())
-    grad_norm = accelerator.clip_grad_norm_(objective.parameters(), train_cfg.max_grad_norm or math.inf)
+    grad_norm = _clip_gradients(accelerator, objective, optimizer, train_cfg.max_grad_norm)
     # Loss and non-padding tokens summed over processes, in one collective.
     local_tokens = float(sum(count_tokens(b) for b in window))
     summed = accelerator.reduce(torch.stack([loss_sum.float(), loss_sum.new_tensor(local_tokens).float()]), "sum")
@@ -721,6 +724,28 @@ def _train_step(accelerator: Any, objective: torch.nn.Module, optimizer: Any, wi
     if state.step == 1:
         state.first_loss = loss
     return {"loss": loss, "items": items, "tokens": int(tokens), "lr": lr, "grad_norm": grad_norm}
+
+
+def _clip_gradients(accelerator: Any, objective: torch.nn.Module, optimizer: Any, max_norm: float | None
+                    ) -> torch.Tensor | float:
+    """Total gradient norm before clipping (a tensor: no host sync here); gradients are clipped to
+    ``max_norm``.
+
+    With torch's fused AdamW the clipping is folded into the update: the optimizer divides every
+    gradient by its ``grad_scale`` inside its one kernel (the hook GradScaler uses), which saves a pass
+    over all gradients. fp16 loss scaling, FSDP and DeepSpeed keep accelerate's own clipping.
+    """
+    inner = getattr(optimizer, "optimizer", optimizer)
+    from accelerate.utils import DistributedType
+
+    if not (inner.defaults.get("fused") and accelerator.scaler is None and accelerator.distributed_type in
+            (DistributedType.NO, DistributedType.MULTI_CPU, DistributedType.MULTI_GPU)):
+        return accelerator.clip_grad_norm_(objective.parameters(), max_norm or math.inf)
+    grads = [p.grad for group in inner.param_groups for p in group["params"] if p.grad is not None]
+    norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads))) if grads else torch.zeros(())
+    # torch.nn.utils.clip_grad_norm_ multiplies by max_norm / (norm + 1e-6) when that is below 1.
+    inner.grad_scale = (norm + 1e-6).div(max_norm).clamp(min=1.0) if max_norm else None
+    return norm
 
 
 class StopSignals:

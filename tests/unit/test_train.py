@@ -1,4 +1,6 @@
+import copy
 import json
+import math
 
 import pytest
 import torch
@@ -37,9 +39,12 @@ class StepSpy:
 
             def recorded_step(*args, **kwargs):
                 self.at_step.append(self.backwards)
+                out = step(*args, **kwargs)
+                # After the step: the fused AdamW applies the clipping inside its kernel and leaves the
+                # gradients it used behind.
                 grads = [p.grad.norm() for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
                 self.norms.append(float(torch.stack(grads).norm()))
-                return step(*args, **kwargs)
+                return out
 
             optimizer.step = recorded_step
             return optimizer
@@ -86,6 +91,34 @@ def test_gradients_are_clipped_and_the_norm_before_clipping_is_logged(tmp_path, 
     assert spy.norms and all(norm <= 0.001 * (1 + 1e-4) for norm in spy.norms)
     logged = [json.loads(line)["grad_norm"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert all(norm > 0.01 for norm in logged)
+
+
+@pytest.mark.parametrize("max_norm", [0.01, 1e6, None])
+def test_clipping_folded_into_fused_adamw_gives_torchs_clipped_update(max_norm):
+    from types import SimpleNamespace
+
+    from accelerate.utils import DistributedType
+
+    from qatune.train import _clip_gradients
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 3))
+    reference = copy.deepcopy(model)
+    model(torch.randn(5, 8)).pow(2).sum().backward()
+    for p, q in zip(model.parameters(), reference.parameters()):
+        q.grad = p.grad.clone()
+    expected_norm = torch.nn.utils.clip_grad_norm_(reference.parameters(), max_norm or math.inf)
+    torch.optim.AdamW(reference.parameters(), lr=0.1, weight_decay=0.0, foreach=False).step()
+
+    optimizer = build_optimizer(model, 0.1, 0.0)
+    assert optimizer.defaults["fused"]
+    accelerator = SimpleNamespace(scaler=None, distributed_type=DistributedType.NO)
+    norm = _clip_gradients(accelerator, model, optimizer, max_norm)
+    optimizer.step()
+    torch.testing.assert_close(norm, expected_norm)
+    for p, q in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-7)
+        torch.testing.assert_close(p.grad, q.grad)  # the gradients the update used, clipped
 
 
 def test_step_lr_after_warmup(tmp_path):
