@@ -12,9 +12,14 @@ would train on the prompt and, with pad == eos, never on the EOS), train_samplin
 in its own process (clean peak RSS). Prints supervised and non-padding tokens/s, their ratio, the
 padding share of computed tokens, peak RSS, the final model's loss over the training set (same code for
 both arms, so the data order of the last steps does not matter), and model FLOPs utilisation
-(6 x parameters x non-padding tokens/s over a matmul peak measured here, for bf16 and fp32).
+(6 x parameters x non-padding tokens/s over a matmul peak measured here, for bf16 and fp32). MFU counts
+model FLOPs, the work a full forward/backward of every non-padding token represents; qatune executes
+less than that (no LM head, and no last-block projection/MLP, on prompt positions; a shared prompt
+prefix once per batch), so its MFU can exceed the share of peak its matrix products actually reach.
+Final losses are compared per seed (both arms of a round shuffle with the same seed; the batch order
+still differs between the arms' samplers, which moves the loss by about +-0.1).
 
-    python bench/generative_vs_trainer.py            # ~6 minutes on 2 CPU cores
+    python bench/generative_vs_trainer.py            # ~8 minutes on 2 CPU cores (5 rounds)
     python bench/generative_vs_trainer.py --rounds 1 --rows 300
 """
 
@@ -106,13 +111,15 @@ class CountingCollator:
 
     def __init__(self, collate):
         self.collate = collate
-        self.computed = self.real = self.supervised = 0
+        self.computed = self.real = self.supervised = self.batches = self.shared = 0
 
     def __call__(self, items):
         batch = self.collate(items)
         self.computed += batch["input_ids"].numel()
         self.real += int(batch["attention_mask"].sum())
         self.supervised += int((batch["labels"][:, 1:] != -100).sum())
+        self.batches += 1
+        self.shared += batch.get("shared_prefix", 0)
         return batch
 
 
@@ -136,7 +143,10 @@ def arm_qatune(args, paths) -> dict:
     start = time.perf_counter()
     fit(prepared, None, progress=False)
     seconds = time.perf_counter() - start
-    return _result(seconds, counter, _training_set_loss(prepared.model, prepared.tokenizer, prepared.train_records))
+    result = _result(seconds, counter, _training_set_loss(prepared.model, prepared.tokenizer, prepared.train_records))
+    result["lean_path"] = bool(getattr(prepared.model, "_qatune_lean_path", False))
+    result["shared_prefix_mean"] = counter.shared / max(counter.batches, 1)
+    return result
 
 
 def arm_trainer(args, paths) -> dict:
@@ -195,7 +205,7 @@ def main() -> int:
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--lr", type=float, default=5e-4)
     parser.add_argument("--vocab", type=int, default=4096)
-    parser.add_argument("--rounds", type=int, default=2, help="Alternating rounds (qatune, Trainer) to run.")
+    parser.add_argument("--rounds", type=int, default=5, help="Alternating rounds (qatune, Trainer) to run.")
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--json", type=Path, default=None, help="Also write the results here.")
     parser.add_argument("--arm", choices=["qatune", "trainer"], help=argparse.SUPPRESS)
@@ -238,6 +248,8 @@ def main() -> int:
                 print(f"round {round_ + 1} {arm:8} {result['seconds']:7.1f} s  "
                       f"{result['supervised_tokens'] / result['seconds']:7.1f} supervised tok/s  "
                       f"loss {result['final_loss']:.4f}", flush=True)
+            print(f"round {round_ + 1} qatune / Trainer: x{runs['trainer'][-1]['seconds'] / runs['qatune'][-1]['seconds']:.2f}",
+                  flush=True)
     peak = peaks["bf16"] if args.bf16 else peaks["fp32"]
     summary = {}
     for arm, results in runs.items():
@@ -261,9 +273,16 @@ def main() -> int:
               f"{100 * s['padding_share']:7.1f}% {s['peak_rss_mb']:7.0f}MB {s['final_loss']:10.4f} "
               f"{100 * s['mfu']:5.1f}%")
     ratio = summary["qatune"]["supervised_tokens_per_s"] / summary["trainer"]["supervised_tokens_per_s"]
+    per_round = [t["seconds"] / q["seconds"] for q, t in zip(runs["qatune"], runs["trainer"])]
+    gaps = [q["final_loss"] - t["final_loss"] for q, t in zip(runs["qatune"], runs["trainer"])]
+    spread = statistics.stdev(gaps) / len(gaps) ** 0.5 if len(gaps) > 1 else float("nan")
     print(f"\nqatune / Trainer supervised tokens/s: x{ratio:.2f} (best of {args.rounds} alternating runs each); "
-          f"final training-set loss per round: qatune {summary['qatune']['final_losses']}, "
-          f"Trainer {summary['trainer']['final_losses']}")
+          f"per round {', '.join(f'x{r:.2f}' for r in per_round)} (median x{statistics.median(per_round):.2f})")
+    print(f"final training-set loss, qatune minus Trainer, mean over {len(gaps)} seeds: {statistics.mean(gaps):+.4f} "
+          f"(standard error {spread:.4f}; per seed {', '.join(f'{g:+.3f}' for g in gaps)})")
+    lean = runs["qatune"][0]
+    print(f"qatune's GPT-2 lean path: {'on' if lean['lean_path'] else 'off'}; shared prompt prefix "
+          f"{lean['shared_prefix_mean']:.1f} tokens per batch on average")
     print(f"MFU = 6 x {paths['params'] / 1e6:.1f}M parameters x non-padding tokens/s / "
           f"{'bf16' if args.bf16 else 'fp32'} matmul peak; against the bf16 peak it would be "
           f"{100 * summary['qatune']['mfu_vs_bf16_peak']:.0f}% (bf16 {'native' if args.bf16 else 'emulated'} here)")
