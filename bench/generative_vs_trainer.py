@@ -248,8 +248,8 @@ def main() -> int:
                 print(f"round {round_ + 1} {arm:8} {result['seconds']:7.1f} s  "
                       f"{result['supervised_tokens'] / result['seconds']:7.1f} supervised tok/s  "
                       f"loss {result['final_loss']:.4f}", flush=True)
-            print(f"round {round_ + 1} qatune / Trainer: x{runs['trainer'][-1]['seconds'] / runs['qatune'][-1]['seconds']:.2f}",
-                  flush=True)
+            paired = runs["trainer"][-1]["seconds"] / runs["qatune"][-1]["seconds"]
+            print(f"round {round_ + 1} qatune / Trainer: x{paired:.2f}", flush=True)
     peak = peaks["bf16"] if args.bf16 else peaks["fp32"]
     summary = {}
     for arm, results in runs.items():

@@ -141,11 +141,14 @@ def _base(model: nn.Module) -> Any:
     return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 
-def _dropout_active(model: nn.Module) -> bool:
-    if not model.training:
-        return False
+def has_dropout(model: nn.Module) -> bool:
+    """Any dropout with p > 0 in the model (adapters included); checked once per model."""
     found = getattr(model, "_qatune_has_dropout", None)
     if found is None:
         found = any(isinstance(m, nn.Dropout) and m.p > 0 for m in model.modules())
         model._qatune_has_dropout = found
     return found
+
+
+def _dropout_active(model: nn.Module) -> bool:
+    return model.training and has_dropout(model)

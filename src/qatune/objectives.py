@@ -38,6 +38,15 @@ class CausalLMObjective(nn.Module):
         self.selective = _selective_head_matches(model)
         self.lean = self.selective and _lean_path_matches(model)
 
+    def describe(self) -> str:
+        if self.lean:
+            prefix = ("prompt prefix not shared while training: dropout is active" if lean_gpt2.has_dropout(self.model)
+                      else "shared prompt prefix computed once per batch")
+            return f"GPT-2 lean path (LM head and last block on the supervised positions only, {prefix})"
+        if self.selective:
+            return "LM head on the supervised positions only"
+        return "full logits (the model's output is not a plain linear head)"
+
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, labels: torch.Tensor,
                 shared_prefix: int = 0, **_: Any) -> dict[str, torch.Tensor]:
         targets = labels[:, 1:]

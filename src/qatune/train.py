@@ -591,6 +591,8 @@ def fit(prepared: Prepared, run_dir: Path | None, progress: bool = True,
     if accelerator.device.type == "cuda" and hasattr(prepared.collator, "pad_to_multiple_of"):
         prepared.collator.pad_to_multiple_of = GPU_PAD_MULTIPLE
     objective = objective_for(task, prepared.model)
+    if hasattr(objective, "describe"):
+        log.info("loss: %s", objective.describe())
     optimizer = build_optimizer(objective, train_cfg.learning_rate, train_cfg.weight_decay)
     sampler = LengthGroupedBatches(prepared.dataset.lengths, train_cfg.batch_size, config.seed,
                                    group=train_cfg.group_by_length)

@@ -52,7 +52,7 @@ def test_lean_gpt2_loss_and_gradients_equal_the_models_own(shared_prefix):
     model = tiny_gpt2()
     batch = qa_batch()
     objective = CausalLMObjective(model)
-    assert objective.lean
+    assert objective.lean and objective.describe().startswith("GPT-2 lean path")
     expected = grads(model, reference_loss(model, batch))
     out = objective(**batch, shared_prefix=shared_prefix)
     assert out["count"] == 9
@@ -83,6 +83,7 @@ def test_with_dropout_every_row_draws_its_own_noise_on_the_prefix():
     torch.manual_seed(1)
     asked_to_share = lean_gpt2.supervised_hidden(model, batch["input_ids"], selected, 3)
     assert torch.equal(unshared, asked_to_share)  # the prefix was not shared
+    assert "prompt prefix not shared while training: dropout is active" in CausalLMObjective(model).describe()
     model.eval()
     torch.testing.assert_close(lean_gpt2.supervised_hidden(model, batch["input_ids"], selected, 3),
                                lean_gpt2.supervised_hidden(model, batch["input_ids"], selected, 0))
@@ -105,6 +106,7 @@ def test_other_architectures_keep_the_selective_head():
                                          num_attention_heads=4, num_key_value_heads=4, vocab_size=50))
     objective = CausalLMObjective(model)
     assert objective.selective and not objective.lean
+    assert objective.describe() == "LM head on the supervised positions only"
     batch = qa_batch()
     torch.testing.assert_close(objective(**batch, shared_prefix=3)["loss_sum"], reference_loss(model, batch))
 
