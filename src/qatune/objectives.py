@@ -178,23 +178,22 @@ def _backbone(model: nn.Module) -> nn.Module:
 
 def _selective_head_matches(model: nn.Module) -> bool:
     """True when lm_head(backbone(x)) reproduces the model's own logits (checked once per model)."""
-    cached = getattr(model, "_qatune_selective_head", None)
-    if cached is None:
-        cached = _check_selective_head(model)
-        try:
-            model._qatune_selective_head = cached  # evaluations build objectives every epoch
-        except AttributeError:
-            pass
-    return cached
+    return _checked_once(model, "_qatune_selective_head", _check_selective_head)
 
 
 def _lean_path_matches(model: nn.Module) -> bool:
     """True when :mod:`qatune.lean_gpt2` applies to the model and reproduces its logits (checked once)."""
-    cached = getattr(model, "_qatune_lean_path", None)
+    return _checked_once(model, "_qatune_lean_path", lambda m: lean_gpt2.supported(m)
+                         and lean_gpt2.matches_model(m, m.get_output_embeddings()))
+
+
+def _checked_once(model: nn.Module, attribute: str, check: Any) -> bool:
+    """``check(model)``, remembered on the model (evaluations build objectives every epoch)."""
+    cached = getattr(model, attribute, None)
     if cached is None:
-        cached = lean_gpt2.supported(model) and lean_gpt2.matches_model(model, model.get_output_embeddings())
+        cached = bool(check(model))
         try:
-            model._qatune_lean_path = cached
+            setattr(model, attribute, cached)
         except AttributeError:
             pass
     return cached

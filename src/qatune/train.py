@@ -19,7 +19,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -601,6 +601,7 @@ def fit(prepared: Prepared, run_dir: Path | None, progress: bool = True,
     loader = torch.utils.data.DataLoader(prepared.dataset, batch_sampler=sampler, collate_fn=prepared.collator,
                                          generator=torch.Generator().manual_seed(config.seed))
     objective, optimizer, loader = accelerator.prepare(objective, optimizer, loader)
+    clip = gradient_clipper(accelerator, objective, optimizer, train_cfg.max_grad_norm)
     warmup, decay = build_schedulers(optimizer, config)
     schedulers = {"warmup": warmup, "decay": decay}
     main = accelerator.is_main_process
@@ -635,7 +636,7 @@ def fit(prepared: Prepared, run_dir: Path | None, progress: bool = True,
             objective.train()
             for window in _windows(loader, accum):
                 state.consumed += len(window)
-                done = _train_step(accelerator, objective, optimizer, window, task, train_cfg, guard, state)
+                done = _train_step(accelerator, objective, optimizer, clip, window, task, train_cfg, guard, state)
                 if done is not None:
                     if warmup is not None:
                         warmup.step()
@@ -678,8 +679,9 @@ def fit(prepared: Prepared, run_dir: Path | None, progress: bool = True,
             "best_eval": state.best, "nonfinite_steps": guard.bad_steps}
 
 
-def _train_step(accelerator: Any, objective: torch.nn.Module, optimizer: Any, window: list[dict[str, torch.Tensor]],
-                task: str, train_cfg: Any, guard: NonFiniteGuard, state: TrainState) -> dict[str, Any] | None:
+def _train_step(accelerator: Any, objective: torch.nn.Module, optimizer: Any, clip: Callable[[], Any],
+                window: list[dict[str, torch.Tensor]], task: str, train_cfg: Any, guard: NonFiniteGuard,
+                state: TrainState) -> dict[str, Any] | None:
     """Forward/backward over one accumulation window, clip, check, step. None when no update was applied."""
     items = _global_count(accelerator, sum(count_items(b, task) for b in window))
     if items == 0:
@@ -695,7 +697,7 @@ def _train_step(accelerator: Any, objective: torch.nn.Module, optimizer: Any, wi
             accelerator.backward(out["loss_sum"] * accelerator.num_processes / items)
         loss_sum += out["loss_sum"].detach()
         logit_absmax = torch.maximum(logit_absmax, out["logit_absmax"].float())
-    grad_norm = _clip_gradients(accelerator, objective, optimizer, train_cfg.max_grad_norm)
+    grad_norm = clip()
     # Loss and non-padding tokens summed over processes, in one collective.
     local_tokens = float(sum(count_tokens(b) for b in window))
     summed = accelerator.reduce(torch.stack([loss_sum.float(), loss_sum.new_tensor(local_tokens).float()]), "sum")
@@ -728,26 +730,31 @@ def _train_step(accelerator: Any, objective: torch.nn.Module, optimizer: Any, wi
     return {"loss": loss, "items": items, "tokens": int(tokens), "lr": lr, "grad_norm": grad_norm}
 
 
-def _clip_gradients(accelerator: Any, objective: torch.nn.Module, optimizer: Any, max_norm: float | None
-                    ) -> torch.Tensor | float:
-    """Total gradient norm before clipping (a tensor: no host sync here); gradients are clipped to
-    ``max_norm``.
+def gradient_clipper(accelerator: Any, objective: torch.nn.Module, optimizer: Any, max_norm: float | None
+                     ) -> Callable[[], torch.Tensor | float]:
+    """A function that clips the gradients to ``max_norm`` and returns their total norm before clipping
+    (a tensor: no host sync). Which way to clip is decided once, here.
 
     With torch's fused AdamW the clipping is folded into the update: the optimizer divides every
     gradient by its ``grad_scale`` inside its one kernel (the hook GradScaler uses), which saves a pass
     over all gradients. fp16 loss scaling, FSDP and DeepSpeed keep accelerate's own clipping.
     """
-    inner = getattr(optimizer, "optimizer", optimizer)
     from accelerate.utils import DistributedType
 
+    inner = getattr(optimizer, "optimizer", optimizer)
     if not (inner.defaults.get("fused") and accelerator.scaler is None and accelerator.distributed_type in
             (DistributedType.NO, DistributedType.MULTI_CPU, DistributedType.MULTI_GPU)):
-        return accelerator.clip_grad_norm_(objective.parameters(), max_norm or math.inf)
-    grads = [p.grad for group in inner.param_groups for p in group["params"] if p.grad is not None]
-    norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads))) if grads else torch.zeros(())
-    # torch.nn.utils.clip_grad_norm_ multiplies by max_norm / (norm + 1e-6) when that is below 1.
-    inner.grad_scale = (norm + 1e-6).div(max_norm).clamp(min=1.0) if max_norm else None
-    return norm
+        return lambda: accelerator.clip_grad_norm_(objective.parameters(), max_norm or math.inf)
+    params = [p for group in inner.param_groups for p in group["params"]]
+
+    def folded() -> torch.Tensor:
+        grads = [p.grad for p in params if p.grad is not None]
+        norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads))) if grads else torch.zeros(())
+        # torch.nn.utils.clip_grad_norm_ multiplies by max_norm / (norm + 1e-6) when that is below 1.
+        inner.grad_scale = (norm + 1e-6).div(max_norm).clamp(min=1.0) if max_norm else None
+        return norm
+
+    return folded
 
 
 class StopSignals:

@@ -99,7 +99,7 @@ def test_clipping_folded_into_fused_adamw_gives_torchs_clipped_update(max_norm):
 
     from accelerate.utils import DistributedType
 
-    from qatune.train import _clip_gradients
+    from qatune.train import gradient_clipper
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 3))
@@ -113,7 +113,7 @@ def test_clipping_folded_into_fused_adamw_gives_torchs_clipped_update(max_norm):
     optimizer = build_optimizer(model, 0.1, 0.0)
     assert optimizer.defaults["fused"]
     accelerator = SimpleNamespace(scaler=None, distributed_type=DistributedType.NO)
-    norm = _clip_gradients(accelerator, model, optimizer, max_norm)
+    norm = gradient_clipper(accelerator, model, optimizer, max_norm)()
     optimizer.step()
     torch.testing.assert_close(norm, expected_norm)
     for p, q in zip(model.parameters(), reference.parameters()):
