@@ -111,7 +111,7 @@ class CountingCollator:
 
     def __init__(self, collate):
         self.collate = collate
-        self.computed = self.real = self.supervised = self.batches = self.shared = 0
+        self.computed = self.real = self.supervised = self.batches = self.shared = self.rows = 0
 
     def __call__(self, items):
         batch = self.collate(items)
@@ -119,6 +119,7 @@ class CountingCollator:
         self.real += int(batch["attention_mask"].sum())
         self.supervised += int((batch["labels"][:, 1:] != -100).sum())
         self.batches += 1
+        self.rows += len(items)
         self.shared += batch.get("shared_prefix", 0)
         return batch
 
@@ -146,6 +147,7 @@ def arm_qatune(args, paths) -> dict:
     result = _result(seconds, counter, _training_set_loss(prepared.model, prepared.tokenizer, prepared.train_records))
     result["lean_path"] = bool(getattr(prepared.model, "_qatune_lean_path", False))
     result["shared_prefix_mean"] = counter.shared / max(counter.batches, 1)
+    result["row_tokens_mean"] = counter.real / max(counter.rows, 1)
     return result
 
 
@@ -282,7 +284,9 @@ def main() -> int:
           f"(standard error {spread:.4f}; per seed {', '.join(f'{g:+.3f}' for g in gaps)})")
     lean = runs["qatune"][0]
     print(f"qatune's GPT-2 lean path: {'on' if lean['lean_path'] else 'off'}; shared prompt prefix "
-          f"{lean['shared_prefix_mean']:.1f} tokens per batch on average")
+          f"{lean['shared_prefix_mean']:.1f} tokens per batch on average, rows {lean['row_tokens_mean']:.1f} tokens "
+          f"on average; supervised positions {100 * lean['supervised_tokens'] / lean['computed_tokens']:.0f}% of the "
+          f"computed ones")
     print(f"MFU = 6 x {paths['params'] / 1e6:.1f}M parameters x non-padding tokens/s / "
           f"{'bf16' if args.bf16 else 'fp32'} matmul peak; against the bf16 peak it would be "
           f"{100 * summary['qatune']['mfu_vs_bf16_peak']:.0f}% (bf16 {'native' if args.bf16 else 'emulated'} here)")

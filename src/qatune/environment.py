@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ctypes
 import importlib.metadata
 import os
 import platform
@@ -41,21 +40,3 @@ def environment() -> dict[str, str]:
     info["hf_hub_offline"] = os.environ.get("HF_HUB_OFFLINE", "0")
     return info
 
-
-def keep_freed_memory() -> bool:
-    """Ask glibc's malloc to reuse freed memory instead of returning it to the system.
-
-    A CPU training step allocates and frees hundreds of activation tensors; with glibc's defaults
-    the large ones are mmap'd and unmapped every step, and each page is faulted in again (about
-    10,000 page faults per W1 step, ~40 ms of kernel time). Raising the mmap and trim thresholds keeps
-    those pages in the heap for the next step. What jemalloc/tcmalloc preloading would do, without
-    asking the user to preload anything. No-op (False) where the C library is not glibc.
-    """
-    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
-        return False
-    m_trim_threshold, m_mmap_threshold = -1, -3  # from malloc.h
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        return bool(libc.mallopt(m_mmap_threshold, 32 << 20) and libc.mallopt(m_trim_threshold, 1 << 30))
-    except (OSError, AttributeError):
-        return False

@@ -43,7 +43,6 @@ from qatune.data.generative import (
     encode_examples,
 )
 from qatune.data.spreadsheet import LoadReport, QARecord, load_from_config, split_validation
-from qatune.environment import keep_freed_memory
 from qatune.errors import ConfigError, DataError, RunDirError, TrainingError
 from qatune.evaluate import evaluation_parts, metrics_from, write_predictions
 from qatune.model import (
@@ -586,8 +585,6 @@ def fit(prepared: Prepared, run_dir: Path | None, progress: bool = True,
     """
     config, train_cfg, task = prepared.config, prepared.config.train, prepared.config.task
     accelerator = _accelerator(config)
-    if accelerator.device.type == "cpu":
-        keep_freed_memory()
     if accelerator.device.type == "cuda" and hasattr(prepared.collator, "pad_to_multiple_of"):
         prepared.collator.pad_to_multiple_of = GPU_PAD_MULTIPLE
     objective = objective_for(task, prepared.model)

@@ -1,0 +1,86 @@
+"""Does telling glibc's malloc to keep freed memory speed up CPU training? (qatune does not: it doesn't.)
+
+A CPU training step allocates and frees hundreds of activation tensors; with glibc's defaults the
+large ones are mmap'd and unmapped, and their pages faulted in again. Raising the mmap and trim
+thresholds (mallopt, what jemalloc/tcmalloc preloading is usually recommended for) keeps them in the
+heap. This runs the W1 training loop (see generative_vs_trainer.py) in fresh processes, alternating
+the setting on and off, and prints minor page faults, kernel (system) CPU time and wall time per
+optimizer step (averaged over the whole epoch, the first steps' heap growth included).
+
+    python bench/cpu_allocator.py                  # ~3 minutes on 2 CPU cores
+    python bench/cpu_allocator.py --rows 200 --rounds 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import generative_vs_trainer as w1
+
+
+def keep_freed_memory() -> None:
+    m_trim_threshold, m_mmap_threshold = -1, -3  # from glibc's malloc.h
+    libc = ctypes.CDLL("libc.so.6")
+    if not (libc.mallopt(m_mmap_threshold, 32 << 20) and libc.mallopt(m_trim_threshold, 1 << 30)):
+        raise RuntimeError("mallopt refused the settings")
+
+
+def child(args, paths: dict) -> dict:
+    import qatune.train
+    from qatune.config import load_config
+
+    if args.keep:
+        keep_freed_memory()
+    config = load_config(None, [
+        f"model.name_or_path={paths['model']}", f"data.train_file={paths['data']}", "train.epochs=1",
+        "train.batch_size=16", "train.learning_rate=5e-4", "train.weight_decay=0.0", "seed=42",
+    ])
+    prepared = qatune.train.prepare(config)
+    before, start = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+    steps = qatune.train.fit(prepared, None, progress=False)["steps"]
+    seconds, after = time.perf_counter() - start, resource.getrusage(resource.RUSAGE_SELF)
+    return {"steps": steps, "faults": (after.ru_minflt - before.ru_minflt) / steps,
+            "system_ms": 1000 * (after.ru_stime - before.ru_stime) / steps, "wall_ms": 1000 * seconds / steps}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", type=int, default=600)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--keep", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        print("RESULT " + json.dumps(child(args, json.loads(args.child))), flush=True)
+        return 0
+    if not w1.SHARED.exists():
+        print(f"needs the shared datasets at {w1.SHARED}", file=sys.stderr)
+        return 1
+    setup_args = argparse.Namespace(rows=args.rows, vocab=4096, seed=42)
+    with tempfile.TemporaryDirectory() as tmp:
+        paths = w1.setup(setup_args, Path(tmp))
+        for round_ in range(args.rounds):
+            for keep in ((True, False) if round_ % 2 == 0 else (False, True)):
+                command = [sys.executable, __file__, "--child", json.dumps(paths)] + (["--keep"] if keep else [])
+                done = subprocess.run(command, capture_output=True, text=True, cwd=Path(__file__).parent)
+                line = next((x for x in done.stdout.splitlines() if x.startswith("RESULT ")), None)
+                if line is None:
+                    print(done.stdout[-3000:], done.stderr[-3000:], file=sys.stderr)
+                    return 1
+                r = json.loads(line[len("RESULT "):])
+                print(f"round {round_ + 1} glibc keeps freed memory {'on ' if keep else 'off'}: {r['faults']:8.0f} page faults"
+                      f"/step  {r['system_ms']:5.1f} ms kernel CPU/step  {r['wall_ms']:6.1f} ms wall/step "
+                      f"({r['steps']} steps)", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
