@@ -3,9 +3,9 @@
 A checkpoint is a model folder (model.safetensors, tokenizer, config.yaml, qatune.json: eval and
 generate accept it) plus what an exact resume needs: optimizer.pt and scheduler.pt (tensors and
 numbers only, read back with ``torch.load(weights_only=True)``), rng.pt, and trainer_state.json
-(step, epoch, position in the epoch, best metrics). It is written to a hidden temporary folder,
-fsynced and renamed, so a process killed at any moment leaves either the new checkpoint or none,
-never a half-written one under a valid name.
+(step, epoch, position in the epoch, best metrics). It is written with :func:`qatune.rundir.write_folder`,
+so a process killed at any moment leaves either the new checkpoint or none, never a half-written one
+under a valid name.
 """
 
 from __future__ import annotations
@@ -22,11 +22,13 @@ from typing import Any
 import numpy as np
 import torch
 
+from qatune import rundir
 from qatune.errors import RunDirError
 
 log = logging.getLogger("qatune")
 
 _NAME = re.compile(r"^step-(\d+)$")
+TRAINER_STATE = "trainer_state.json"
 
 
 @dataclass
@@ -49,43 +51,33 @@ class TrainState:
 
 
 def checkpoint_dir(run_dir: Path) -> Path:
-    return Path(run_dir) / "checkpoints"
+    return Path(run_dir) / rundir.CHECKPOINTS
 
 
 def save_checkpoint(run_dir: Path, state: TrainState, model: Any, tokenizer: Any, config: Any, info: Any,
                     optimizer: torch.optim.Optimizer, schedulers: dict[str, Any], keep: int) -> Path:
     """Write a checkpoint atomically, then prune all but the last ``keep`` (and the best)."""
-    from qatune.model import fsync_tree, replace_dir
+    from qatune.model import write_model_files
+
+    def fill(folder: Path) -> None:
+        write_model_files(folder, model, tokenizer, config, info)
+        torch.save(optimizer.state_dict(), folder / "optimizer.pt")
+        torch.save({k: s.state_dict() for k, s in schedulers.items() if s is not None}, folder / "scheduler.pt")
+        torch.save(_rng_state(), folder / "rng.pt")
+        # Written last: a folder without it is not a checkpoint.
+        (folder / TRAINER_STATE).write_text(json.dumps(asdict(state), indent=2) + "\n", encoding="utf-8")
 
     root = checkpoint_dir(run_dir)
     root.mkdir(parents=True, exist_ok=True)
-    name = f"step-{state.step:07d}"
-    tmp = root / f".tmp-{name}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    try:
-        tmp.mkdir()
-        model.save_pretrained(tmp, safe_serialization=True)
-        tokenizer.save_pretrained(tmp)
-        (tmp / "config.yaml").write_text(config.to_yaml(), encoding="utf-8")
-        info.save(tmp)
-        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
-        torch.save({k: s.state_dict() for k, s in schedulers.items() if s is not None}, tmp / "scheduler.pt")
-        torch.save(_rng_state(), tmp / "rng.pt")
-        # Written last: a folder without it is not a checkpoint.
-        (tmp / "trainer_state.json").write_text(json.dumps(asdict(state), indent=2) + "\n", encoding="utf-8")
-        fsync_tree(tmp)
-        replace_dir(tmp, root / name)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    path = rundir.write_folder(root / f"step-{state.step:07d}", fill)
     _prune(root, keep, state.best_checkpoint)
-    return root / name
+    return path
 
 
 def find_checkpoint(path: Path) -> Path:
     """``path`` itself when it is a checkpoint, else the newest complete checkpoint of a run directory."""
     path = Path(path)
-    if (path / "trainer_state.json").is_file():
+    if (path / TRAINER_STATE).is_file():
         return path
     candidates = list_checkpoints(path)
     if not candidates:
@@ -98,12 +90,12 @@ def list_checkpoints(run_dir: Path) -> list[Path]:
     root = checkpoint_dir(run_dir)
     if not root.is_dir():
         return []
-    found = [p for p in root.iterdir() if _NAME.match(p.name) and (p / "trainer_state.json").is_file()]
+    found = [p for p in root.iterdir() if _NAME.match(p.name) and (p / TRAINER_STATE).is_file()]
     return sorted(found, key=lambda p: int(_NAME.match(p.name).group(1)))
 
 
 def load_state(checkpoint: Path) -> TrainState:
-    data = json.loads((checkpoint / "trainer_state.json").read_text(encoding="utf-8"))
+    data = json.loads((checkpoint / TRAINER_STATE).read_text(encoding="utf-8"))
     return TrainState(**{k: v for k, v in data.items() if k in TrainState.__dataclass_fields__})
 
 
@@ -146,5 +138,4 @@ def _prune(root: Path, keep: int, best: str | None) -> None:
     for old in checkpoints[:-keep]:
         if old.name != best:
             shutil.rmtree(old, ignore_errors=True)
-    for stale in root.glob(".tmp-*"):
-        shutil.rmtree(stale, ignore_errors=True)
+    rundir.remove_stale_temporaries(root)

@@ -29,3 +29,9 @@ class RunDirError(QatuneError):
 
 class TrainingError(QatuneError):
     """Training stopped because it cannot go on (non-finite loss, interruption)."""
+
+
+def row_list(rows: list[int], limit: int = 10) -> str:
+    """Spreadsheet row numbers for a message: the first ``limit``, then how many more."""
+    shown = ", ".join(map(str, rows[:limit]))
+    return shown + (f" and {len(rows) - limit} more" if len(rows) > limit else "")

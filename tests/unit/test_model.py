@@ -10,13 +10,13 @@ from qatune.generate import answer_questions
 from qatune.model import (
     ModelInfo,
     build_scratch,
-    find_model_folder,
     load_pretrained,
     load_tokenizer,
     resolve_model_path,
     save_model,
     train_scratch_tokenizer,
 )
+from qatune.rundir import find_model_folder
 from qatune.train import fit, prepare
 
 ROOT = Path(__file__).resolve().parents[2]

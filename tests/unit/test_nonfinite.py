@@ -77,16 +77,16 @@ def test_skip_gives_up_after_too_many_bad_steps_in_a_row(tmp_path):
 
 
 def test_the_best_model_from_before_is_never_overwritten(tmp_path, monkeypatch):
-    from qatune import train as train_module
+    from qatune.train import preparation as prepare_module
 
-    original = train_module.build_scratch
+    original = prepare_module.build_scratch
 
     def poisoned_build(*args, **kwargs):
         model = original(*args, **kwargs)
         poison_forward(model, at_calls=set(range(4, 100)))   # epoch 1 (3 steps + eval) is healthy
         return model
 
-    monkeypatch.setattr(train_module, "build_scratch", poisoned_build)
+    monkeypatch.setattr(prepare_module, "build_scratch", poisoned_build)
     config = config_for(tmp_path, "data.validation_fraction=0.25", "train.max_nonfinite_steps=1")
     run = tmp_path / "run"
     with pytest.raises(TrainingError):

@@ -12,7 +12,8 @@ import torch
 from click.testing import CliRunner
 from safetensors.torch import load_file
 
-from qatune import train as train_module
+from qatune.train import loop as loop_module
+from qatune.train import validation as validation_module
 from qatune.checkpoint import find_checkpoint, list_checkpoints
 from qatune.cli import cli
 from qatune.config import load_config
@@ -43,15 +44,15 @@ def losses(run_dir):
 
 
 def interrupt_at(monkeypatch, step):
-    original = train_module._train_step
+    original = loop_module.train_step
 
-    def stepping(*args, **kwargs):
-        done = original(*args, **kwargs)
-        if args[-1].step == step:
+    def stepping(loop, window):
+        done = original(loop, window)
+        if loop.state.step == step:
             os.kill(os.getpid(), signal.SIGINT)
         return done
 
-    monkeypatch.setattr(train_module, "_train_step", stepping)
+    monkeypatch.setattr(loop_module, "train_step", stepping)
 
 
 def test_resume_continues_exactly_where_it_stopped(tmp_path, monkeypatch):
@@ -138,7 +139,7 @@ def test_existing_run_is_refused_without_overwrite(tmp_path):
 
 def test_early_stopping(tmp_path, monkeypatch):
     scores = iter([50.0, 40.0, 45.0, 60.0])
-    monkeypatch.setattr(train_module, "metrics_from", lambda info, records, predictions, loss_sum, count: {
+    monkeypatch.setattr(validation_module, "metrics_from", lambda info, records, predictions, loss_sum, count: {
         "exact_match": 0.0, "f1": next(scores), "loss": 1.0, "perplexity": 2.7, "num_examples": len(records)})
     config = config_for(tmp_path, "train.epochs=4", "data.validation_fraction=0.25",
                         "train.early_stopping_patience=2")
@@ -192,10 +193,14 @@ def test_sigterm_saves_a_checkpoint_and_the_cli_resumes(tmp_path):
     assert proc.returncode == 130
     assert "training stopped by SIGTERM" in stderr and "--resume" in stderr
     assert "Traceback" not in stderr
-    stopped_at = json.loads((find_checkpoint(run) / "trainer_state.json").read_text())["step"]
+    stopped = json.loads((find_checkpoint(run) / "trainer_state.json").read_text())
+    assert json.loads((run / "run.json").read_text())["status"] == "stopped"
+    # Resume and train to the end of the epoch after the one it stopped in: 12 rows / batch 2 = 6 steps each.
+    epochs = stopped["epoch"] + 2
     result = CliRunner().invoke(cli, ["train", "--config", str(config), "--output-dir", str(run), "--resume",
-                                      "--set", "train.epochs=2", "--quiet"])
-    # the run was already past 2 epochs? then it just finishes; otherwise it trains to the end of epoch 2
+                                      "--set", f"train.epochs={epochs}", "--quiet"])
     assert result.exit_code == 0, result.output + result.stderr
     assert json.loads((run / "run.json").read_text())["status"] == "complete"
-    assert json.loads((find_checkpoint(run) / "trainer_state.json").read_text())["step"] >= stopped_at
+    final = json.loads((find_checkpoint(run) / "trainer_state.json").read_text())
+    assert (final["step"], final["epoch"]) == (6 * epochs, epochs)
+    assert final["step"] > stopped["step"]

@@ -1,0 +1,60 @@
+"""Where training runs: the accelerator (device, processes, mixed precision) and the RNG seed."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from qatune.config import Config
+from qatune.errors import ConfigError
+
+GPU_PAD_MULTIPLE = 32
+"""On a GPU, batch widths are rounded up to this: every new shape costs kernel warm-up (measured on an
+H200: 48 MiniLM steps took 7.1 s with fresh shapes, 1.6 s once they were seen)."""
+
+
+def is_main_process() -> bool:
+    """Rank 0 of an ``accelerate launch``/torchrun job (or the only process)."""
+    return int(os.environ.get("RANK", "0")) == 0
+
+
+def make_accelerator(config: Config) -> Any:
+    from accelerate import Accelerator
+
+    train_cfg = config.train
+    if train_cfg.device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("train.device is cuda but no GPU is visible; set train.device: auto or cpu")
+    on_cpu = train_cfg.device == "cpu" or not torch.cuda.is_available()
+    if train_cfg.precision == "fp16" and on_cpu:
+        raise ConfigError("train.precision fp16 needs a GPU; on CPU use bf16 or fp32")
+    mixed = {"fp32": "no", "bf16": "bf16", "fp16": "fp16"}[train_cfg.precision]
+    if int(os.environ.get("WORLD_SIZE", "1")) == 1:
+        # One process may train several times (tests, notebooks); accelerate keeps its state global.
+        from accelerate.state import AcceleratorState
+
+        AcceleratorState._reset_state(reset_partial_state=True)
+    try:
+        # cpu=True also when there is no GPU: accelerate sets up multi-process CPU training (gloo) only then.
+        return Accelerator(mixed_precision=mixed, cpu=on_cpu)
+    except ValueError as exc:
+        raise ConfigError(f"train.precision {train_cfg.precision} is not supported here: {exc}") from None
+
+
+def bf16_native(device: str) -> bool:
+    """Whether bf16 matrix products run natively where training will run."""
+    if device != "cpu" and torch.cuda.is_available():
+        return torch.cuda.is_bf16_supported()
+    try:
+        flags = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return True  # unknown (not Linux): do not warn
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def seed_everything(seed: int) -> None:
+    from accelerate.utils import set_seed
+
+    set_seed(seed)

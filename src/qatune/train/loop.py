@@ -1,0 +1,270 @@
+"""The training loop: ``fit`` over epochs and accumulation windows, ``train_step`` for one update.
+
+One step: forward and backward over the window's micro-batches (the loss summed, divided by the
+supervised items of the whole window), clip (the norm is logged before clipping), check that loss
+and norm are finite, optimizer step, scheduler step. Checkpoints, logging and validation are calls
+out of the loop.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+
+from qatune import rundir
+from qatune.checkpoint import TrainState, restore, save_checkpoint
+from qatune.errors import TrainingError, row_list
+from qatune.model import save_model
+from qatune.objectives import count_items, count_tokens, model_inputs, objective_for
+from qatune.train.device import GPU_PAD_MULTIPLE, make_accelerator
+from qatune.train.guard import NonFiniteGuard
+from qatune.train.logs import LogWindow, MetricsLog
+from qatune.train.optim import build_optimizer, build_schedulers, gradient_clipper
+from qatune.train.preparation import Prepared
+from qatune.train.sampler import LengthGroupedBatches
+from qatune.train.signals import StopSignals, TrainingInterrupted
+from qatune.train.validation import evaluate_epoch
+
+log = logging.getLogger("qatune")
+
+
+def fit(prepared: Prepared, run_dir: Path | None, progress: bool = True,
+        resume_from: Path | None = None) -> dict[str, Any]:
+    """The training loop. Returns the first/final training loss and the best evaluation metrics.
+
+    With ``run_dir``, a resumable checkpoint is written every ``train.save_every`` steps, at each
+    epoch end, and when SIGINT/SIGTERM asks to stop. ``resume_from`` continues from a checkpoint.
+    """
+    train_cfg = prepared.config.train
+    loop = Loop.setup(prepared, run_dir, resume_from)
+    state = loop.state
+    bar = tqdm(total=loop.total_steps(), initial=state.step, desc="train", unit="step", file=sys.stderr,
+               disable=not (progress and loop.main), dynamic_ncols=True)
+    with StopSignals() as stop:
+        for epoch in range(state.epoch, train_cfg.epochs):
+            loop.start_epoch(epoch)
+            for window in windows(loop.loader, train_cfg.gradient_accumulation_steps):
+                state.consumed += len(window)
+                done = train_step(loop, window)
+                if done is not None:
+                    loop.after_update(done, bar)
+                if stop.requested:
+                    bar.close()
+                    raise TrainingInterrupted(stop.requested, state, loop.checkpoint())
+            loop.end_epoch()
+            if loop.patience_ran_out():
+                break
+    bar.close()
+    return loop.finish()
+
+
+def train_step(loop: Loop, window: list[dict[str, torch.Tensor]]) -> dict[str, Any] | None:
+    """Forward/backward over one accumulation window, clip, check, step. None when no update was applied."""
+    accelerator, objective, optimizer, state, guard = loop.accelerator, loop.objective, loop.optimizer, loop.state, loop.guard
+    items = _global_count(accelerator, sum(count_items(b, loop.task) for b in window))
+    if items == 0:
+        log.warning("step %d: a batch with no supervised tokens (rows %s); skipped", state.step + 1,
+                    row_list(_batch_rows(window)))
+        return None
+    loss_sum = torch.zeros((), device=accelerator.device)
+    logit_absmax = torch.zeros((), device=accelerator.device)
+    for i, batch in enumerate(window):
+        # Gradients are synchronised across processes only on the window's last micro-batch.
+        with accelerator.no_sync(objective) if i < len(window) - 1 else nullcontext():
+            out = objective(**model_inputs(batch))
+            accelerator.backward(out["loss_sum"] * accelerator.num_processes / items)
+        loss_sum += out["loss_sum"].detach()
+        logit_absmax = torch.maximum(logit_absmax, out["logit_absmax"].float())
+    grad_norm = loop.clip()
+    # Loss and non-padding tokens summed over processes, in one collective.
+    local_tokens = float(sum(count_tokens(b) for b in window))
+    summed = accelerator.reduce(torch.stack([loss_sum.float(), loss_sum.new_tensor(local_tokens).float()]), "sum")
+    # The one host-device sync of a step: the NaN guard must see loss and norm before the update.
+    total, tokens, grad_norm, absmax = torch.cat([
+        summed, torch.stack([torch.as_tensor(grad_norm, device=loss_sum.device).float(), logit_absmax])]).tolist()
+    loss = total / items
+    lr = optimizer.param_groups[0]["lr"]
+    if math.isfinite(loss) and not math.isfinite(grad_norm) and accelerator.scaler is not None:
+        # fp16 (GPU only) loss scale too high: the scaler skips this update and lowers the scale.
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        if guard.scale_skip():
+            return None
+    if not (math.isfinite(loss) and math.isfinite(grad_norm)):
+        optimizer.zero_grad(set_to_none=True)
+        guard.record(state.step + 1, state.epoch + 1, loss, grad_norm, _batch_rows(window), lr, loop.model(), absmax)
+        if guard.should_stop():
+            raise TrainingError(guard.stop_message())
+        return None
+    guard.ok()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    state.step += 1
+    state.last_loss = loss
+    if state.step == 1:
+        state.first_loss = loss
+    return {"loss": loss, "items": items, "tokens": int(tokens), "lr": lr, "grad_norm": grad_norm}
+
+
+@dataclass
+class Loop:
+    """What ``fit`` sets up once, and the bookkeeping around each update and each epoch."""
+
+    prepared: Prepared
+    run_dir: Path | None
+    accelerator: Any
+    objective: torch.nn.Module
+    optimizer: Any
+    loader: Any
+    sampler: LengthGroupedBatches
+    clip: Callable[[], Any]
+    schedulers: dict[str, Any]
+    state: TrainState
+    guard: NonFiniteGuard
+    metrics_log: MetricsLog
+    logged: LogWindow = field(default_factory=LogWindow)
+
+    @classmethod
+    def setup(cls, prepared: Prepared, run_dir: Path | None, resume_from: Path | None) -> Loop:
+        config, train_cfg = prepared.config, prepared.config.train
+        accelerator = make_accelerator(config)
+        if accelerator.device.type == "cuda" and hasattr(prepared.collator, "pad_to_multiple_of"):
+            prepared.collator.pad_to_multiple_of = GPU_PAD_MULTIPLE
+        objective = objective_for(config.task, prepared.model)
+        if hasattr(objective, "describe"):
+            log.info("loss: %s", objective.describe())
+        optimizer = build_optimizer(objective, train_cfg.learning_rate, train_cfg.weight_decay)
+        sampler = LengthGroupedBatches(prepared.dataset.lengths, train_cfg.batch_size, config.seed,
+                                       group=train_cfg.group_by_length)
+        # Its own generator: starting an epoch must not draw from the global RNG that dropout uses, so a
+        # resumed run sees the same dropout masks as an uninterrupted one.
+        loader = torch.utils.data.DataLoader(prepared.dataset, batch_sampler=sampler, collate_fn=prepared.collator,
+                                             generator=torch.Generator().manual_seed(config.seed))
+        objective, optimizer, loader = accelerator.prepare(objective, optimizer, loader)
+        warmup, decay = build_schedulers(optimizer, config)
+        schedulers = {"warmup": warmup, "decay": decay}
+        main = accelerator.is_main_process
+        metrics_log = MetricsLog(run_dir / rundir.METRICS if run_dir and main else None,
+                                 tensorboard=train_cfg.report_to == "tensorboard")
+        state = TrainState()
+        if resume_from is not None:
+            state = restore(resume_from, optimizer, schedulers)
+            metrics_log.truncate_after(state.step)
+            log.info("resuming from %s (step %d, epoch %d)", resume_from, state.step, state.epoch + 1)
+        guard = NonFiniteGuard(run_dir if main else None, train_cfg.on_nonfinite, train_cfg.max_nonfinite_steps,
+                               train_cfg.precision, state.bad_steps)
+        clip = gradient_clipper(accelerator, objective, optimizer, train_cfg.max_grad_norm)
+        return cls(prepared, run_dir, accelerator, objective, optimizer, loader, sampler, clip, schedulers, state,
+                   guard, metrics_log)
+
+    @property
+    def main(self) -> bool:
+        return self.accelerator.is_main_process
+
+    @property
+    def task(self) -> str:
+        return self.prepared.config.task
+
+    def model(self) -> torch.nn.Module:
+        return self.accelerator.unwrap_model(self.objective).model
+
+    def total_steps(self) -> int:
+        train_cfg = self.prepared.config.train
+        return math.ceil(len(self.sampler) / train_cfg.gradient_accumulation_steps) * train_cfg.epochs
+
+    def start_epoch(self, epoch: int) -> None:
+        self.state.epoch = epoch
+        self.sampler.set_epoch(epoch)
+        if hasattr(self.loader, "set_epoch"):
+            self.loader.set_epoch(epoch)  # accelerate's loader re-sets the sampler's epoch from its own count
+        self.sampler.skip(self.state.consumed * self.accelerator.num_processes)
+        self.objective.train()
+
+    def after_update(self, done: dict[str, Any], bar: Any) -> None:
+        """Schedules, the log line and the periodic checkpoint, after an applied update."""
+        train_cfg, state = self.prepared.config.train, self.state
+        if self.schedulers["warmup"] is not None:
+            self.schedulers["warmup"].step()
+        if train_cfg.scheduler.interval == "step":
+            self.schedulers["decay"].step()
+        self.logged.add(done["loss"], done["items"], done["tokens"])
+        bar.update(1)
+        if state.step == 1 or state.step % train_cfg.logging_steps == 0:
+            record = self.logged.flush(step=state.step, epoch=state.epoch + 1, lr=done["lr"],
+                                       grad_norm=done["grad_norm"], supervised=done["items"])
+            self.metrics_log.write({"event": "train", **record})
+            bar.set_postfix(loss=f"{record['loss']:.4f}", lr=f"{done['lr']:.2e}",
+                            tok_s=f"{record['tokens_per_s']:.0f}")
+        if train_cfg.save_every and state.step % train_cfg.save_every == 0:
+            self.checkpoint()
+
+    def end_epoch(self) -> None:
+        """Epoch-interval decay, validation (best/ when it improves), a checkpoint."""
+        if self.prepared.config.train.scheduler.interval == "epoch":
+            self.schedulers["decay"].step()
+        self.state.epoch, self.state.consumed = self.state.epoch + 1, 0
+        if self.prepared.eval_records:
+            run_dir = self.run_dir if self.main else None
+            if evaluate_epoch(self.prepared, self.model(), run_dir, self.state, self.metrics_log, self.accelerator):
+                self.state.best_checkpoint = f"step-{self.state.step:07d}"
+        self.checkpoint()
+        self.accelerator.wait_for_everyone()
+
+    def patience_ran_out(self) -> bool:
+        train_cfg = self.prepared.config.train
+        patience = train_cfg.early_stopping_patience
+        if patience and self.state.stale_evals >= patience:
+            log.info("early stopping: validation %s did not improve for %d evaluations",
+                     train_cfg.best_metric, patience)
+            return True
+        return False
+
+    def checkpoint(self) -> Path | None:
+        if self.run_dir is None or not self.main:
+            return None
+        prepared = self.prepared
+        return save_checkpoint(self.run_dir, self.state, self.model(), prepared.tokenizer, prepared.config,
+                               prepared.info, self.optimizer, self.schedulers, prepared.config.train.keep_checkpoints)
+
+    def finish(self) -> dict[str, Any]:
+        """final/ (by the main process) and the result summary."""
+        self.metrics_log.close()
+        if self.run_dir is not None and self.main:
+            prepared = self.prepared
+            save_model(self.run_dir / rundir.FINAL, self.model(), prepared.tokenizer, prepared.config, prepared.info)
+        self.accelerator.wait_for_everyone()
+        state = self.state
+        return {"steps": state.step, "first_train_loss": state.first_loss, "final_train_loss": state.last_loss,
+                "best_eval": state.best, "nonfinite_steps": self.guard.bad_steps}
+
+
+def windows(loader: Any, accum: int) -> Iterator[list[dict[str, torch.Tensor]]]:
+    """Groups of ``accum`` micro-batches (the last group of an epoch may be shorter)."""
+    window: list[dict[str, torch.Tensor]] = []
+    for batch in loader:
+        window.append(batch)
+        if len(window) == accum:
+            yield window
+            window = []
+    if window:
+        yield window
+
+
+def _global_count(accelerator: Any, count: int) -> int:
+    if accelerator.num_processes == 1:
+        return count
+    total = accelerator.reduce(torch.tensor(count, device=accelerator.device), "sum")
+    return int(total)
+
+
+def _batch_rows(window: list[dict[str, torch.Tensor]]) -> list[int]:
+    return [int(r) for batch in window for r in batch["row"].tolist()]

@@ -1,0 +1,282 @@
+"""Setup, before anything is written: load the rows, build the model, encode, validate.
+
+Everything that can fail because of the user's data, model or settings happens here, so a failed
+setup leaves nothing behind. ``prepare`` reads as the list of its steps.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from qatune import __version__, rundir
+from qatune.config import Config
+from qatune.data.extractive import SpanCollator, prepare_features
+from qatune.data.generative import (
+    CausalCollator,
+    ExampleDataset,
+    PromptEncoder,
+    PromptTemplate,
+    Seq2SeqCollator,
+    Seq2SeqEncoder,
+    choose_max_length,
+    encode_examples,
+    percentile,
+)
+from qatune.data.spreadsheet import LoadReport, QARecord, load_from_config, split_validation
+from qatune.errors import ConfigError, DataError, row_list
+from qatune.model import (
+    ModelInfo,
+    apply_lora,
+    build_scratch,
+    load_model_config,
+    load_pretrained,
+    load_tokenizer,
+    model_max_positions,
+    quiet_transformers,
+    train_scratch_tokenizer,
+)
+from qatune.train.device import bf16_native, seed_everything
+from qatune.train.sampler import LengthGroupedBatches
+from qatune.validate import Finding, error, validate_batch, validate_dataset, validate_settings, warning
+
+log = logging.getLogger("qatune")
+
+EXTRACTIVE_AUTO_MAX_LENGTH = 384
+
+
+@dataclass
+class Prepared:
+    """Everything a run needs, built and checked before anything is written."""
+
+    config: Config
+    model: Any
+    tokenizer: Any
+    info: ModelInfo
+    train_records: list[QARecord]
+    eval_records: list[QARecord]
+    dataset: ExampleDataset
+    collator: Any
+    reports: dict[str, Any] = field(default_factory=dict)
+    findings: list[Finding] = field(default_factory=list)
+    """Batch validator and settings checks: errors stop train, check reports them."""
+    base_model: Any = None
+    """LoRA on a scratch model: the random base weights, saved once as RUN/base."""
+
+
+@dataclass
+class _Model:
+    model: Any
+    tokenizer: Any
+    limit: int | None
+    """Longest sequence the model reads (None when unknown)."""
+    seq2seq: bool
+
+
+@dataclass
+class _Encoded:
+    items: list[Any]
+    collator: Any
+    info: ModelInfo
+    train_records: list[QARecord]
+    findings: list[Finding]
+
+
+def prepare(config: Config, train_records: list[QARecord] | None = None,
+            eval_records: list[QARecord] | None = None, with_model: bool = True) -> Prepared:
+    """Load data, build or load model and tokenizer, encode the training set, validate the batches.
+
+    Records can be given directly (from Python); otherwise they are read from the config's files.
+    ``with_model=False`` loads only the tokenizer and the model's config (for ``qatune check``).
+    """
+    quiet_transformers()
+    seed_everything(config.seed)
+    if config.train.report_to == "tensorboard" and importlib.util.find_spec("tensorboard") is None:
+        raise ConfigError("train.report_to: tensorboard needs the tensorboard package: pip install tensorboard")
+    reports: dict[str, Any] = {}
+    train_records, eval_records, train_report = _setup_records(config, train_records, eval_records, reports)
+    built = _setup_model(config, train_records, with_model)
+    if config.task == "generative":
+        encoded = _encode_generative(config, built, train_records, reports)
+    else:
+        encoded = _encode_extractive(config, built, train_records, train_report, reports)
+    if not encoded.items:
+        reasons = "; ".join(f.message for f in encoded.findings) or "see the data report"
+        raise DataError(f"no training examples are left in {config.data.train_file}: {reasons}")
+    dataset = ExampleDataset(encoded.items)
+    findings = encoded.findings + validate_first_batches(config, dataset, encoded.collator, built.tokenizer,
+                                                         len(encoded.train_records))
+    model, base_model = _setup_lora(config, built.model, encoded.info)
+    return Prepared(config=config, model=model, tokenizer=built.tokenizer, info=encoded.info,
+                    train_records=encoded.train_records, eval_records=eval_records, dataset=dataset,
+                    collator=encoded.collator, reports=reports, findings=findings, base_model=base_model)
+
+
+def _setup_records(config: Config, train_records: list[QARecord] | None, eval_records: list[QARecord] | None,
+                   reports: dict[str, Any]) -> tuple[list[QARecord], list[QARecord], LoadReport]:
+    """Training and validation rows: from the files, or given; validation split off when asked."""
+    if train_records is None:
+        train_records, train_report = load_from_config(config.data, config.data.train_file)
+        log.info("data: %s", train_report.summary())
+    else:
+        train_report = LoadReport(file="(records)", rows_read=len(train_records), kept=len(train_records))
+    reports["train_file"] = train_report.to_dict()
+    if eval_records is None and config.data.eval_file:
+        eval_records, eval_report = load_from_config(config.data, config.data.eval_file)
+        reports["eval_file"] = eval_report.to_dict()
+        log.info("data: %s", eval_report.summary())
+    elif eval_records is None:
+        train_records, eval_records = split_validation(train_records, config.data.validation_fraction, config.seed)
+        if eval_records:
+            log.info("validation: %d rows held out of the training file (data.validation_fraction=%s)",
+                     len(eval_records), config.data.validation_fraction)
+    return train_records, eval_records, train_report
+
+
+def _setup_model(config: Config, train_records: list[QARecord], with_model: bool) -> _Model:
+    """Tokenizer and model: trained on the rows and randomly initialised (scratch), or pretrained."""
+    task, model = config.task, None
+    if config.model.scratch is not None:
+        shape = config.model.scratch
+        texts = _tokenizer_corpus(task, PromptTemplate(config.data.prompt_template), train_records)
+        tokenizer = train_scratch_tokenizer(task, texts, shape.vocab_size, shape.architecture)
+        if with_model:
+            model = build_scratch(shape, task, tokenizer)
+        built = _Model(model, tokenizer, shape.n_positions, shape.architecture == "t5")
+        source = f"scratch {task} model"
+    else:
+        tokenizer = load_tokenizer(config.model, task)
+        model_config = load_model_config(config.model)
+        seq2seq = task == "generative" and bool(getattr(model_config, "is_encoder_decoder", False))
+        if with_model:
+            model = load_pretrained(config.model, task, tokenizer, model_config)
+        built = _Model(model, tokenizer, model_max_positions(model_config, tokenizer), seq2seq)
+        source = config.model.name_or_path
+    if model is not None:
+        n_params = sum(p.numel() for p in model.parameters())
+        log.info("model: %s (%s, %.1fM parameters)", source, type(model).__name__, n_params / 1e6)
+    return built
+
+
+def _encode_generative(config: Config, built: _Model, records: list[QARecord], reports: dict[str, Any]) -> _Encoded:
+    template = PromptTemplate(config.data.prompt_template)
+    encoder = (Seq2SeqEncoder if built.seq2seq else PromptEncoder)(built.tokenizer, template)
+    lengths = [encoder.full_length(r) for r in records]
+    max_length = choose_max_length(lengths, config.data.max_length, built.limit)
+    examples, stats = encode_examples(encoder, records, max_length)
+    reports["encoding"] = {"max_length": max_length, "truncated_rows": stats.truncated_rows,
+                           "too_long_rows": stats.too_long_rows, "lengths": _length_summary(lengths)}
+    findings = []
+    if stats.truncated_rows:
+        findings.append(warning("rows-truncated", f"{len(stats.truncated_rows)} rows are longer than "
+                                f"max_length={max_length}: their questions were shortened (rows "
+                                f"{row_list(stats.truncated_rows)}); raise data.max_length or use auto"))
+    if stats.too_long_rows:
+        findings.append(warning("rows-too-long", f"{len(stats.too_long_rows)} rows dropped: the answer alone "
+                                f"does not fit max_length={max_length} (rows {row_list(stats.too_long_rows)}); "
+                                "raise data.max_length or use auto"))
+    pad_id = built.tokenizer.pad_token_id
+    collator = (Seq2SeqCollator(pad_id) if built.seq2seq
+                else CausalCollator(pad_id, config.train.train_on_prompt))
+    info = ModelInfo(task="generative", max_length=max_length, prompt_template=template.template,
+                     answer_prefix=template.answer_prefix, qatune_version=__version__, seq2seq=built.seq2seq)
+    return _Encoded(examples, collator, info, records, findings)
+
+
+def _encode_extractive(config: Config, built: _Model, records: list[QARecord], train_report: LoadReport,
+                       reports: dict[str, Any]) -> _Encoded:
+    setting, limit = config.data.max_length, built.limit
+    max_length = min(EXTRACTIVE_AUTO_MAX_LENGTH, limit or EXTRACTIVE_AUTO_MAX_LENGTH) if setting == "auto" else setting
+    if limit is not None and max_length > limit:
+        raise ConfigError(f"data.max_length={max_length} is more than the model's {limit} positions; lower it")
+    features, stats, kept = prepare_features(built.tokenizer, records, max_length, config.data.doc_stride, train=True)
+    for row in stats.not_found_rows:
+        train_report.drop("answer not in context", row)
+    reports["train_file"] = train_report.to_dict()
+    reports["encoding"] = {
+        "max_length": max_length, "doc_stride": config.data.doc_stride, "windows": stats.windows,
+        "windows_without_answer": stats.windows_without_answer, "answer_not_in_context_rows": stats.not_found_rows,
+        "unreachable_rows": stats.unreachable_rows,
+        "span_audit": {"checked": stats.audit_checked, "matched": stats.audit_matched,
+                       "share": stats.audit_share, "token_boundary": stats.audit_boundary,
+                       "token_boundary_examples": stats.audit_boundary_examples[:5],
+                       "mismatches": stats.audit_mismatches},
+    }
+    findings = []
+    if stats.not_found_rows:
+        findings.append(warning("answer-not-in-context", f"{len(stats.not_found_rows)} rows dropped: the answer "
+                                f"is not in the context (rows {row_list(stats.not_found_rows)})"))
+    if stats.unreachable_rows:
+        findings.append(warning("answer-longer-than-window", f"{len(stats.unreachable_rows)} rows have an answer "
+                                f"that no window holds whole (rows {row_list(stats.unreachable_rows)}); raise "
+                                "data.max_length or shorten those answers"))
+    log.info("windows: %d (%d without the answer, labelled CLS); span audit: %.1f%% of %d labelled spans "
+             "decode to the answer, %d end inside a token", stats.windows, stats.windows_without_answer,
+             100 * stats.audit_share, stats.audit_checked, stats.audit_boundary)
+    if stats.audit_mismatches:
+        first = stats.audit_mismatches[0]
+        findings.append(error("span-audit", f"span audit: {len(stats.audit_mismatches)} labelled spans do not "
+                                            f"cover their answer (row {first['row']}: tokens "
+                                            f"{first['labelled_tokens']!r}, answer {first['answer']!r}); "
+                                            "please report this with the row"))
+    info = ModelInfo(task="extractive", max_length=max_length, doc_stride=config.data.doc_stride,
+                     qatune_version=__version__)
+    return _Encoded(features, SpanCollator(built.tokenizer.pad_token_id), info, kept, findings)
+
+
+def _setup_lora(config: Config, model: Any, info: ModelInfo) -> tuple[Any, Any]:
+    """Wrap the model with LoRA adapters when asked. Returns (model, base weights to save in RUN/base)."""
+    if config.model.lora is None:
+        return model, None
+    base_model = None
+    if config.model.scratch is not None:
+        info.lora_base = rundir.BASE
+        base_model = copy.deepcopy(model) if model is not None else None
+    else:
+        local = Path(config.model.name_or_path)
+        info.lora_base = str(local.resolve()) if local.is_dir() else config.model.name_or_path
+    if model is not None:
+        model = apply_lora(model, config.model.lora, config.task)
+        trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        log.info("LoRA: training %.2fM of %.1fM parameters", trainable / 1e6,
+                 sum(p.numel() for p in model.parameters()) / 1e6)
+    return model, base_model
+
+
+def validate_first_batches(config: Config, dataset: ExampleDataset, collator: Any, tokenizer: Any,
+                           n_rows: int) -> list[Finding]:
+    """The batch validator on the first two batches the loop will see, plus the settings checks."""
+    train_cfg = config.train
+    findings = validate_dataset(dataset.items)
+    sampler = LengthGroupedBatches(dataset.lengths, train_cfg.batch_size, config.seed, group=train_cfg.group_by_length)
+    seq2seq = isinstance(collator, Seq2SeqCollator)
+    for indices in list(sampler)[:2]:
+        items = [dataset[i] for i in indices]
+        answers = [getattr(item, "answer_text", None) for item in items] if config.task == "extractive" else None
+        for finding in validate_batch(collator(items), tokenizer=tokenizer, answers=answers, seq2seq=seq2seq):
+            if finding not in findings:
+                findings.append(finding)
+    settings = validate_settings(
+        learning_rate=train_cfg.learning_rate, max_grad_norm=train_cfg.max_grad_norm,
+        warmup_steps=train_cfg.warmup_steps, precision=train_cfg.precision, task=config.task,
+        pretrained=config.model.name_or_path is not None, n_examples=n_rows,
+        batch_size=train_cfg.batch_size * train_cfg.gradient_accumulation_steps,
+        bf16_native=bf16_native(train_cfg.device),
+    )
+    codes = {f.code for f in findings}
+    return findings + [f for f in settings if f.code not in codes]
+
+
+def _tokenizer_corpus(task: str, template: PromptTemplate, records: list[QARecord]) -> list[str]:
+    if task == "generative":
+        return [template.render(r.question, r.context) + template.answer_prefix + r.answer for r in records]
+    return [text for r in records for text in (r.question, r.context or "")]
+
+
+def _length_summary(lengths: list[int]) -> dict[str, int]:
+    return {"min": min(lengths), "median": percentile(lengths, 50), "p95": percentile(lengths, 95),
+            "max": max(lengths)} if lengths else {}

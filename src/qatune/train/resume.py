@@ -1,0 +1,72 @@
+"""``--resume``: continue a stopped run from its newest checkpoint, exactly as if it never stopped."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from qatune import rundir
+from qatune.checkpoint import find_checkpoint
+from qatune.config import Config, load_config
+from qatune.errors import ConfigError, DataError, RunDirError
+from qatune.train.device import is_main_process
+from qatune.train.run import fingerprint, prepare_checked, run_and_record
+
+RESUMABLE_KEYS = ("output_dir", "train.epochs", "train.save_every", "train.keep_checkpoints", "train.logging_steps",
+                  "train.early_stopping_patience", "train.eval_batch_size", "generate.")
+"""Keys that may change when a run is resumed; anything else must match the run's saved config."""
+
+
+def resume_run(config: Config, path: Path, progress: bool) -> Path:
+    checkpoint = find_checkpoint(path)
+    run_dir = checkpoint.parent.parent
+    saved = load_config(run_dir / rundir.CONFIG)
+    changed = [key for key in differences(saved.model_dump(mode="json"), config.model_dump(mode="json"))
+               if not key.startswith(RESUMABLE_KEYS)]
+    if changed:
+        raise ConfigError(f"the config differs from the run being resumed in {changed}; resume with the run's own "
+                          f"config ({run_dir / rundir.CONFIG}) or start a new run")
+    config = config.model_copy(update={"output_dir": str(run_dir)})
+    prepared = prepare_checked(config)
+    if rundir.read_status(run_dir).get("data_fingerprint") not in (None, fingerprint(prepared)):
+        raise DataError(f"the training data changed since {run_dir} was started; an exact resume needs the same "
+                        "rows (start a new run to train on the new data)")
+    prepared.model = load_weights(prepared.model, checkpoint)
+    if is_main_process():
+        rundir.write_config(run_dir, config.to_yaml())
+        rundir.write_status(run_dir, status="running", resumed_from=str(checkpoint))
+    return run_and_record(prepared, run_dir, progress, resume_from=checkpoint)
+
+
+def load_weights(model: torch.nn.Module, checkpoint: Path) -> torch.nn.Module:
+    """A checkpoint's weights (or LoRA adapters) into the freshly built model."""
+    from safetensors.torch import load_file
+
+    if (checkpoint / "adapter_model.safetensors").is_file():
+        from peft import set_peft_model_state_dict
+
+        set_peft_model_state_dict(model, load_file(checkpoint / "adapter_model.safetensors"))
+        return model
+    state = load_file(checkpoint / "model.safetensors")
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    tied = set(getattr(model, "all_tied_weights_keys", None) or getattr(model, "_tied_weights_keys", None) or [])
+    missing = [key for key in missing if key not in tied]
+    if missing or unexpected:
+        raise RunDirError(f"checkpoint {checkpoint} does not fit the model (missing {missing[:5]}, "
+                          f"unexpected {unexpected[:5]})")
+    model.tie_weights()
+    return model
+
+
+def differences(a: dict[str, Any], b: dict[str, Any], prefix: str = "") -> list[str]:
+    """Dotted keys whose values differ between two nested dicts."""
+    keys = []
+    for key in sorted(set(a) | set(b)):
+        left, right = a.get(key), b.get(key)
+        if isinstance(left, dict) and isinstance(right, dict):
+            keys += differences(left, right, f"{prefix}{key}.")
+        elif left != right:
+            keys.append(prefix + key)
+    return keys

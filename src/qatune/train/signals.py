@@ -1,0 +1,52 @@
+"""Ctrl-C and SIGTERM: finish the step, save a checkpoint, stop with a resumable run."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from pathlib import Path
+from typing import Any
+
+from qatune.checkpoint import TrainState
+from qatune.errors import TrainingError
+
+log = logging.getLogger("qatune")
+
+
+class StopSignals:
+    """SIGINT/SIGTERM ask the loop to finish its step, save a checkpoint and stop; a second SIGINT
+    stops at once."""
+
+    def __init__(self) -> None:
+        self.requested: str | None = None
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> StopSignals:
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+    def _handle(self, signum: int, _frame: Any) -> None:
+        if self.requested and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.requested = signal.Signals(signum).name
+        log.warning("%s received: finishing the current step and saving a checkpoint (Ctrl-C again to stop now)",
+                    self.requested)
+
+
+class TrainingInterrupted(TrainingError):
+    """Training was asked to stop; a checkpoint was written (exit code 130)."""
+
+    exit_code = 130
+
+    def __init__(self, signal_name: str, state: TrainState, checkpoint: Path | None):
+        self.checkpoint = checkpoint
+        where = f"; checkpoint saved in {checkpoint}" if checkpoint else ""
+        how = f"; resume with: qatune train --config <your config> --resume {checkpoint.parent.parent}" if checkpoint else ""
+        super().__init__(f"training stopped by {signal_name} at step {state.step} (epoch {state.epoch + 1}){where}{how}")

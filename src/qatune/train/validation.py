@@ -1,0 +1,66 @@
+"""Validation after each epoch: metrics, predictions-validation.csv, best/ when the chosen metric improves."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from qatune import rundir
+from qatune.checkpoint import TrainState
+from qatune.evaluate import evaluation_parts, metrics_from, write_predictions
+from qatune.model import save_model
+from qatune.train.logs import MetricsLog
+from qatune.train.preparation import Prepared
+
+log = logging.getLogger("qatune")
+
+
+def evaluate_epoch(prepared: Prepared, model: torch.nn.Module, run_dir: Path | None, state: TrainState,
+                   metrics_log: MetricsLog, accelerator: Any) -> bool:
+    """Evaluate on the validation rows; save best/ when the chosen metric improves. Returns whether it did.
+
+    With several processes each evaluates every n-th row; predictions and loss sums are gathered so
+    that every process computes the same metrics (and takes the same early-stopping decision).
+    """
+    config, records = prepared.config, prepared.eval_records
+    rank, world = accelerator.process_index, accelerator.num_processes
+    mine = list(range(rank, len(records), world))
+    predictions, loss_sum, count = evaluation_parts(model, prepared.tokenizer, prepared.info,
+                                                    [records[i] for i in mine], config.generate,
+                                                    config.train.eval_batch_size)
+    if world > 1:
+        from accelerate.utils import gather_object
+
+        pairs = dict(gather_object(list(zip(mine, predictions))))   # each row index exactly once
+        predictions = [pairs[i] for i in range(len(records))]
+        sums = gather_object([(loss_sum, count)])
+        loss_sum, count = sum(s for s, _ in sums), sum(c for _, c in sums)
+    metrics = metrics_from(prepared.info, records, predictions, loss_sum, count)
+    model.train()
+    metrics_log.write({"event": "eval", "epoch": state.epoch, "step": state.step, **metrics})
+    if run_dir is not None:
+        write_predictions(run_dir / rundir.VALIDATION_PREDICTIONS, records, predictions)
+    log.info("epoch %d: eval loss %s, exact match %.1f, F1 %.1f (%d examples)", state.epoch,
+             f"{metrics['loss']:.4f}" if metrics["loss"] is not None else "n/a", metrics["exact_match"],
+             metrics["f1"], metrics["num_examples"])
+    if not better(metrics, state.best, config.train.best_metric):
+        state.stale_evals += 1
+        return False
+    state.best = {**metrics, "epoch": state.epoch, "step": state.step}
+    state.stale_evals = 0
+    if run_dir is not None:
+        save_model(run_dir / rundir.BEST, model, prepared.tokenizer, config, prepared.info)
+    return True
+
+
+def better(metrics: dict[str, Any], best: dict[str, Any] | None, metric: str) -> bool:
+    """Whether ``metrics`` beat ``best`` on ``metric`` (ties on F1/EM are broken by the lower loss)."""
+    if best is None:
+        return True
+    if metric == "loss":
+        return metrics["loss"] is not None and (best["loss"] is None or metrics["loss"] < best["loss"])
+    loss, best_loss = metrics["loss"] or 0.0, best["loss"] or 0.0
+    return (metrics[metric], -loss) > (best[metric], -best_loss)
