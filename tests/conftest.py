@@ -12,6 +12,25 @@ ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures"
 
 
+TINY_MODEL = ("model.scratch.n_layer=1", "model.scratch.n_embd=32", "model.scratch.n_head=2",
+              "model.scratch.vocab_size=300")
+
+
+def tiny_config(tmp_path, rows, *overrides):
+    """Config of a tiny scratch model trained on ``rows`` ((question, answer) or (question, context, answer)
+    tuples, written to tmp_path/qa.csv); later overrides win over earlier ones."""
+    import csv
+
+    from qatune.config import load_config
+
+    data = tmp_path / "qa.csv"
+    with open(data, "w", encoding="utf-8", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["question", "context", "answer"] if rows and len(rows[0]) == 3 else ["question", "answer"])
+        writer.writerows(rows)
+    return load_config(None, [f"data.train_file={data}", *TINY_MODEL, "train.logging_steps=1", *overrides])
+
+
 @pytest.fixture
 def fixtures() -> Path:
     return FIXTURES

@@ -18,11 +18,14 @@ after :func:`matches_model` has reproduced the model's own logits with it.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+log = logging.getLogger("qatune")
 
 
 def supported(model: nn.Module) -> bool:
@@ -129,9 +132,12 @@ def matches_model(model: nn.Module, head: nn.Module) -> bool:
             for prefix in (0, 2):
                 mine = head(supervised_hidden(model, ids, selected, prefix)).float()
                 if mine.shape != full.shape or not torch.allclose(mine, full, atol=1e-4, rtol=1e-4):
+                    log.debug("GPT-2 lean path: not used, its logits differ from the model's (shared prefix %d)",
+                              prefix)
                     return False
         return True
-    except Exception:  # any deviation from the expected structure: use the model's own forward
+    except Exception as exc:  # any deviation from the expected structure: use the model's own forward
+        log.debug("GPT-2 lean path: not used (%s: %s)", type(exc).__name__, exc)
         return False
     finally:
         model.train(was_training)

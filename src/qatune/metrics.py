@@ -1,4 +1,4 @@
-"""Exact match and F1 as in the official SQuAD evaluation, max over all gold answers (0-100)."""
+"""Exact match and F1 as in the official SQuAD v1.1 evaluation script, max over all gold answers (0-100)."""
 
 from __future__ import annotations
 
@@ -25,11 +25,9 @@ def exact_match(prediction: str, gold: str) -> float:
 def f1(prediction: str, gold: str) -> float:
     pred_tokens = normalize_answer(prediction).split()
     gold_tokens = normalize_answer(gold).split()
-    if not pred_tokens or not gold_tokens:
-        return float(pred_tokens == gold_tokens)
     common = Counter(pred_tokens) & Counter(gold_tokens)
     overlap = sum(common.values())
-    if overlap == 0:
+    if overlap == 0:  # also when either side normalises to nothing ("a" vs "the": EM 1, F1 0, as in v1.1)
         return 0.0
     precision = overlap / len(pred_tokens)
     recall = overlap / len(gold_tokens)

@@ -7,6 +7,7 @@ calling its parts from the loop) keeps DDP and mixed-precision hooks on the path
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import torch
@@ -15,6 +16,8 @@ from torch import nn
 
 from qatune import lean_gpt2
 from qatune.data.generative import IGNORE_INDEX
+
+log = logging.getLogger("qatune")
 
 _BOOKKEEPING = {"row", "n_items", "n_tokens"}
 
@@ -195,7 +198,7 @@ def _checked_once(model: nn.Module, attribute: str, check: Any) -> bool:
         try:
             setattr(model, attribute, cached)
         except AttributeError:
-            pass
+            pass  # a module that refuses new attributes: the check simply runs again next time
     return cached
 
 
@@ -220,8 +223,14 @@ def _check_selective_head(model: nn.Module) -> bool:
             full = model(input_ids=ids, attention_mask=mask).logits
             hidden = _backbone(model)(input_ids=ids, attention_mask=mask).last_hidden_state
             mine = head(hidden)
-        return full.shape == mine.shape and torch.allclose(full.float(), mine.float(), atol=1e-4, rtol=1e-4)
-    except Exception:  # any architecture that does not fit the pattern falls back to full logits
+        if full.shape == mine.shape and torch.allclose(full.float(), mine.float(), atol=1e-4, rtol=1e-4):
+            return True
+        log.debug("LM head on supervised positions only: not used, lm_head(backbone(x)) differs from the "
+                  "logits of %s", type(model).__name__)
+        return False
+    except Exception as exc:  # any architecture that does not fit the pattern falls back to full logits
+        log.debug("LM head on supervised positions only: not used for %s (%s: %s)", type(model).__name__,
+                  type(exc).__name__, exc)
         return False
     finally:
         model.train(was_training)

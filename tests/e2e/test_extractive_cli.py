@@ -61,7 +61,8 @@ def test_loss_falls(run_dir):
 def test_eval_metrics_and_predictions(run_dir):
     metrics = json.loads(invoke("eval", run_dir, "--data", DATA, "--json").stdout)
     assert metrics["num_examples"] == 60 and metrics["perplexity"] is None
-    assert metrics["loss"] > 0
+    first_train_loss = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[0])["loss"]
+    assert 0 < metrics["loss"] < first_train_loss / 2   # the training rows: far below the untrained loss
     assert metrics["f1"] >= 30       # an untrained model scores about 3
     with open(run_dir / "predictions-xquad_slice.csv", encoding="utf-8") as f:
         rows = list(csv.DictReader(f))
@@ -79,7 +80,7 @@ def test_generate_with_context_file_and_file(run_dir, tmp_path):
     passage = tmp_path / "passage.txt"
     passage.write_text("The Saxon Garden was opened to the public in 1727.", encoding="utf-8")
     answer = invoke("generate", run_dir, "When was it opened?", "--context-file", passage).stdout.strip()
-    assert answer in passage.read_text()
+    assert answer and answer in passage.read_text()
     out = tmp_path / "answers.csv"
     invoke("generate", run_dir, "--file", DATA, "--output", out)
     with open(out, encoding="utf-8") as f:

@@ -6,11 +6,11 @@ import pytest
 from click.testing import CliRunner
 
 from qatune.cli import cli
-from qatune.config import load_config
 from qatune.errors import ModelError
 from qatune.generate import answer_questions
 from qatune.model import load_model_folder
 from qatune.train import prepare, train
+from tests.conftest import tiny_config
 
 pytest.importorskip("peft")
 
@@ -18,18 +18,12 @@ ROWS = [(f"what is item {i}?", f"thing {i}") for i in range(12)]
 
 
 def config_for(tmp_path, *overrides, task="generative"):
-    data = tmp_path / "qa.csv"
-    if task == "generative":
-        data.write_text("question,answer\n" + "".join(f"{q},{a}\n" for q, a in ROWS), encoding="utf-8")
-    else:
-        data.write_text("question,context,answer\n" + "".join(
-            f"{q},The {a} is on shelf {i}.,shelf {i}\n" for i, (q, a) in enumerate(ROWS)), encoding="utf-8")
-    return load_config(None, [
-        f"task={task}", f"data.train_file={data}", "model.scratch.n_layer=2", "model.scratch.n_embd=64",
-        "model.scratch.n_head=2", "model.scratch.vocab_size=300", "model.lora.r=16", "model.lora.alpha=32",
-        "model.lora.dropout=0.0", "train.learning_rate=1e-2", "train.epochs=20", "train.batch_size=4",
-        "train.logging_steps=1", *(["data.context_column=context"] if task == "extractive" else []), *overrides,
-    ])
+    rows = ROWS if task == "generative" else [(q, f"The {a} is on shelf {i}.", f"shelf {i}")
+                                              for i, (q, a) in enumerate(ROWS)]
+    return tiny_config(tmp_path, rows, f"task={task}", "model.scratch.n_layer=2", "model.scratch.n_embd=64",
+                       "model.lora.r=16", "model.lora.alpha=32", "model.lora.dropout=0.0", "train.learning_rate=1e-2",
+                       "train.epochs=20", "train.batch_size=4",
+                       *(["data.context_column=context"] if task == "extractive" else []), *overrides)
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +77,14 @@ def test_eval_generate_and_merged_export_agree(lora_run, tmp_path):
     assert answer_questions(merged.model, merged.tokenizer, merged.info, questions) == from_adapter
     metrics = json.loads(CliRunner().invoke(cli, ["eval", str(run), "--data", str(run.parent / "qa.csv"),
                                                   "--json"]).stdout)
-    assert metrics["num_examples"] == 12 and metrics["loss"] > 0
+    first_train_loss = json.loads((run / "metrics.jsonl").read_text().splitlines()[0])["loss"]
+    assert metrics["num_examples"] == 12 and 0 < metrics["loss"] < first_train_loss
+    from qatune.data.spreadsheet import load_from_config
+    from qatune.evaluate import evaluate_records
+
+    records, _ = load_from_config(merged.config.data, run.parent / "qa.csv")
+    merged_metrics, _ = evaluate_records(merged.model, merged.tokenizer, merged.info, records)
+    assert metrics["loss"] == pytest.approx(merged_metrics["loss"], rel=1e-4)   # adapter run == merged export
 
 
 def test_extractive_lora_keeps_the_new_qa_head_trainable(tmp_path):

@@ -7,21 +7,15 @@ import math
 import pytest
 import torch
 
-from qatune.config import load_config
 from qatune.errors import TrainingError
 from qatune.train import LengthGroupedBatches, fit, prepare, train
+from tests.conftest import tiny_config
 
 ROWS = [(f"question number {i}", f"answer {i}") for i in range(12)]
 
 
 def config_for(tmp_path, *overrides):
-    data = tmp_path / "qa.csv"
-    data.write_text("question,answer\n" + "".join(f"{q},{a}\n" for q, a in ROWS), encoding="utf-8")
-    return load_config(None, [
-        f"data.train_file={data}", "model.scratch.n_layer=1", "model.scratch.n_embd=32", "model.scratch.n_head=2",
-        "model.scratch.vocab_size=300", "train.epochs=2", "train.batch_size=4", "train.logging_steps=1",
-        "train.learning_rate=1e-3", *overrides,
-    ])
+    return tiny_config(tmp_path, ROWS, "train.epochs=2", "train.batch_size=4", "train.learning_rate=1e-3", *overrides)
 
 
 def poison_forward(model, at_calls):
@@ -52,7 +46,7 @@ def test_first_bad_step_stops_with_a_diagnosis_naming_the_rows(tmp_path):
     assert "Likely causes, in order:" in str(err.value)
     diagnosis = json.loads((tmp_path / "nonfinite-step-1.json").read_text())
     assert sorted(diagnosis["rows"]) == rows_of_batch(prepared, 0, 0)
-    assert diagnosis["precision"] == "fp32" and diagnosis["lr"] > 0
+    assert diagnosis["precision"] == "fp32" and diagnosis["lr"] == pytest.approx(1e-3)   # no warmup: the peak
     assert diagnosis["largest_abs_logit"] in (math.inf, "inf") or not math.isfinite(float(diagnosis["largest_abs_logit"]))
     assert diagnosis["non_finite_grad_layers"] or not math.isfinite(diagnosis["loss"])
     assert all(torch.isfinite(p).all() for p in prepared.model.parameters())   # the bad update was not applied

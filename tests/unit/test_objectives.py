@@ -127,3 +127,60 @@ def test_lora_wrapped_gpt2_takes_the_lean_path_with_its_adapters():
     assert set(got) == set(expected) and any("lora_A" in name for name in got)
     for name, grad in expected.items():
         torch.testing.assert_close(got[name], grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+@pytest.fixture
+def debug_log(caplog):
+    """Debug records of the 'qatune' logger (the CLI turns its propagation off)."""
+    import logging
+
+    logger = logging.getLogger("qatune")
+    level = logger.level
+    logger.addHandler(caplog.handler)
+    logger.setLevel(logging.DEBUG)
+    caplog.handler.setLevel(logging.DEBUG)
+    yield caplog
+    logger.removeHandler(caplog.handler)
+    logger.setLevel(level)
+
+
+def test_a_deviating_lean_path_says_why_at_debug_level(monkeypatch, debug_log):
+    real = lean_gpt2.supervised_hidden
+    monkeypatch.setattr(lean_gpt2, "supervised_hidden", lambda *args: real(*args) + 0.01)
+    assert not CausalLMObjective(tiny_gpt2()).lean
+    assert "GPT-2 lean path: not used, its logits differ from the model's (shared prefix 0)" in debug_log.text
+
+
+def test_a_failing_lean_path_logs_the_error_and_falls_back(monkeypatch, debug_log):
+    def broken(*args):
+        raise RuntimeError("shape mismatch in block 2")
+
+    monkeypatch.setattr(lean_gpt2, "supervised_hidden", broken)
+    model = tiny_gpt2()
+    objective = CausalLMObjective(model)
+    assert not objective.lean and objective.selective
+    assert "GPT-2 lean path: not used (RuntimeError: shape mismatch in block 2)" in debug_log.text
+    batch = qa_batch()
+    torch.testing.assert_close(objective(**batch)["loss_sum"], reference_loss(model, batch))
+
+
+def test_a_model_whose_backbone_fails_gets_full_logits_and_a_debug_line(monkeypatch, debug_log):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    model = LlamaForCausalLM(LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                         num_attention_heads=4, num_key_value_heads=4, vocab_size=50))
+    real_forward = model.model.forward
+    calls = {"n": 0}
+
+    def backbone_fails_alone(*args, **kwargs):
+        # The model's own forward calls the backbone too: fail only the check's direct call (the 2nd).
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise ValueError("backbone needs position_ids")
+        return real_forward(*args, **kwargs)
+
+    monkeypatch.setattr(model.model, "forward", backbone_fails_alone)
+    objective = CausalLMObjective(model)
+    assert not objective.selective and not objective.lean
+    assert objective.describe() == "full logits (the model's output is not a plain linear head)"
+    assert "not used for LlamaForCausalLM (ValueError: backbone needs position_ids)" in debug_log.text

@@ -3,19 +3,15 @@
 import csv
 import json
 
-from qatune.config import load_config
 from qatune.train import train
+from tests.conftest import tiny_config
 
 ROWS = [(f"what is item {i}?", f"thing {i}") for i in range(20)]
 
 
 def run(tmp_path, *overrides):
-    data = tmp_path / "qa.csv"
-    data.write_text("question,answer\n" + "".join(f"{q},{a}\n" for q, a in ROWS), encoding="utf-8")
-    config = load_config(None, [f"data.train_file={data}", "model.scratch.n_layer=1", "model.scratch.n_embd=32",
-                                "model.scratch.n_head=2", "model.scratch.vocab_size=300", "train.epochs=3",
-                                "train.batch_size=4", "train.logging_steps=1", "data.validation_fraction=0.5",
-                                *overrides])
+    config = tiny_config(tmp_path, ROWS, "train.epochs=3", "train.batch_size=4", "data.validation_fraction=0.5",
+                         *overrides)
     return train(config, output_dir=tmp_path / "run", progress=False)
 
 
@@ -25,7 +21,10 @@ def test_report_and_plot(tmp_path):
     for heading in ("## Data", "## Training", "## Evaluation", "## The 10 worst validation predictions"):
         assert heading in report
     assert "train_file: qa.csv: 20 rows read, 20 kept" in report
-    assert report.count("\n| 1 |") + report.count("\n| 2 |") + report.count("\n| 3 |") >= 3   # one row per epoch
+    evaluation = report.split("## Evaluation")[1].split("\n## ")[0].strip().splitlines()
+    assert evaluation[0] == "| epoch | step | loss | exact match | F1 | examples |"
+    assert [line.split("|")[1].strip() for line in evaluation[2:] if line.startswith("|")] == ["1", "2", "3"]
+    assert [line.split("|")[6].strip() for line in evaluation[2:] if line.startswith("|")] == ["10"] * 3
     assert "![loss and learning rate](loss.png)" in report
     assert (run_dir / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     with open(run_dir / "predictions-validation.csv", encoding="utf-8") as f:

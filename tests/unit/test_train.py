@@ -5,18 +5,12 @@ import math
 import pytest
 import torch
 
-from qatune.config import load_config
 from qatune.train import LengthGroupedBatches, build_optimizer, build_schedulers, fit, prepare
+from tests.conftest import tiny_config as shared_tiny_config
 
 
 def tiny_config(tmp_path, rows, *overrides):
-    data = tmp_path / "qa.csv"
-    data.write_text("question,answer\n" + "".join(f"{q},{a}\n" for q, a in rows), encoding="utf-8")
-    return load_config(None, [
-        f"data.train_file={data}", "model.scratch.n_layer=1", "model.scratch.n_embd=32", "model.scratch.n_head=2",
-        "model.scratch.vocab_size=300", "train.epochs=1", "train.weight_decay=0.0", "train.logging_steps=1",
-        *overrides,
-    ])
+    return shared_tiny_config(tmp_path, rows, "train.epochs=1", "train.weight_decay=0.0", *overrides)
 
 
 ROWS = [(f"question number {i}", "yes" if i % 2 else "a much longer answer with many words") for i in range(14)]
