@@ -5,6 +5,7 @@ Heavy libraries (torch, transformers, pandas) are imported inside the commands, 
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import os
@@ -46,6 +47,13 @@ class QatuneGroup(click.Group):
         except KeyboardInterrupt:
             click.echo("interrupted", err=True)
             ctx.exit(130)
+        except BrokenPipeError:
+            # The reader of our output went away (qatune ... | head): nothing went wrong here.
+            try:
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            except (OSError, ValueError, io.UnsupportedOperation):
+                pass  # stdout is not a real file (in-process runner): nothing more will be written to it
+            ctx.exit(0)
         except (click.ClickException, click.exceptions.Exit, click.exceptions.Abort):
             raise
         except Exception as exc:  # a bug in qatune: say so, and keep the traceback behind -v
@@ -98,7 +106,8 @@ def train(ctx: click.Context, config_path: str, overrides: tuple[str, ...], outp
     """Fine-tune a model on a spreadsheet and write a run directory.
 
     The run directory holds final/ (a plain transformers model folder), best/ (when there is
-    validation data), config.yaml, metrics.jsonl and run.json.
+    validation data), config.yaml, metrics.jsonl and run.json. Every config key, with its type
+    and default: qatune config --keys.
     """
     from qatune.config import load_config
     from qatune.train import train as run_training
@@ -254,6 +263,28 @@ def env(as_json: bool) -> None:
     width = max(map(len, info))
     for key, value in info.items():
         click.echo(f"{key:<{width}}  {value}")
+
+
+@cli.command(name="config")
+@click.option("--keys", "list_keys", is_flag=True, help="List every config key with its type and default.")
+@click.option("--config", "config_path", default=None, help="A YAML config to resolve and print.")
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="Override a config key (repeatable).")
+@verbose_option
+def config_command(list_keys: bool, config_path: str | None, overrides: tuple[str, ...]) -> None:
+    """Every config key (--keys), or a config resolved with its defaults and overrides, as YAML."""
+    from qatune.config import key_table, load_config
+
+    if list_keys:
+        rows = key_table()
+        width = max(len(r["key"]) for r in rows)
+        for r in rows:
+            click.echo(f"{r['key']:<{width}}  {r['type']} = {r['default']}")
+            if r["doc"]:
+                click.echo(f"{'':<{width}}    {r['doc']}")
+        return
+    if config_path is None and not overrides:
+        raise click.UsageError("pass --keys, or --config FILE (and --set KEY=VALUE) to print the resolved config")
+    click.echo(load_config(config_path, overrides).to_yaml(), nl=False)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -7,9 +7,10 @@ The resolved config is saved in each run directory, so a run can be rebuilt from
 from __future__ import annotations
 
 import difflib
+import json
 import string
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Union
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -251,6 +252,38 @@ def field_names() -> list[str]:
 
     walk(Config, "")
     return names
+
+
+def key_table() -> list[dict[str, str]]:
+    """Every dotted key with its type, default and documentation (``qatune config --keys``)."""
+    rows: list[dict[str, str]] = []
+
+    def walk(model: type[BaseModel], prefix: str) -> None:
+        for name, field in model.model_fields.items():
+            sub = _section_class(field.annotation)
+            key = prefix + name
+            if sub is not None and field.default is not None:
+                walk(sub, key + ".")
+                continue
+            default = field.get_default(call_default_factory=True)
+            rows.append({"key": key + (".*" if sub is not None else ""), "type": _type_name(field.annotation),
+                         "default": json.dumps(default.model_dump() if isinstance(default, BaseModel) else default),
+                         "doc": " ".join((field.description or "").split())})
+            if sub is not None:  # an optional section (null by default): its keys, when it is set
+                walk(sub, key + ".")
+
+    walk(Config, "")
+    return rows
+
+
+def _type_name(annotation: Any) -> str:
+    args = getattr(annotation, "__args__", None)
+    if getattr(annotation, "__origin__", None) is Union and args:
+        return " | ".join(_type_name(a) for a in args)
+    text = str(annotation).replace("typing.", "").replace("qatune.config.", "")
+    for plain in ("int", "float", "str", "bool"):
+        text = text.replace(f"<class '{plain}'>", plain)
+    return text.replace("NoneType", "null")
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:

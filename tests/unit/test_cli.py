@@ -1,8 +1,11 @@
 import json
+import subprocess
+import sys
 
 from click.testing import CliRunner
 
 from qatune.cli import cli, main
+from tests.conftest import ROOT
 
 
 def run(*args):
@@ -57,3 +60,33 @@ def test_python_dash_m_entry_point():
 
     done = subprocess.run([sys.executable, "-m", "qatune", "--help"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and "generate" in done.stdout
+
+
+def test_config_keys_lists_every_key_with_type_and_default():
+    from qatune.config import field_names
+
+    result = CliRunner().invoke(cli, ["config", "--keys"])
+    assert result.exit_code == 0, result.output
+    listed = {line.split()[0] for line in result.stdout.splitlines() if line and not line.startswith(" ")}
+    assert set(field_names()) <= listed
+    assert "train.learning_rate                float = 5e-05" in result.stdout
+    assert "    AdamW peak learning rate." in result.stdout
+    assert 'data.max_length                    int | Literal[\'auto\'] = "auto"' in result.stdout
+
+
+def test_config_prints_the_resolved_config_and_rejects_bad_keys(tmp_path):
+    import yaml
+
+    result = CliRunner().invoke(cli, ["config", "--config", str(ROOT / "configs" / "tiny-gpt2.yaml"),
+                                      "--set", "train.learning_rate=1e-4"])
+    assert result.exit_code == 0, result.output
+    resolved = yaml.safe_load(result.stdout)
+    assert resolved["train"]["learning_rate"] == 1e-4 and resolved["train"]["max_grad_norm"] == 1.0
+    bad = CliRunner().invoke(cli, ["config", "--set", "train.lerning_rate=1"])
+    assert bad.exit_code == 1 and "did you mean 'train.learning_rate'?" in bad.stderr
+
+
+def test_a_closed_pipe_is_not_an_internal_error():
+    done = subprocess.run(f"{sys.executable} -m qatune config --keys | head -1", shell=True, capture_output=True,
+                          text=True, timeout=60)
+    assert done.stdout.startswith("task ") and "internal error" not in done.stderr and "Traceback" not in done.stderr
