@@ -69,21 +69,53 @@ def save_checkpoint(run_dir: Path, state: TrainState, model: Any, tokenizer: Any
 
     root = checkpoint_dir(run_dir)
     root.mkdir(parents=True, exist_ok=True)
-    path = rundir.write_folder(root / f"step-{state.step:07d}", fill)
+    size = _state_bytes(model.state_dict()) + sum(_state_bytes(s) for s in optimizer.state.values())
+    path = rundir.write_folder(root / f"step-{state.step:07d}", fill, size_hint=size)
     _prune(root, keep, state.best_checkpoint)
     return path
 
 
 def find_checkpoint(path: Path) -> Path:
-    """``path`` itself when it is a checkpoint, else the newest complete checkpoint of a run directory."""
+    """``path`` itself when it is a checkpoint, else the newest intact checkpoint of a run directory.
+
+    A damaged checkpoint (a truncated, missing or edited file) is skipped for the next older one, with
+    a warning; a damaged checkpoint named directly, or a run with no intact one, is an error.
+    """
     path = Path(path)
-    if (path / TRAINER_STATE).is_file():
+    if (path / TRAINER_STATE).is_file() or path.parent.name == rundir.CHECKPOINTS:
+        problem = damage(path)
+        if problem:
+            raise RunDirError(f"checkpoint {path} is damaged: {problem}; resume from the run directory to use "
+                              "its newest intact checkpoint")
         return path
     candidates = list_checkpoints(path)
     if not candidates:
         raise RunDirError(f"nothing to resume in {path}: no checkpoints/step-*/trainer_state.json; "
                           "start a new run, or pass a run directory that saved checkpoints")
-    return candidates[-1]
+    for checkpoint in reversed(candidates):
+        problem = damage(checkpoint)
+        if problem is None:
+            return checkpoint
+        log.warning("skipping damaged checkpoint %s: %s", checkpoint.name, problem)
+    raise RunDirError(f"no intact checkpoint to resume in {path}: every one is damaged (newest: "
+                      f"{damage(candidates[-1])}); start a new run")
+
+
+def damage(checkpoint: Path) -> str | None:
+    """What is wrong with a checkpoint (None when it can be resumed from)."""
+    for name in (TRAINER_STATE, "optimizer.pt", "scheduler.pt", "rng.pt"):
+        if not (checkpoint / name).is_file():
+            return f"{checkpoint / name} is missing"
+    if not any((checkpoint / name).is_file() for name in ("model.safetensors", "adapter_model.safetensors")):
+        return f"{checkpoint} holds no model.safetensors"
+    problem = rundir.damage(checkpoint)
+    if problem:
+        return problem
+    try:
+        load_state(checkpoint)
+    except (ValueError, TypeError) as exc:
+        return f"{checkpoint / TRAINER_STATE} is not a valid training state ({exc})"
+    return None
 
 
 def list_checkpoints(run_dir: Path) -> list[Path]:
@@ -96,7 +128,14 @@ def list_checkpoints(run_dir: Path) -> list[Path]:
 
 def load_state(checkpoint: Path) -> TrainState:
     data = json.loads((checkpoint / TRAINER_STATE).read_text(encoding="utf-8"))
-    return TrainState(**{k: v for k, v in data.items() if k in TrainState.__dataclass_fields__})
+    if not isinstance(data, dict):
+        raise ValueError("not a JSON object")
+    state = TrainState(**{k: v for k, v in data.items() if k in TrainState.__dataclass_fields__})
+    for name in ("step", "epoch", "consumed", "stale_evals"):
+        value = getattr(state, name)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise ValueError(f"{name} must be a whole number >= 0, found {value!r}")
+    return state
 
 
 def restore(checkpoint: Path, optimizer: torch.optim.Optimizer, schedulers: dict[str, Any]) -> TrainState:
@@ -108,6 +147,10 @@ def restore(checkpoint: Path, optimizer: torch.optim.Optimizer, schedulers: dict
             scheduler.load_state_dict(saved[key])
     _set_rng_state(torch.load(checkpoint / "rng.pt", weights_only=True))
     return load_state(checkpoint)
+
+
+def _state_bytes(state: dict[str, Any]) -> int:
+    return sum(v.numel() * v.element_size() for v in state.values() if torch.is_tensor(v))
 
 
 def _rng_state() -> dict[str, Any]:

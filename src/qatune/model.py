@@ -260,7 +260,9 @@ def model_max_positions(config: Any, tokenizer: Any = None) -> int | None:
 
 def save_model(folder: Path, model: Any, tokenizer: Any, config: Config, info: ModelInfo) -> Path:
     """Write a self-contained model folder atomically: a crash never leaves a half-written one."""
-    return rundir.write_folder(Path(folder), lambda tmp: write_model_files(tmp, model, tokenizer, config, info))
+    size = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+    return rundir.write_folder(Path(folder), lambda tmp: write_model_files(tmp, model, tokenizer, config, info),
+                               size_hint=size)
 
 
 def write_model_files(folder: Path, model: Any, tokenizer: Any, config: Config, info: ModelInfo) -> None:
@@ -286,11 +288,11 @@ def load_model_folder(path: str | Path, which: str = rundir.FINAL, device: str |
     from transformers import AutoTokenizer
 
     folder = rundir.find_model_folder(path, which)
-    import yaml
-
-    raw = yaml.safe_load((folder / rundir.CONFIG).read_text(encoding="utf-8"))
-    config = validate_config(raw, str(folder / rundir.CONFIG))
-    info = ModelInfo.load(folder)
+    problem = rundir.damage(folder)
+    if problem:
+        raise RunDirError(f"the model in {folder} is damaged: {problem}; train again, or use another of the run's "
+                          "model folders (--model best, or a checkpoint)")
+    config, info = _read_model_folder(folder)
     auto = auto_class(info.task, info.seq2seq)
     quiet_transformers()
     trust = config.model.trust_remote_code
@@ -309,6 +311,24 @@ def load_model_folder(path: str | Path, which: str = rundir.FINAL, device: str |
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     model.to(device).eval()
     return LoadedModel(model=model, tokenizer=tokenizer, config=config, info=info, folder=folder)
+
+
+def _read_model_folder(folder: Path) -> tuple[Config, ModelInfo]:
+    """The resolved config and qatune.json of a model folder, each failure naming its file."""
+    import yaml
+
+    try:
+        raw = yaml.safe_load((folder / rundir.CONFIG).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        raise RunDirError(f"cannot read {folder / rundir.CONFIG}: {str(exc).splitlines()[0]}") from None
+    if not isinstance(raw, dict):
+        raise RunDirError(f"{folder / rundir.CONFIG} does not hold a qatune config")
+    config = validate_config(raw, str(folder / rundir.CONFIG))
+    try:
+        info = ModelInfo.load(folder)
+    except (OSError, ValueError, TypeError) as exc:
+        raise RunDirError(f"cannot read {folder / rundir.MODEL_INFO}: {exc}") from None
+    return config, info
 
 
 def _load_lora(folder: Path, info: ModelInfo, auto: Any, trust: bool) -> Any:
@@ -338,12 +358,13 @@ def lora_base_path(folder: Path, info: ModelInfo) -> str:
 def export_merged(run_dir: str | Path, output: str | Path, which: str = rundir.FINAL) -> Path:
     """A run's model as a plain transformers folder, LoRA adapters merged in."""
     output = Path(output)
-    if output.exists() and (not output.is_dir() or any(output.iterdir())):
-        raise RunDirError(f"{output} already exists and is not an empty folder; choose another output folder")
-    loaded = load_model_folder(run_dir, which, device="cpu")
-    config = loaded.config.model_copy(deep=True)
-    config.model.lora = None
-    info = ModelInfo(**{**asdict(loaded.info), "lora_base": None})
-    output.parent.mkdir(parents=True, exist_ok=True)
-    save_model(output, loaded.model, loaded.tokenizer, config, info)
+    with rundir.RunLock(output, "export folder"):
+        if output.exists() and (not output.is_dir() or any(output.iterdir())):
+            raise RunDirError(f"{output} already exists and is not an empty folder; choose another output folder")
+        loaded = load_model_folder(run_dir, which, device="cpu")
+        config = loaded.config.model_copy(deep=True)
+        config.model.lora = None
+        info = ModelInfo(**{**asdict(loaded.info), "lora_base": None})
+        output.parent.mkdir(parents=True, exist_ok=True)
+        save_model(output, loaded.model, loaded.tokenizer, config, info)
     return output

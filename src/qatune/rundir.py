@@ -18,15 +18,23 @@ or the new one, never a half-written one under a valid name.
 
 from __future__ import annotations
 
+import errno
+import hashlib
 import json
+import logging
 import os
 import shutil
+import socket
+import sys
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from qatune.errors import RunDirError
+
+log = logging.getLogger("qatune")
 
 CONFIG = "config.yaml"
 STATUS = "run.json"
@@ -42,6 +50,11 @@ REPORT = "report.md"
 LOSS_PLOT = "loss.png"
 VALIDATION_PREDICTIONS = "predictions-validation.csv"
 TENSORBOARD = "tensorboard"
+MANIFEST = "qatune-manifest.json"
+"""Inside every folder written by :func:`write_folder`: each file's size (and sha256 up to HASH_LIMIT)."""
+HASH_LIMIT = 64 * 2**20
+"""Files up to this size are hashed in the manifest; larger ones (weights, optimizer state) are checked by
+size and, for safetensors, by their header."""
 
 
 def nonfinite_report(run_dir: Path, step: int) -> Path:
@@ -88,24 +101,157 @@ def atomic_write_text(path: Path, text: str) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         tmp.unlink(missing_ok=True)
+        if isinstance(exc, OSError) and exc.errno in _DISK_FULL:
+            raise DiskFullError(path.parent, path.name, len(text.encode("utf-8"))) from None
         raise
 
 
-def write_folder(folder: Path, fill: Callable[[Path], None]) -> Path:
-    """Create ``folder`` atomically: ``fill`` writes into a hidden temporary sibling, which is fsynced
-    and renamed over ``folder`` (the old one stays until the new one is in place)."""
+def write_folder(folder: Path, fill: Callable[[Path], None], size_hint: int = 0) -> Path:
+    """Create ``folder`` atomically: ``fill`` writes into a hidden temporary sibling, which gets a
+    manifest, is fsynced and renamed over ``folder`` (the old one stays until the new one is in place).
+
+    A full disk ends in :class:`DiskFullError` (``size_hint``: the bytes the folder needs, for its
+    message) with nothing left behind.
+    """
     folder = Path(folder)
     tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}-tmp-", dir=folder.parent))
     try:
         fill(tmp)
+        write_manifest(tmp)
         fsync_tree(tmp)
         replace_dir(tmp, folder)
-    except BaseException:
+    except BaseException as exc:
+        written = _tree_size(tmp)
+        full = isinstance(exc, Exception) and _disk_full(exc, folder.parent, size_hint - written)
         shutil.rmtree(tmp, ignore_errors=True)
+        if full:
+            raise DiskFullError(folder.parent, folder.name + "/", max(size_hint, written)) from None
         raise
     return folder
+
+
+_DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+class DiskFullError(RunDirError):
+    """The disk filled up while qatune wrote a file or folder; nothing half-written was left behind."""
+
+    def __init__(self, where: Path, name: str, needed: int):
+        try:
+            free = shutil.disk_usage(where).free
+        except OSError:
+            free = 0
+        self.where, self.name, self.needed = Path(where), name, needed
+        super().__init__(f"no space left on the disk of {where} while writing {name} (it needs about "
+                         f"{_megabytes(needed)}, {_megabytes(free)} free); free some space there and run the "
+                         "command again (a training run continues from its last checkpoint with --resume)")
+
+
+def _megabytes(n: int) -> str:
+    return f"{n / 2**20:.1f} MB"
+
+
+def _disk_full(exc: BaseException, where: Path, still_needed: int) -> bool:
+    """Whether a failed write ran out of space. Libraries wrap the OSError in errors of their own (torch.save:
+    'unexpected pos ...'), so a write that failed on a disk with less room left than it still needed
+    (and under 1 MB) counts too."""
+    if _disk_full_inside(exc):
+        return True
+    try:
+        free = shutil.disk_usage(where).free
+    except OSError:
+        return False
+    return free < max(2**20, still_needed)
+
+
+def _disk_full_inside(exc: BaseException) -> bool:
+    seen = 0
+    while exc is not None and seen < 5:
+        if isinstance(exc, OSError) and exc.errno in _DISK_FULL:
+            return True
+        if "No space left on device" in str(exc) or "Disk quota exceeded" in str(exc):
+            return True
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return False
+
+
+def _tree_size(folder: Path) -> int:
+    try:
+        return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+    except OSError:
+        return 0
+
+
+def write_manifest(folder: Path) -> None:
+    """Record every file's size (and sha256 when small) so that damage is found before loading."""
+    files = {}
+    for path in sorted(p for p in folder.rglob("*") if p.is_file() and p.name != MANIFEST):
+        size = path.stat().st_size
+        entry: dict[str, Any] = {"size": size}
+        if size <= HASH_LIMIT:
+            entry["sha256"] = _sha256(path)
+        files[path.relative_to(folder).as_posix()] = entry
+    (folder / MANIFEST).write_text(json.dumps({"files": files}, indent=1) + "\n", encoding="utf-8")
+
+
+def damage(folder: Path) -> str | None:
+    """What is wrong with a folder written by :func:`write_folder` (None when it is intact).
+
+    Checks the manifest (missing, truncated or edited files) and the header of every safetensors
+    file. A folder without a manifest (written by older qatune) gets the header checks only.
+    """
+    folder = Path(folder)
+    manifest = folder / MANIFEST
+    if manifest.is_file():
+        try:
+            files = json.loads(manifest.read_text(encoding="utf-8"))["files"]
+        except (OSError, ValueError, KeyError, TypeError):
+            return f"{manifest} is not a valid manifest"
+        for name, entry in files.items():
+            path = folder / name
+            if not path.is_file():
+                return f"{path} is missing"
+            size = path.stat().st_size
+            if size != entry.get("size"):
+                return f"{path} has {size} bytes, {entry.get('size')} were written (truncated or replaced)"
+            if "sha256" in entry and _sha256(path) != entry["sha256"]:
+                return f"{path} was changed after it was written (its checksum differs)"
+    for path in sorted(folder.glob("*.safetensors")):
+        problem = _safetensors_damage(path)
+        if problem:
+            return problem
+    return None
+
+
+def _safetensors_damage(path: Path) -> str | None:
+    """A safetensors file is an 8-byte header length, a JSON header and the tensor bytes it describes."""
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            head = f.read(8)
+            if len(head) < 8:
+                return f"{path} is truncated ({size} bytes)"
+            length = int.from_bytes(head, "little")
+            if length > size - 8:
+                return f"{path} is truncated (its header alone needs {length + 8} bytes, the file has {size})"
+            header = json.loads(f.read(length))
+    except (OSError, ValueError) as exc:
+        return f"{path} is not a readable safetensors file ({exc})"
+    ends = [v["data_offsets"][1] for k, v in header.items() if k != "__metadata__" and isinstance(v, dict)]
+    expected = 8 + length + max(ends, default=0)
+    if size < expected:
+        return f"{path} is truncated ({size} of {expected} bytes)"
+    return None
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(2**20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def remove_stale_temporaries(folder: Path) -> None:
@@ -148,10 +294,19 @@ def _fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
-def check_output_dir(run_dir: Path, overwrite: bool) -> None:
-    """Refuse early (before slow work) an output_dir that cannot or must not be used."""
+def check_output_path(run_dir: Path) -> None:
+    """Refuse an output_dir that is a file or cannot be written."""
     if run_dir.exists() and not run_dir.is_dir():
         raise RunDirError(f"output_dir {run_dir} is a file; choose a directory path (--output-dir)")
+    parent = _existing_parent(run_dir)
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise RunDirError(f"output_dir {run_dir} is not writable (no write permission on {parent}); "
+                          "choose another --output-dir")
+
+
+def check_output_dir(run_dir: Path, overwrite: bool) -> None:
+    """Refuse early (before slow work) an output_dir that cannot or must not be used."""
+    check_output_path(run_dir)
     if run_dir.is_dir() and any(run_dir.iterdir()):
         is_run = looks_like_run(run_dir)
         if not overwrite:
@@ -161,10 +316,6 @@ def check_output_dir(run_dir: Path, overwrite: bool) -> None:
         if not is_run:
             raise RunDirError(f"output_dir {run_dir} is not empty and is not a qatune run; refusing to delete it "
                               "even with --overwrite; choose another --output-dir")
-    parent = _existing_parent(run_dir)
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise RunDirError(f"output_dir {run_dir} is not writable (no write permission on {parent}); "
-                          "choose another --output-dir")
 
 
 def create_run_dir(run_dir: Path, overwrite: bool) -> None:
@@ -217,3 +368,115 @@ def find_lora_base(folder: Path) -> Path | None:
         if (run_dir / BASE / "config.json").is_file():
             return run_dir / BASE
     return None
+
+
+class RunLock:
+    """One qatune process at a time on a run directory (or an export target).
+
+    The lock is a hidden file beside the folder (``.NAME.qatune-lock``: the folder itself may not exist
+    yet, or be replaced with --overwrite) holding the owner's pid, host, start time and command. A
+    lock whose process no longer runs is taken over, with a message.
+    """
+
+    def __init__(self, folder: Path, what: str = "run directory"):
+        folder = Path(folder).absolute()
+        self.folder, self.what = folder, what
+        self.path = folder.parent / f".{folder.name}.qatune-lock"
+        self.held = False
+
+    def __enter__(self) -> RunLock:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    def acquire(self) -> None:
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise RunDirError(f"cannot lock {self.what} {self.folder}: cannot create {self.path.parent} "
+                              f"({exc.strerror}); choose another folder") from None
+        for _ in range(3):
+            try:
+                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                self._take_over_or_refuse()
+                continue
+            except OSError as exc:
+                raise RunDirError(f"cannot lock {self.what} {self.folder}: {exc.strerror} ({self.path}); "
+                                  "choose another folder") from None
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                json.dump(_me(), f)
+            self.held = True
+            return
+        raise RunDirError(f"cannot lock {self.what} {self.folder}: {self.path} keeps coming back; "
+                          "is another qatune starting there?")
+
+    def release(self) -> None:
+        if self.held:
+            self.held = False
+            try:
+                if _read_lock(self.path).get("pid") == os.getpid():
+                    self.path.unlink()
+            except OSError:
+                pass  # already gone: nothing to release
+
+    def _take_over_or_refuse(self) -> None:
+        owner = _read_lock(self.path)
+        if _alive(owner) and owner.get("pid") == os.getpid() and owner.get("host") == socket.gethostname():
+            raise RunDirError(f"{self.what} {self.folder} is already in use by this process")
+        if _alive(owner):
+            since = owner.get("started", "?")
+            raise RunDirError(f"{self.what} {self.folder} is in use by qatune process {owner.get('pid')} on "
+                              f"{owner.get('host')} (started {since}: {owner.get('command', '?')}); wait for it "
+                              f"to finish or stop it, or choose another folder")
+        log.warning("taking over the lock of %s %s: its process %s (started %s) no longer runs", self.what,
+                    self.folder, owner.get("pid", "?"), owner.get("started", "?"))
+        try:
+            self.path.unlink()
+        except FileNotFoundError:
+            pass  # another process took it over first; the next attempt sees its lock
+
+
+def _me() -> dict[str, Any]:
+    return {"pid": os.getpid(), "host": socket.gethostname(), "start_ticks": _start_ticks(os.getpid()),
+            "started": time.strftime("%Y-%m-%d %H:%M:%S"), "command": " ".join(["qatune", *sys.argv[1:]])[:300]}
+
+
+def _read_lock(path: Path) -> dict[str, Any]:
+    try:
+        owner = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}  # empty or half-written (its writer died at once): nobody holds it
+    return owner if isinstance(owner, dict) else {}
+
+
+def _alive(owner: dict[str, Any]) -> bool:
+    """Whether the lock's owner still runs. Another host cannot be checked: it is taken to run."""
+    pid = owner.get("pid")
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    if owner.get("host") != socket.gethostname():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # a process of another user holds that pid
+    ticks = _start_ticks(pid)
+    # The pid may have been reused by a new process since: compare start times where Linux tells them.
+    return ticks is None or owner.get("start_ticks") in (None, ticks)
+
+
+def _start_ticks(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot (Linux /proc), else None."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    try:
+        return int(stat.rsplit(")", 1)[1].split()[19])
+    except (IndexError, ValueError):
+        return None

@@ -61,6 +61,9 @@ def fit(prepared: Prepared, run_dir: Path | None, progress: bool = True,
                     bar.close()
                     raise TrainingInterrupted(stop.requested, state, loop.checkpoint())
             loop.end_epoch()
+            if stop.requested and state.epoch < train_cfg.epochs:  # it came during validation: the checkpoint is written
+                bar.close()
+                raise TrainingInterrupted(stop.requested, state, loop.last_checkpoint)
             if loop.patience_ran_out():
                 break
     bar.close()
@@ -132,6 +135,7 @@ class Loop:
     guard: NonFiniteGuard
     metrics_log: MetricsLog
     logged: LogWindow = field(default_factory=LogWindow)
+    last_checkpoint: Path | None = None
 
     @classmethod
     def setup(cls, prepared: Prepared, run_dir: Path | None, resume_from: Path | None) -> Loop:
@@ -232,8 +236,10 @@ class Loop:
         if self.run_dir is None or not self.main:
             return None
         prepared = self.prepared
-        return save_checkpoint(self.run_dir, self.state, self.model(), prepared.tokenizer, prepared.config,
-                               prepared.info, self.optimizer, self.schedulers, prepared.config.train.keep_checkpoints)
+        self.last_checkpoint = save_checkpoint(self.run_dir, self.state, self.model(), prepared.tokenizer,
+                                               prepared.config, prepared.info, self.optimizer, self.schedulers,
+                                               prepared.config.train.keep_checkpoints)
+        return self.last_checkpoint
 
     def finish(self) -> dict[str, Any]:
         """final/ (by the main process) and the result summary."""

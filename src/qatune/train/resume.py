@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +21,19 @@ RESUMABLE_KEYS = ("output_dir", "train.epochs", "train.save_every", "train.keep_
 
 
 def resume_run(config: Config, path: Path, progress: bool) -> Path:
+    run_dir = run_dir_of(path)
+    with rundir.RunLock(run_dir) if is_main_process() else nullcontext():
+        return _resume_locked(config, path, run_dir, progress)
+
+
+def run_dir_of(path: Path) -> Path:
+    """The run directory of a run directory or of one of its checkpoints."""
+    path = Path(path)
+    return path.parent.parent if path.parent.name == rundir.CHECKPOINTS else path
+
+
+def _resume_locked(config: Config, path: Path, run_dir: Path, progress: bool) -> Path:
     checkpoint = find_checkpoint(path)
-    run_dir = checkpoint.parent.parent
     saved = load_config(run_dir / rundir.CONFIG)
     changed = [key for key in differences(saved.model_dump(mode="json"), config.model_dump(mode="json"))
                if not key.startswith(RESUMABLE_KEYS)]

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
+from contextlib import nullcontext
 from pathlib import Path
+from typing import Any
 
 from qatune import __version__, rundir
 from qatune.config import Config
@@ -38,19 +41,23 @@ def train(config: Config, output_dir: str | Path | None = None, overwrite: bool 
         return resume_run(config, Path(resume) if str(resume) else run_dir, progress)
     main = is_main_process()
     if main:
-        rundir.check_output_dir(run_dir, overwrite)
-    prepared = prepare_checked(config)
-    if main:  # under accelerate launch, only the main process writes files
-        rundir.create_run_dir(run_dir, overwrite)
-        rundir.write_config(run_dir, config.to_yaml())
-        if prepared.base_model is not None:
-            save_model(run_dir / rundir.BASE, prepared.base_model, prepared.tokenizer, config,
-                       ModelInfo(task=config.task, max_length=prepared.info.max_length))
-        rundir.write_status(run_dir, status="running", qatune_version=__version__,
-                            started=time.strftime("%Y-%m-%d %H:%M:%S"), task=config.task,
-                            max_length=prepared.info.max_length, data=prepared.reports,
-                            data_fingerprint=fingerprint(prepared))
-    return run_and_record(prepared, run_dir, progress)
+        rundir.check_output_path(run_dir)
+    # Under accelerate launch, only the main process locks and writes files.
+    with rundir.RunLock(run_dir) if main else nullcontext():
+        if main:
+            rundir.check_output_dir(run_dir, overwrite)
+        prepared = prepare_checked(config)
+        if main:
+            rundir.create_run_dir(run_dir, overwrite)
+            rundir.write_config(run_dir, config.to_yaml())
+            if prepared.base_model is not None:
+                save_model(run_dir / rundir.BASE, prepared.base_model, prepared.tokenizer, config,
+                           ModelInfo(task=config.task, max_length=prepared.info.max_length))
+            rundir.write_status(run_dir, status="running", qatune_version=__version__,
+                                started=time.strftime("%Y-%m-%d %H:%M:%S"), task=config.task,
+                                max_length=prepared.info.max_length, data=prepared.reports,
+                                data_fingerprint=fingerprint(prepared))
+        return run_and_record(prepared, run_dir, progress)
 
 
 def prepare_checked(config: Config) -> Prepared:
@@ -66,7 +73,7 @@ def prepare_checked(config: Config) -> Prepared:
 def run_and_record(prepared: Prepared, run_dir: Path, progress: bool, resume_from: Path | None = None) -> Path:
     """fit() with the run's status kept in run.json (by the main process)."""
     main = is_main_process()
-    status = rundir.write_status if main else (lambda *args, **kwargs: None)
+    status = _status_writer(main)
     try:
         result = fit(prepared, run_dir, progress=progress, resume_from=resume_from)
     except TrainingInterrupted as exc:
@@ -87,6 +94,23 @@ def run_and_record(prepared: Prepared, run_dir: Path, progress: bool, resume_fro
     _report(run_dir, main)
     log.info("run complete: %s (model in %s)", run_dir, run_dir / rundir.FINAL)
     return run_dir
+
+
+def _status_writer(main: bool) -> Callable[..., None]:
+    """run.json updates by the main process. After a failure they are best effort: a full disk that
+    stopped the run must not hide its own message behind a second error."""
+    def write(run_dir: Path, **fields: Any) -> None:
+        if not main:
+            return
+        if fields.get("status") == "complete":
+            rundir.write_status(run_dir, **fields)
+            return
+        try:
+            rundir.write_status(run_dir, **fields)
+        except OSError as exc:
+            log.warning("could not record the run's status in %s: %s", run_dir / rundir.STATUS, exc)
+
+    return write
 
 
 def fingerprint(prepared: Prepared) -> str:
