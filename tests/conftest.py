@@ -13,7 +13,8 @@ FIXTURES = ROOT / "tests" / "fixtures"
 
 
 TINY_MODEL = ("model.scratch.n_layer=1", "model.scratch.n_embd=32", "model.scratch.n_head=2",
-              "model.scratch.vocab_size=300")
+              "model.scratch.vocab_size=300", "train.precision=fp32")
+"""fp32 pinned: tests of exact behaviour must not depend on whether this CPU has native bf16."""
 
 
 def tiny_config(tmp_path, rows, *overrides):

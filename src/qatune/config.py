@@ -156,8 +156,9 @@ class TrainConfig(Section):
     """Optimizer steps of linear learning-rate warmup from 0."""
     scheduler: SchedulerConfig = SchedulerConfig()
     """StepLR decay after warmup."""
-    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
-    """Compute precision (mixed precision for bf16/fp16)."""
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
+    """Compute precision (mixed precision for bf16/fp16); auto: bf16 where the hardware does it natively
+    (a CUDA GPU with bf16, a CPU with AVX512-BF16 or AMX), else fp32."""
     train_on_prompt: bool = False
     """Generative: also train on the prompt tokens, not only on the answer and its EOS."""
     group_by_length: bool = True

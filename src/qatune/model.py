@@ -188,11 +188,14 @@ def train_scratch_tokenizer(task: str, texts: list[str], vocab_size: int, archit
 
 
 def build_scratch(shape: ScratchModel, task: str, tokenizer: Any) -> Any:
-    """A randomly initialised GPT-2, T5 or BERT of the given shape (seed the RNG before calling)."""
-    from transformers import (BertConfig, BertForQuestionAnswering, GPT2Config, GPT2LMHeadModel, T5Config,
-                              T5ForConditionalGeneration)
+    """A randomly initialised GPT-2, T5 or BERT of the given shape (seed the RNG before calling).
 
+    Each architecture's modeling module is imported only when it is built (importing BERT's costs a
+    GPT-2 run more than a second of start-up).
+    """
     if shape.architecture == "t5":
+        from transformers.models.t5 import T5Config, T5ForConditionalGeneration
+
         config = T5Config(
             vocab_size=len(tokenizer), d_model=shape.n_embd, d_kv=shape.n_embd // shape.n_head,
             d_ff=4 * shape.n_embd, num_layers=shape.n_layer, num_decoder_layers=shape.n_layer,
@@ -201,6 +204,8 @@ def build_scratch(shape: ScratchModel, task: str, tokenizer: Any) -> Any:
         )
         return T5ForConditionalGeneration(config)
     if task == "generative":
+        from transformers.models.gpt2 import GPT2Config, GPT2LMHeadModel
+
         config = GPT2Config(
             vocab_size=len(tokenizer), n_positions=shape.n_positions, n_embd=shape.n_embd, n_layer=shape.n_layer,
             n_head=shape.n_head, resid_pdrop=shape.dropout, embd_pdrop=shape.dropout, attn_pdrop=shape.dropout,
@@ -208,6 +213,8 @@ def build_scratch(shape: ScratchModel, task: str, tokenizer: Any) -> Any:
             pad_token_id=tokenizer.pad_token_id,
         )
         return GPT2LMHeadModel(config)
+    from transformers.models.bert import BertConfig, BertForQuestionAnswering
+
     config = BertConfig(
         vocab_size=len(tokenizer), hidden_size=shape.n_embd, num_hidden_layers=shape.n_layer,
         num_attention_heads=shape.n_head, intermediate_size=4 * shape.n_embd,

@@ -175,3 +175,25 @@ def test_length_grouped_batches_cover_everything_once_and_reduce_padding():
     assert list(sampler) != first
     sampler.set_epoch(0)
     assert list(sampler) == first
+
+
+@pytest.mark.parametrize(("native", "expected"), [(True, "bf16"), (False, "fp32")])
+def test_precision_auto_is_bf16_only_where_it_is_native(monkeypatch, native, expected):
+    from qatune.train import device
+
+    monkeypatch.setattr(device, "bf16_native", lambda where, unknown=True: native)
+    assert device.resolve_precision("auto", "cpu") == expected
+    assert device.resolve_precision("fp32", "cpu") == "fp32"      # an explicit choice is kept
+
+
+def test_precision_auto_is_logged_and_saved_in_run_json(tmp_path, monkeypatch):
+    from qatune.train import device, train
+
+    monkeypatch.setattr(device, "bf16_native", lambda where, unknown=True: True)
+    run = train(tiny_config(tmp_path, ROWS, "train.precision=auto"), output_dir=tmp_path / "run", progress=False)
+    assert json.loads((run / "run.json").read_text())["precision"] == "bf16"
+    losses = [json.loads(line)["loss"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert all(math.isfinite(x) for x in losses)
+    import yaml
+
+    assert yaml.safe_load((run / "config.yaml").read_text())["train"]["precision"] == "auto"   # as asked

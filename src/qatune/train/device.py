@@ -21,16 +21,23 @@ def is_main_process() -> bool:
     return int(os.environ.get("RANK", "0")) == 0
 
 
-def make_accelerator(config: Config) -> Any:
+def resolve_precision(setting: str, device: str) -> str:
+    """``train.precision`` as it will run: auto becomes bf16 where bf16 is native, else fp32."""
+    if setting != "auto":
+        return setting
+    return "bf16" if bf16_native(device, unknown=False) else "fp32"
+
+
+def make_accelerator(config: Config, precision: str) -> Any:
     from accelerate import Accelerator
 
     train_cfg = config.train
     if train_cfg.device == "cuda" and not torch.cuda.is_available():
         raise ConfigError("train.device is cuda but no GPU is visible; set train.device: auto or cpu")
     on_cpu = train_cfg.device == "cpu" or not torch.cuda.is_available()
-    if train_cfg.precision == "fp16" and on_cpu:
+    if precision == "fp16" and on_cpu:
         raise ConfigError("train.precision fp16 needs a GPU; on CPU use bf16 or fp32")
-    mixed = {"fp32": "no", "bf16": "bf16", "fp16": "fp16"}[train_cfg.precision]
+    mixed = {"fp32": "no", "bf16": "bf16", "fp16": "fp16"}[precision]
     if int(os.environ.get("WORLD_SIZE", "1")) == 1:
         # One process may train several times (tests, notebooks); accelerate keeps its state global.
         from accelerate.state import AcceleratorState
@@ -40,17 +47,18 @@ def make_accelerator(config: Config) -> Any:
         # cpu=True also when there is no GPU: accelerate sets up multi-process CPU training (gloo) only then.
         return Accelerator(mixed_precision=mixed, cpu=on_cpu)
     except ValueError as exc:
-        raise ConfigError(f"train.precision {train_cfg.precision} is not supported here: {exc}") from None
+        raise ConfigError(f"train.precision {precision} is not supported here: {exc}") from None
 
 
-def bf16_native(device: str) -> bool:
-    """Whether bf16 matrix products run natively where training will run."""
+def bf16_native(device: str, unknown: bool = True) -> bool:
+    """Whether bf16 matrix products run natively where training will run (``unknown``: the answer when
+    the CPU's flags cannot be read, e.g. not on Linux)."""
     if device != "cpu" and torch.cuda.is_available():
         return torch.cuda.is_bf16_supported()
     try:
         flags = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
     except OSError:
-        return True  # unknown (not Linux): do not warn
+        return unknown
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 

@@ -140,7 +140,7 @@ class Loop:
     @classmethod
     def setup(cls, prepared: Prepared, run_dir: Path | None, resume_from: Path | None) -> Loop:
         config, train_cfg = prepared.config, prepared.config.train
-        accelerator = make_accelerator(config)
+        accelerator = make_accelerator(config, prepared.precision)
         if accelerator.device.type == "cuda" and hasattr(prepared.collator, "pad_to_multiple_of"):
             prepared.collator.pad_to_multiple_of = GPU_PAD_MULTIPLE
         objective = objective_for(config.task, prepared.model)
@@ -165,7 +165,7 @@ class Loop:
             metrics_log.truncate_after(state.step)
             log.info("resuming from %s (step %d, epoch %d)", resume_from, state.step, state.epoch + 1)
         guard = NonFiniteGuard(run_dir if main else None, train_cfg.on_nonfinite, train_cfg.max_nonfinite_steps,
-                               train_cfg.precision, state.bad_steps)
+                               prepared.precision, state.bad_steps)
         clip = gradient_clipper(accelerator, objective, optimizer, train_cfg.max_grad_norm)
         return cls(prepared, run_dir, accelerator, objective, optimizer, loader, sampler, clip, schedulers, state,
                    guard, metrics_log)

@@ -40,7 +40,7 @@ from qatune.model import (
     quiet_transformers,
     train_scratch_tokenizer,
 )
-from qatune.train.device import bf16_native, seed_everything
+from qatune.train.device import bf16_native, resolve_precision, seed_everything
 from qatune.train.sampler import LengthGroupedBatches
 from qatune.validate import Finding, error, validate_batch, validate_dataset, validate_settings, warning
 
@@ -66,6 +66,8 @@ class Prepared:
     """Batch validator and settings checks: errors stop train, check reports them."""
     base_model: Any = None
     """LoRA on a scratch model: the random base weights, saved once as RUN/base."""
+    precision: str = "fp32"
+    """train.precision as it runs (auto resolved): fp32, bf16 or fp16."""
 
 
 @dataclass
@@ -108,12 +110,17 @@ def prepare(config: Config, train_records: list[QARecord] | None = None,
         reasons = "; ".join(f.message for f in encoded.findings) or "see the data report"
         raise DataError(f"no training examples are left in {config.data.train_file}: {reasons}")
     dataset = ExampleDataset(encoded.items)
+    precision = resolve_precision(config.train.precision, config.train.device)
+    if config.train.precision == "auto":
+        log.info("precision: %s (train.precision auto: bf16 %s here)", precision,
+                 "is native" if precision == "bf16" else "is not native")
     findings = encoded.findings + validate_first_batches(config, dataset, encoded.collator, built.tokenizer,
-                                                         len(encoded.train_records))
+                                                         len(encoded.train_records), precision)
     model, base_model = _setup_lora(config, built.model, encoded.info)
     return Prepared(config=config, model=model, tokenizer=built.tokenizer, info=encoded.info,
                     train_records=encoded.train_records, eval_records=eval_records, dataset=dataset,
-                    collator=encoded.collator, reports=reports, findings=findings, base_model=base_model)
+                    collator=encoded.collator, reports=reports, findings=findings, base_model=base_model,
+                    precision=precision)
 
 
 def _setup_records(config: Config, train_records: list[QARecord] | None, eval_records: list[QARecord] | None,
@@ -248,7 +255,7 @@ def _setup_lora(config: Config, model: Any, info: ModelInfo) -> tuple[Any, Any]:
 
 
 def validate_first_batches(config: Config, dataset: ExampleDataset, collator: Any, tokenizer: Any,
-                           n_rows: int) -> list[Finding]:
+                           n_rows: int, precision: str) -> list[Finding]:
     """The batch validator on the first two batches the loop will see, plus the settings checks."""
     train_cfg = config.train
     findings = validate_dataset(dataset.items)
@@ -262,7 +269,7 @@ def validate_first_batches(config: Config, dataset: ExampleDataset, collator: An
                 findings.append(finding)
     settings = validate_settings(
         learning_rate=train_cfg.learning_rate, max_grad_norm=train_cfg.max_grad_norm,
-        warmup_steps=train_cfg.warmup_steps, precision=train_cfg.precision, task=config.task,
+        warmup_steps=train_cfg.warmup_steps, precision=precision, task=config.task,
         pretrained=config.model.name_or_path is not None, n_examples=n_rows,
         batch_size=train_cfg.batch_size * train_cfg.gradient_accumulation_steps,
         bf16_native=bf16_native(train_cfg.device),

@@ -55,6 +55,7 @@ def train(config: Config, output_dir: str | Path | None = None, overwrite: bool 
                            ModelInfo(task=config.task, max_length=prepared.info.max_length))
             rundir.write_status(run_dir, status="running", qatune_version=__version__,
                                 started=time.strftime("%Y-%m-%d %H:%M:%S"), task=config.task,
+                                precision=prepared.precision,
                                 max_length=prepared.info.max_length, data=prepared.reports,
                                 data_fingerprint=fingerprint(prepared))
         return run_and_record(prepared, run_dir, progress)
