@@ -41,6 +41,7 @@ from qatune.data.generative import (
     Seq2SeqEncoder,
     choose_max_length,
     encode_examples,
+    resolve_template,
 )
 from qatune.data.spreadsheet import LoadReport, QARecord, load_from_config, split_validation
 from qatune.errors import ConfigError, DataError, RunDirError, TrainingError
@@ -53,6 +54,7 @@ from qatune.model import (
     load_model_config,
     load_pretrained,
     load_tokenizer,
+    lora_base_in_run,
     model_max_positions,
     quiet_transformers,
     read_status,
@@ -130,7 +132,7 @@ def prepare(config: Config, train_records: list[QARecord] | None = None,
                      len(eval_records), config.data.validation_fraction)
 
     task = config.task
-    template = PromptTemplate(config.data.prompt_template)
+    template = resolve_template(config.data)
     findings: list[Finding] = []
     model = None
     if config.model.scratch is not None:
@@ -155,6 +157,7 @@ def prepare(config: Config, train_records: list[QARecord] | None = None,
         log.info("model: %s (%s, %.1fM parameters)", source, type(model).__name__, n_params / 1e6)
 
     if task == "generative":
+        template = resolve_template(config.data, tokenizer, source)
         encoder = (Seq2SeqEncoder if seq2seq else PromptEncoder)(tokenizer, template)
         lengths = [encoder.full_length(r) for r in train_records]
         max_length = choose_max_length(lengths, config.data.max_length, limit)
@@ -221,7 +224,7 @@ def prepare(config: Config, train_records: list[QARecord] | None = None,
     findings += _validate(config, dataset, collator, tokenizer, len(train_records))
     base_model = None
     if config.model.lora is not None:
-        if config.model.scratch is not None:
+        if config.model.scratch is not None or lora_base_in_run(config.model):
             info.lora_base = LORA_BASE_IN_RUN
             base_model = copy.deepcopy(model) if model is not None else None
         else:
@@ -964,7 +967,7 @@ def _seed_everything(seed: int) -> None:
 
 def _tokenizer_corpus(task: str, template: PromptTemplate, records: list[QARecord]) -> list[str]:
     if task == "generative":
-        return [template.render(r.question, r.context) + template.answer_prefix + r.answer for r in records]
+        return [template.render(r.question, r.context, r.fields) + template.answer_prefix + r.answer for r in records]
     return [text for r in records for text in (r.question, r.context or "")]
 
 
