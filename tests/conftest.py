@@ -87,3 +87,43 @@ def cli_ok(*args):
     result = CliRunner().invoke(cli, [str(a) for a in args])
     assert result.exit_code == 0, result.output + result.stderr
     return result
+
+
+CHATML_TEMPLATE = (  # SmolLM2-Instruct's chat template, verbatim
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n' }}"
+    "{% endif %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+def chat_tokenizer(texts=None, vocab_size=400, template=CHATML_TEMPLATE, specials=("<|endoftext|>", "<|im_start|>",
+                   "<|im_end|>"), eos="<|im_end|>"):
+    """A byte-level BPE tokenizer trained on the fly, with SmolLM2's special tokens and chat template."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    texts = texts or [f"system user assistant Question: what is item {i}? thing {i * 7} helpful AI" for i in range(40)]
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(specials),
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(texts, trainer)
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=specials[1], eos_token=eos,
+                                        unk_token=specials[0], pad_token=eos)
+    tokenizer.chat_template = template
+    return tokenizer
+
+
+def tiny_llama(tokenizer, seed=0):
+    """A one-layer Llama built from config (tied embeddings, grouped-query attention, like SmolLM2)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                         tie_word_embeddings=True, bos_token_id=tokenizer.bos_token_id,
+                         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    return LlamaForCausalLM(config)

@@ -8,7 +8,7 @@ import math
 from typing import Any
 
 from qatune.config import Config
-from qatune.data.generative import percentile
+from qatune.data.generative import PromptEncoder, PromptTemplate, percentile
 from qatune.data.spreadsheet import normalize_question
 from qatune.train import Prepared, fit, prepare
 from qatune.validate import IGNORE_INDEX, error, warning
@@ -62,11 +62,13 @@ def _generative_section(prepared: Prepared) -> dict[str, Any]:
     lengths = prepared.reports["encoding"]["lengths"]
     supervised = []
     eos_ok = True
-    eos = prepared.tokenizer.eos_token_id
+    info = prepared.info
+    # The token that ends an answer: the EOS, or a chat template's end-of-turn token.
+    end = PromptEncoder(prepared.tokenizer, PromptTemplate(info.prompt_template, info.answer_prefix)).end_id
     for example in examples:
         batch = prepared.collator([example])
         supervised.append(int(batch["n_items"]))
-        eos_ok &= bool(batch["labels"][0][-1] == eos)
+        eos_ok &= bool(batch["labels"][0][-1] == end)
     rendered = [render_trained_tokens(prepared, example) for example in examples[:2]]
     encoding = prepared.reports["encoding"]
     return {
@@ -74,7 +76,9 @@ def _generative_section(prepared: Prepared) -> dict[str, Any]:
         "truncated_rows": encoding["truncated_rows"],
         "dropped_rows": encoding["too_long_rows"],
         "supervision": {"min": min(supervised), "mean": sum(supervised) / len(supervised), "eos_supervised": eos_ok,
+                        "end_token": prepared.tokenizer.decode([end], skip_special_tokens=False),
                         "train_on_prompt": prepared.config.train.train_on_prompt},
+        "prompt_template": info.prompt_template,
         "examples": rendered,
     }
 
@@ -173,8 +177,9 @@ def render_report(report: dict[str, Any]) -> str:
         sup = report["supervision"]
         lines += ["", "What is trained",
                   f"  supervised tokens per example: min {sup['min']}, mean {sup['mean']:.1f}; "
-                  f"EOS supervised: {'yes' if sup['eos_supervised'] else 'NO'}; "
+                  f"EOS supervised: {'yes' if sup['eos_supervised'] else 'NO'} ({sup['end_token']!r}); "
                   f"prompt trained: {'yes' if sup['train_on_prompt'] else 'no'}",
+                  f"  prompt template: {report['prompt_template']!r}",
                   "  examples (trained tokens inside ⟦ ⟧):"]
     else:
         windows, audit = report["windows"], report["span_audit"]

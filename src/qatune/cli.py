@@ -130,21 +130,42 @@ def train(ctx: click.Context, config_path: str, overrides: tuple[str, ...], outp
 
 
 @cli.command(name="eval")
-@click.argument("run_dir")
-@click.option("--data", "data_file", required=True, help="Held-out spreadsheet with the same columns as training.")
+@click.argument("run_dir", required=False)
+@click.option("--data", "data_file", default=None, help="Held-out spreadsheet with the same columns as training.")
 @click.option("--model", "which", type=click.Choice(["final", "best"]), default="final", show_default=True,
               help="Which model of the run to evaluate.")
+@click.option("--base", is_flag=True,
+              help="Evaluate the config's pretrained model before fine-tuning (with --config; no RUN_DIR).")
+@click.option("--config", "config_path", default=None, help="With --base: the YAML config of the run to compare.")
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="With --base: override a config key.")
 @click.option("--batch-size", type=click.IntRange(min=1), default=None, help="Evaluation batch size.")
 @click.option("--json", "as_json", is_flag=True, help="Print the metrics as JSON on stdout.")
 @verbose_option
-def eval_command(run_dir: str, data_file: str, which: str, batch_size: int | None, as_json: bool) -> None:
+def eval_command(run_dir: str | None, data_file: str | None, which: str, base: bool, config_path: str | None,
+                 overrides: tuple[str, ...], batch_size: int | None, as_json: bool) -> None:
     """Evaluate a trained run on a held-out file: loss, perplexity, exact match, F1.
 
-    Writes eval-<file>.json and predictions-<file>.csv into the run directory.
+    Writes eval-<file>.json and predictions-<file>.csv into the run directory. With --base --config X.yaml,
+    the untouched pretrained model is evaluated with the same prompt, on data.eval_file or --data (its files
+    go to OUTPUT_DIR-base/): what fine-tuning starts from.
     """
-    from qatune.evaluate import evaluate_run
+    from qatune.evaluate import evaluate_base, evaluate_run
 
-    metrics, paths = evaluate_run(run_dir, data_file, which, batch_size, progress=not as_json)
+    if base:
+        if run_dir is not None or config_path is None:
+            raise QatuneError("--base evaluates the model a config starts from: pass --config X.yaml and no RUN_DIR")
+        from qatune.config import load_config
+
+        metrics, paths = evaluate_base(load_config(config_path, overrides), data_file, batch_size,
+                                       progress=not as_json)
+    else:
+        if run_dir is None:
+            raise QatuneError("pass the RUN_DIR to evaluate (or --base --config X.yaml for the model before training)")
+        if config_path is not None or overrides:
+            raise QatuneError("--config and --set go with --base; a run is evaluated with its own saved config")
+        if data_file is None:
+            raise QatuneError("pass the held-out file with --data FILE")
+        metrics, paths = evaluate_run(run_dir, data_file, which, batch_size, progress=not as_json)
     if as_json:
         click.echo(json.dumps(metrics, indent=2))
         return
@@ -162,6 +183,8 @@ def eval_command(run_dir: str, data_file: str, which: str, batch_size: int | Non
 @click.option("--context-file", type=click.Path(dir_okay=False), default=None,
               help="Extractive: read the passage from a text file.")
 @click.option("--file", "data_file", default=None, help="Answer every row of a spreadsheet (question column).")
+@click.option("--field", "fields", multiple=True, metavar="NAME=VALUE",
+              help="A column the run's prompt names besides the question, e.g. --field 'Total Marks=3' (repeatable).")
 @click.option("--output", default=None, help="With --file: where to write the answers CSV.")
 @click.option("--model", "which", type=click.Choice(["final", "best"]), default="final", show_default=True)
 @click.option("--max-new-tokens", type=click.IntRange(min=1), default=None, help="Longest generated answer.")
@@ -171,8 +194,8 @@ def eval_command(run_dir: str, data_file: str, which: str, batch_size: int | Non
 @click.option("--seed", type=int, default=None, help="Seed for sampling.")
 @verbose_option
 def generate(run_dir: str, question: str | None, context: str | None, context_file: str | None,
-             data_file: str | None, output: str | None, which: str, max_new_tokens: int | None,
-             temperature: float | None, top_p: float | None, seed: int | None) -> None:
+             data_file: str | None, fields: tuple[str, ...], output: str | None, which: str,
+             max_new_tokens: int | None, temperature: float | None, top_p: float | None, seed: int | None) -> None:
     """Answer a question (or every row of --file) with a trained run. Prints the answer only."""
     from qatune.generate import answer_file, answer_one
 
@@ -185,7 +208,13 @@ def generate(run_dir: str, question: str | None, context: str | None, context_fi
         return
     if question is None or not question.strip():
         raise QatuneError("the question is empty; pass a question in quotes, e.g. qatune generate RUN \"Who wrote it?\"")
-    click.echo(answer_one(run_dir, question, context, context_file, which, options, seed))
+    values = {}
+    for item in fields:
+        name, sep, value = item.partition("=")
+        if not sep or not name.strip():
+            raise QatuneError(f"--field {item!r}: expected NAME=VALUE, e.g. --field 'Total Marks=3'")
+        values[name.strip()] = value
+    click.echo(answer_one(run_dir, question, context, context_file, which, options, seed, fields=values))
 
 
 @cli.command()
@@ -230,22 +259,29 @@ def export(run_dir: str, output: str, which: str) -> None:
 @click.option("--task", type=click.Choice(["auto", "generative", "extractive"]), default="auto", show_default=True,
               help="auto: extractive when a context column holds the answers.")
 @click.option("--sheet", default=None, help="Excel sheet name (default: the first sheet).")
-@click.option("--model", default=None, help="Model to fine-tune (default: gpt2 / bert-base-uncased).")
+@click.option("--question", "question_column", default=None, help="The column with the questions (else guessed).")
+@click.option("--answer", "answer_column", default=None, help="The column with the answers (else guessed).")
+@click.option("--context", "context_column", default=None, help="The column with the passages (else guessed).")
+@click.option("--model", default=None,
+              help="Model to fine-tune (default: gpt2 / bert-base-uncased; offline, an installed packaged model).")
 @click.option("--output", default="qatune.yaml", show_default=True, help="Config file to write.")
 @click.option("--output-dir", default=None, help="Run directory to put in the config.")
 @click.option("--force", is_flag=True, help="Replace an existing config file.")
 @verbose_option
-def init(data_file: str, task: str, sheet: str | None, model: str | None, output: str, output_dir: str | None,
-         force: bool) -> None:
+def init(data_file: str, task: str, sheet: str | None, question_column: str | None, answer_column: str | None,
+         context_column: str | None, model: str | None, output: str, output_dir: str | None, force: bool) -> None:
     """Guess the question/answer/context columns of a spreadsheet and write a config for it."""
     from pathlib import Path
 
-    from qatune.init import describe, inspect, write_config
+    from qatune.init import choose_model, describe, inspect, write_config
 
     path = Path(data_file)
-    found = inspect(path, sheet=sheet, task=task)
+    found = inspect(path, sheet=sheet, task=task, question_column=question_column, answer_column=answer_column,
+                    context_column=context_column)
+    chosen = choose_model(found.task, model)
     click.echo(describe(found, path))
-    write_config(Path(output), path, found, model, output_dir, force)
+    click.echo(f"  {'model:':17} {chosen.column!r:24} ({chosen.reason})")
+    write_config(Path(output), path, found, chosen.column, output_dir, force)
     click.echo(f"wrote {output}; next: qatune check --config {output}")
 
 

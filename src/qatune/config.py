@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import difflib
 import json
-import string
+import re
 from pathlib import Path
 from typing import Any, Literal, Union
 
@@ -67,6 +67,9 @@ class ModelConfig(Section):
     """Hub branch, tag or commit to load."""
     lora: LoraSettings | None = None
     """Fine-tune with LoRA adapters ({r, alpha, dropout, target_modules}); needs pip install 'qatune[lora]'."""
+    gguf_file: str | None = None
+    """A .gguf file inside the folder or hub repository name_or_path (loaded dequantized; needs pip install gguf).
+    name_or_path may also be the path of a .gguf file itself."""
 
 
 class DataConfig(Section):
@@ -98,8 +101,15 @@ class DataConfig(Section):
     """Longest tokenized example: a number (at least 8) or auto (fit the training data)."""
     doc_stride: int = Field(128, ge=1)
     """Extractive: tokens shared by consecutive windows of a long context."""
-    prompt_template: str = "Question: {question}\nAnswer:"
-    """Generative: the text before the answer; {question} (and {context}) are filled in."""
+    prompt_template: str = "auto"
+    """Generative: the text before the answer, with {question}, {context} and {Any Column} filled in; chat: the
+    tokenizer's chat template; auto: chat when the tokenizer has a chat template, else "Question: {question}\nAnswer:"
+    (with "Context: {context}" first when context_column is set)."""
+    system_prompt: str | None = None
+    """Chat template: the system message (null: the chat template's own default; "": an empty one)."""
+    user_template: str | None = None
+    """Chat template: the user's message, with {question}, {context} and {Any Column} filled in (null: the
+    question, after the context when context_column is set)."""
     max_cell_chars: int = Field(100_000, ge=1)
     """Rows with a longer question/answer/context cell are dropped (and counted)."""
 
@@ -391,27 +401,51 @@ def _cross_checks(config: Config) -> list[str]:
     if config.task == "extractive" and data.context_column is None:
         problems.append("data.context_column: required for task extractive; name the column holding the passages")
     if config.task == "generative":
-        fields = _template_fields(data.prompt_template)
-        if fields is None:
-            problems.append("data.prompt_template: unbalanced braces; write literal braces as {{ and }}")
-        else:
-            if "question" not in fields:
-                problems.append("data.prompt_template: must contain {question}")
-            unknown = sorted(fields - {"question", "context"})
-            if unknown:
-                problems.append(f"data.prompt_template: unknown placeholders {unknown}; use {{question}} and {{context}}")
-            if "context" in fields and data.context_column is None:
-                problems.append("data.prompt_template: uses {context} but data.context_column is not set")
+        problems += _template_checks(data)
     if data.eval_file is not None and data.validation_fraction > 0:
         problems.append("data.validation_fraction: set it to 0 when data.eval_file is given (use one or the other)")
     return problems
 
 
-def _template_fields(template: str) -> set[str] | None:
-    try:
-        return {name for _, name, _, _ in string.Formatter().parse(template) if name is not None}
-    except ValueError:
-        return None
+PLACEHOLDER = re.compile(r"\{\{|\}\}|\{([^{}]*)\}|[{}]")
+"""A prompt template's syntax: {name} is a placeholder (any text but braces), {{ and }} are literal braces."""
+
+
+def template_fields(template: str) -> list[str] | None:
+    """The placeholder names of a template, in order, without repeats (None: unbalanced braces)."""
+    names: list[str] = []
+    for match in PLACEHOLDER.finditer(template):
+        if match.group(0) in ("{", "}"):
+            return None
+        name = match.group(1)
+        if name is not None and name not in names:
+            names.append(name)
+    return names
+
+
+def _template_checks(data: DataConfig) -> list[str]:
+    from qatune.data.spreadsheet import column_key
+
+    problems = []
+    chat = data.prompt_template in ("auto", "chat")
+    templates = {"user_template": data.user_template} if chat else {"prompt_template": data.prompt_template}
+    for key, template in templates.items():
+        if template is None:
+            continue
+        fields = template_fields(template)
+        if fields is None:
+            problems.append(f"data.{key}: unbalanced braces; write literal braces as {{{{ and }}}}")
+        elif not fields:
+            problems.append(f"data.{key}: names no column; put {{question}} (or any {{Column Name}}) where the "
+                            "row's text goes")
+        elif data.context_column is None and any(column_key(name) == "context" for name in fields):
+            problems.append(f"data.{key}: uses {{context}} but data.context_column is not set")
+    if not chat:
+        for key in ("system_prompt", "user_template"):
+            if getattr(data, key) is not None:
+                problems.append(f"data.{key}: only used with a chat template (prompt_template: chat or auto); "
+                                "write the whole prompt in data.prompt_template instead, or set it to chat")
+    return problems
 
 
 def _problem_text(where: str, problems: list[str]) -> str:

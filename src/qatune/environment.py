@@ -9,7 +9,7 @@ import sys
 
 from qatune import __version__
 
-_PACKAGES = ["torch", "transformers", "tokenizers", "accelerate", "pandas", "numpy", "openpyxl", "peft"]
+_PACKAGES = ["torch", "transformers", "tokenizers", "accelerate", "pandas", "numpy", "openpyxl", "peft", "gguf"]
 
 
 def environment() -> dict[str, str]:
@@ -24,6 +24,10 @@ def environment() -> dict[str, str]:
             info[name] = importlib.metadata.version(name)
         except importlib.metadata.PackageNotFoundError:
             info[name] = "not installed"
+    from qatune.model import installed_packaged_models
+
+    packaged = installed_packaged_models()
+    info["packaged_models"] = ", ".join(f"{name} ({folder})" for name, folder in packaged.items()) or "none"
     try:
         import torch
     except ImportError:

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from qatune import rundir
-from qatune.config import GenerateConfig
+from qatune.config import Config, GenerateConfig
 from qatune.data.extractive import prepare_features
 from qatune.data.generative import (
     CausalCollator,
@@ -19,12 +19,22 @@ from qatune.data.generative import (
     PromptTemplate,
     Seq2SeqCollator,
     Seq2SeqEncoder,
+    choose_max_length,
     encode_examples,
+    resolve_template,
 )
 from qatune.data.spreadsheet import QARecord, load_from_config
 from qatune.generate import answer_questions, extract_answers, score_windows
 from qatune.metrics import best_scores, corpus_scores
-from qatune.model import ModelInfo, load_model_folder
+from qatune.errors import ConfigError
+from qatune.model import (
+    ModelInfo,
+    load_model_config,
+    load_model_folder,
+    load_pretrained,
+    load_tokenizer,
+    model_max_positions,
+)
 from qatune.objectives import CausalLMObjective, Seq2SeqObjective, model_inputs
 
 
@@ -44,7 +54,8 @@ def evaluation_parts(model: Any, tokenizer: Any, info: ModelInfo, records: list[
     if info.task == "generative":
         loss_sum, count = _teacher_forced_loss(model, tokenizer, info, records, batch_size)
         predictions = answer_questions(model, tokenizer, info, [r.question for r in records],
-                                       [r.context for r in records], generate, batch_size, progress)
+                                       [r.context for r in records], generate, batch_size, progress,
+                                       fields=[r.fields for r in records])
         return predictions, loss_sum, count
     features, _, kept = prepare_features(tokenizer, records, info.max_length, info.doc_stride, train=False)
     starts, ends, loss_sum, count = score_windows(model, tokenizer, features, batch_size, progress)
@@ -103,6 +114,48 @@ def evaluate_run(run_dir: str | Path, data_file: str | Path, which: str = rundir
     metrics["rows_dropped"] = report.dropped_total
     paths = rundir.eval_outputs(rundir.results_dir(Path(run_dir), loaded.folder), data_file)
     rundir.atomic_write_text(paths["metrics"], json.dumps(metrics, indent=2) + "\n")
+    write_predictions(paths["predictions"], records, predictions)
+    return metrics, paths
+
+
+def evaluate_base(config: Config, data_file: str | Path | None = None, batch_size: int | None = None,
+                  progress: bool = False) -> tuple[dict[str, Any], dict[str, Path]]:
+    """The untouched pretrained model of a config, prompted exactly as a run of that config would be,
+    on data.eval_file (or ``data_file``): what fine-tuning starts from. Writes the metrics JSON and a
+    predictions CSV into OUTPUT_DIR-base/ (the run directory itself stays free for training)."""
+    if config.task != "generative":
+        raise ConfigError("--base evaluates a generative model before fine-tuning; an extractive model's "
+                          "span head is random until it is trained")
+    if config.model.name_or_path is None:
+        raise ConfigError("--base needs a pretrained model (model.name_or_path); a scratch model knows nothing "
+                          "before training")
+    data_file = data_file or config.data.eval_file
+    if data_file is None:
+        raise ConfigError("--base evaluates on data.eval_file, and this config has none; pass --data FILE")
+    records, report = load_from_config(config.data, data_file)
+    tokenizer = load_tokenizer(config.model, config.task)
+    model_config = load_model_config(config.model)
+    model = load_pretrained(config.model, config.task, tokenizer, model_config)
+    seq2seq = bool(getattr(model_config, "is_encoder_decoder", False))
+    template = resolve_template(config.data, tokenizer, config.model.name_or_path)
+    encoder = (Seq2SeqEncoder if seq2seq else PromptEncoder)(tokenizer, template)
+    limit = model_max_positions(model_config, tokenizer)
+    max_length = choose_max_length([encoder.full_length(r) for r in records], config.data.max_length, limit)
+    info = ModelInfo(task=config.task, max_length=max_length, prompt_template=template.template,
+                     answer_prefix=template.answer_prefix, seq2seq=seq2seq)
+    import torch
+
+    model.to("cuda" if torch.cuda.is_available() else "cpu").eval()
+    metrics, predictions = evaluate_records(model, tokenizer, info, records, config.generate,
+                                            batch_size or config.train.eval_batch_size, progress)
+    metrics["data_file"] = str(data_file)
+    metrics["rows_dropped"] = report.dropped_total
+    metrics["model"] = f"{config.model.name_or_path} (base, not fine-tuned)"
+    out_dir = Path(f"{config.output_dir.rstrip('/')}-base")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stem = Path(data_file).stem
+    paths = {"metrics": out_dir / f"eval-{stem}.json", "predictions": out_dir / f"predictions-{stem}.csv"}
+    paths["metrics"].write_text(json.dumps(metrics, indent=2) + "\n", encoding="utf-8")
     write_predictions(paths["predictions"], records, predictions)
     return metrics, paths
 

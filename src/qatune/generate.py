@@ -26,12 +26,15 @@ from qatune.objectives import span_logits
 
 def answer_questions(model: Any, tokenizer: Any, info: ModelInfo, questions: list[str],
                      contexts: list[str | None] | None = None, generate: GenerateConfig | None = None,
-                     batch_size: int = 32, progress: bool = False) -> list[str]:
-    """One answer per question, in the input order."""
+                     batch_size: int = 32, progress: bool = False,
+                     fields: list[dict[str, str]] | None = None) -> list[str]:
+    """One answer per question, in the input order. ``fields``: per question, the other columns the
+    prompt template names."""
     generate = generate or GenerateConfig()
     contexts = contexts if contexts is not None else [None] * len(questions)
     if info.task == "generative":
-        return generate_answers(model, tokenizer, info, questions, contexts, generate, batch_size, progress)
+        fields = fields if fields is not None else [{}] * len(questions)
+        return generate_answers(model, tokenizer, info, questions, contexts, generate, batch_size, progress, fields)
     if any(not c for c in contexts):
         raise DataError("extractive QA needs a context for every question; pass --context/--context-file "
                         "or a file with a context column")
@@ -42,7 +45,8 @@ def answer_questions(model: Any, tokenizer: Any, info: ModelInfo, questions: lis
 
 
 def generate_answers(model: Any, tokenizer: Any, info: ModelInfo, questions: list[str], contexts: list[str | None],
-                     generate: GenerateConfig, batch_size: int, progress: bool) -> list[str]:
+                     generate: GenerateConfig, batch_size: int, progress: bool,
+                     fields: list[dict[str, str]] | None = None) -> list[str]:
     from transformers import GenerationConfig
 
     template = PromptTemplate(info.prompt_template, info.answer_prefix)
@@ -53,8 +57,8 @@ def generate_answers(model: Any, tokenizer: Any, info: ModelInfo, questions: lis
     else:
         budget = max(8, limit - generate.max_new_tokens) if limit else None
     prompts = []
-    for question, context in zip(questions, contexts):
-        ids = encoder.prompt_ids(question, context, budget)
+    for question, context, values in zip(questions, contexts, fields or [{}] * len(questions)):
+        ids = encoder.prompt_ids(question, context, budget, fields=values)
         if ids is None:
             raise DataError(f"the prompt template alone is longer than the model's {limit} positions")
         prompts.append(ids)
@@ -62,7 +66,7 @@ def generate_answers(model: Any, tokenizer: Any, info: ModelInfo, questions: lis
     config = GenerationConfig(
         max_new_tokens=generate.max_new_tokens, do_sample=sampling,
         temperature=generate.temperature if sampling else None, top_p=generate.top_p if sampling else None,
-        top_k=None, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+        top_k=None, eos_token_id=encoder.stop_ids, pad_token_id=tokenizer.pad_token_id,
     )
     device = next(model.parameters()).device
     answers: list[str] = [""] * len(prompts)
@@ -76,8 +80,9 @@ def generate_answers(model: Any, tokenizer: Any, info: ModelInfo, questions: lis
         # Seq2seq output starts with the decoder start token; a causal LM's repeats the prompt.
         new_tokens = out[:, 1:] if info.seq2seq else out[:, input_ids.shape[1]:]
         for i, tokens in zip(chunk, new_tokens.tolist()):
-            if tokenizer.eos_token_id in tokens:
-                tokens = tokens[: tokens.index(tokenizer.eos_token_id)]
+            ends = [tokens.index(stop) for stop in encoder.stop_ids if stop in tokens]
+            if ends:
+                tokens = tokens[: min(ends)]
             answers[i] = tokenizer.decode(tokens, skip_special_tokens=True).strip()
     return answers
 
@@ -130,8 +135,11 @@ def _length_sorted_batches(lengths: list[int], batch_size: int, progress: bool, 
 
 
 def answer_one(run_dir: str | Path, question: str, context: str | None = None, context_file: str | None = None,
-               which: str = "final", options: dict[str, Any] | None = None, seed: int | None = None) -> str:
-    """The answer of a trained run to one question (the ``qatune generate RUN "question"`` command)."""
+               which: str = "final", options: dict[str, Any] | None = None, seed: int | None = None,
+               fields: dict[str, str] | None = None) -> str:
+    """The answer of a trained run to one question (the ``qatune generate RUN "question"`` command).
+
+    ``fields``: values of the other columns the run's prompt names (``--field 'Total Marks=3'``)."""
     from qatune.model import load_model_folder
 
     if context_file is not None:
@@ -141,7 +149,8 @@ def answer_one(run_dir: str | Path, question: str, context: str | None = None, c
         raise DataError("this run does extractive QA: pass the passage with --context TEXT or --context-file FILE")
     _seed(seed)
     generate = _generate_config(loaded.config.generate, options)
-    return answer_questions(loaded.model, loaded.tokenizer, loaded.info, [question.strip()], [context], generate)[0]
+    return answer_questions(loaded.model, loaded.tokenizer, loaded.info, [question.strip()], [context], generate,
+                            fields=[_check_fields(loaded.info, fields or {})])[0]
 
 
 def answer_file(run_dir: str | Path, data_file: str | Path, output: str | Path | None = None, which: str = "final",
@@ -157,7 +166,7 @@ def answer_file(run_dir: str | Path, data_file: str | Path, output: str | Path |
     generate = _generate_config(loaded.config.generate, options)
     answers = answer_questions(loaded.model, loaded.tokenizer, loaded.info, [r.question for r in records],
                                [r.context for r in records], generate, loaded.config.train.eval_batch_size,
-                               progress=True)
+                               progress=True, fields=[r.fields for r in records])
     path = Path(output) if output else Path(run_dir) / f"answers-{Path(data_file).stem}.csv"
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", encoding="utf-8", newline="") as f:
@@ -165,6 +174,24 @@ def answer_file(run_dir: str | Path, data_file: str | Path, output: str | Path |
         writer.writerow(["row", "question", "answer"])
         writer.writerows([r.row, r.question, a] for r, a in zip(records, answers))
     return path
+
+
+def _check_fields(info: ModelInfo, fields: dict[str, str]) -> dict[str, str]:
+    """--field values by the names the run's prompt uses (matched ignoring case, spaces and _/-)."""
+    from qatune.data.spreadsheet import column_key
+
+    wanted = PromptTemplate(info.prompt_template).fields if info.task == "generative" else []
+    by_key = {column_key(name): name for name in wanted}
+    given = {}
+    for name, value in fields.items():
+        if column_key(name) not in by_key:
+            raise DataError(f"--field {name!r}: the run's prompt names no such column; it names {wanted or 'none'}")
+        given[by_key[column_key(name)]] = value
+    missing = [name for name in wanted if name not in given]
+    if missing:
+        raise DataError(f"the run's prompt also needs the column(s) {missing}: pass each with --field 'NAME=VALUE', "
+                        "or answer a file that has them with --file")
+    return given
 
 
 def _generate_config(base: GenerateConfig, options: dict[str, Any] | None) -> GenerateConfig:

@@ -15,7 +15,7 @@ import yaml
 
 from qatune.config import validate_config
 from qatune.data.extractive import locate_answer
-from qatune.data.spreadsheet import _clean_cell, read_table
+from qatune.data.spreadsheet import _clean_cell, read_table, resolve_column
 from qatune.errors import DataError, QatuneError
 
 QUESTION_NAMES = ("question", "questions", "query", "prompt", "q", "ask", "input", "instruction")
@@ -24,6 +24,12 @@ ANSWER_NAMES = ("answer", "answers", "response", "reply", "a", "target", "output
 CONTEXT_NAMES = ("context", "passage", "paragraph", "document", "article", "text", "content", "source")
 DEFAULT_MODELS = {"generative": "gpt2", "extractive": "bert-base-uncased"}
 SAMPLE_ROWS = 500
+MIN_ROWS_FOR_VALIDATION = 20
+"""Fewer rows than this: nothing is held out (a 2-row sheet would lose half its rows)."""
+MODEL_TRAIN_SETTINGS = {
+    # Measured with bench/smollm2_qa.py (see configs/smollm2-qa.yaml).
+    "smollm2-135m-instruct": {"learning_rate": 1.0e-4, "warmup_steps": 10},
+}
 
 
 @dataclass
@@ -43,7 +49,9 @@ class Inspection:
     sheet: str | int | None
 
 
-def inspect(path: Path, sheet: str | int | None = None, task: str = "auto") -> Inspection:
+def inspect(path: Path, sheet: str | int | None = None, task: str = "auto", question_column: str | None = None,
+            answer_column: str | None = None, context_column: str | None = None) -> Inspection:
+    """Guess the columns (those given are taken as they are) and the task."""
     header, rows, _ = read_table(path, sheet=sheet)
     if not rows:
         raise DataError(f"{path} has a header but no data rows")
@@ -51,17 +59,20 @@ def inspect(path: Path, sheet: str | int | None = None, task: str = "auto") -> I
     columns = {name: [_clean_cell(row[i]) if i < len(row) else None for row in sample]
                for i, name in enumerate(header) if name.strip()}
     stats = {name: _stats(values) for name, values in columns.items()}
-    question = _by_name(columns, QUESTION_NAMES)
+    given = {role: _given(header, name, role, path) for role, name in
+             (("question", question_column), ("answer", answer_column), ("context", context_column)) if name}
+    question = given.get("question") or _by_name(columns, QUESTION_NAMES)
+    taken = {g.column for g in given.values()}
     if question.column is None:
-        question = _best(stats, "question_marks", "ends with '?' most often")
+        question = _best({n: s for n, s in stats.items() if n not in taken}, "question_marks",
+                         "ends with '?' most often")
     if question.column is None:
-        raise DataError(f"cannot tell which column of {path.name} holds the questions (columns: {header}); "
-                        "name it 'question' or write the config by hand")
-    taken = {question.column}
-    answer = _by_name(columns, ANSWER_NAMES, taken)
+        raise DataError(_cannot_tell("questions", path, columns))
+    taken.add(question.column)
+    answer = given.get("answer") or _by_name(columns, ANSWER_NAMES, taken)
     if answer.column:
         taken.add(answer.column)
-    context = _by_name(columns, CONTEXT_NAMES, taken)
+    context = given.get("context") or _by_name(columns, CONTEXT_NAMES, taken)
     if context.column is None:
         long_text = {n: s for n, s in stats.items() if n not in taken and s["mean_length"] >= 200}
         context = _best(long_text, "mean_length", "long passages (mean length {value:.0f} characters)")
@@ -71,8 +82,7 @@ def inspect(path: Path, sheet: str | int | None = None, task: str = "auto") -> I
         texts = {n: s for n, s in stats.items() if n not in taken and s["filled"] > 0.5}
         answer = _best(texts, "shortness", "the shortest filled text column")
     if answer.column is None:
-        raise DataError(f"cannot tell which column of {path.name} holds the answers (columns: {header}); "
-                        "name it 'answer' or write the config by hand")
+        raise DataError(_cannot_tell("answers", path, columns))
     share = None
     if context.column:
         pairs = [(c, a) for c, a in zip(columns[context.column], columns[answer.column]) if c and a]
@@ -82,33 +92,68 @@ def inspect(path: Path, sheet: str | int | None = None, task: str = "auto") -> I
     if task == "extractive" and context.column is None:
         raise DataError(f"--task extractive needs a context column and none was found in {path.name} "
                         f"(columns: {header})")
-    if task == "generative":
+    if task == "generative" and "context" not in given:
         context = Guess(None, context.reason + "; not used by generative QA" if context.column else context.reason)
     return Inspection(task=task, question=question, answer=answer, context=context, answer_in_context=share,
                       rows=len(rows), sheet=sheet)
+
+
+def _given(header: list[str], name: str, role: str, path: Path) -> Guess:
+    index = resolve_column(header, name, f"{role}_column", path.name)
+    return Guess(header[index], f"--{role} {name!r}")
+
+
+def _cannot_tell(what: str, path: Path, columns: dict[str, list[str | None]]) -> str:
+    lines = [f"cannot tell which column of {path.name} holds the {what}; pass the columns, e.g. "
+             f"qatune init {path} --question COLUMN --answer COLUMN (and --context COLUMN for passages). Its columns:"]
+    for name, values in columns.items():
+        sample = next((v for v in values if v), "")
+        sample = sample if len(sample) <= 60 else sample[:57] + "..."
+        lines.append(f"  {name!r:24} e.g. {sample!r}")
+    lines.append("  (more than one column in the prompt: set data.prompt_template in the config it writes, "
+                 "e.g. \"Marks: {Total Marks}\\nAnswer: {Coding}\\nFeedback:\")")
+    return "\n".join(lines)
+
+
+def choose_model(task: str, given: str | None) -> Guess:
+    """--model; else the usual hub model, or an installed packaged model when the hub is not reachable."""
+    from qatune.model import PACKAGED_MODELS, hub_reachable, installed_packaged_models
+
+    if given:
+        return Guess(given, "--model")
+    if hub_reachable():
+        return Guess(DEFAULT_MODELS[task], "from the Hugging Face hub")
+    installed = [name for name in installed_packaged_models() if PACKAGED_MODELS[name].task == task]
+    if installed:
+        return Guess(installed[0], "the Hugging Face hub is not reachable; this one is installed for offline use")
+    offline = [f"{name} ({p.install})" for name, p in PACKAGED_MODELS.items() if p.task == task]
+    return Guess(DEFAULT_MODELS[task], "the Hugging Face hub is not reachable, so training will fail until it is; "
+                                       f"or install a model for offline use: {', '.join(offline)}")
 
 
 def write_config(path: Path, data_file: Path, found: Inspection, model: str | None, output_dir: str | None,
                  force: bool) -> dict[str, Any]:
     if path.exists() and not force:
         raise QatuneError(f"{path} already exists; pass --force to replace it or choose another --output")
+    model = model or DEFAULT_MODELS[found.task]
+    train = {"epochs": 3, "batch_size": 8, "learning_rate": 5.0e-5 if found.task == "generative" else 3.0e-5,
+             "max_grad_norm": 1.0, "warmup_steps": 20, **MODEL_TRAIN_SETTINGS.get(model, {})}
     raw: dict[str, Any] = {
         "task": found.task,
         "seed": 42,
         "output_dir": output_dir or f"runs/{_slug(data_file.stem)}",
-        "model": {"name_or_path": model or DEFAULT_MODELS[found.task]},
+        "model": {"name_or_path": model},
         "data": {
             "train_file": str(data_file),
             "eval_file": None,
-            "validation_fraction": 0.1,
+            "validation_fraction": 0.1 if found.rows >= MIN_ROWS_FOR_VALIDATION else 0.0,
             "question_column": found.question.column,
             "answer_column": found.answer.column,
             "context_column": found.context.column,
             "sheet": found.sheet,
             "max_length": "auto" if found.task == "generative" else 384,
         },
-        "train": {"epochs": 3, "batch_size": 8, "learning_rate": 5.0e-5 if found.task == "generative" else 3.0e-5,
-                  "max_grad_norm": 1.0, "warmup_steps": 20},
+        "train": train,
     }
     validate_config(raw, str(path))
     header = (f"# Written by 'qatune init {data_file}': {found.rows} rows, {found.task} QA.\n"
@@ -166,4 +211,7 @@ def describe(found: Inspection, data_file: Path) -> str:
     task_reason = (f"{100 * found.answer_in_context:.0f}% of answers occur in their context"
                    if found.answer_in_context is not None else "no context column")
     lines.append(f"  {'task:':17} {found.task!r:24} ({task_reason})")
+    validation = ("10% of the questions held out" if found.rows >= MIN_ROWS_FOR_VALIDATION
+                  else f"none held out (only {found.rows} rows; add data.eval_file to measure)")
+    lines.append(f"  {'validation:':17} {validation}")
     return "\n".join(lines)

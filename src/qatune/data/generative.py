@@ -1,38 +1,176 @@
 """Generative QA: prompt template -> token ids -> padded batches with labels.
 
-A training example is ``prompt tokens + answer tokens + EOS``. Labels copy the input ids and are
-IGNORE_INDEX on padding (decided by each row's length, never by comparing ids with pad_token_id, so
-an EOS that shares its id with the pad token is still trained) and, unless ``train_on_prompt``, on
+A training example is ``prompt tokens + answer tokens + end token``. Labels copy the input ids and
+are IGNORE_INDEX on padding (decided by each row's length, never by comparing ids with pad_token_id,
+so an EOS that shares its id with the pad token is still trained) and, unless ``train_on_prompt``, on
 the prompt. Prompts are encoded by the same function at training and at generation time.
+
+A prompt template is a text with ``{placeholders}``: ``{question}``, ``{context}`` and any other
+column of the spreadsheet (``{Total Marks}``). A chat model's template is rendered once around
+those placeholders (:func:`chat_template`), so the template a run saves is the exact text the model
+reads; such a template writes the special tokens itself, and its answers end with the chat
+template's end-of-turn token.
 """
 
 from __future__ import annotations
 
-import string
+import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from qatune.data.spreadsheet import QARecord
-from qatune.errors import DataError
+from qatune.config import PLACEHOLDER, template_fields
+from qatune.data.spreadsheet import QARecord, column_key
+from qatune.errors import ConfigError, DataError
+
+if TYPE_CHECKING:
+    from qatune.config import DataConfig
 
 IGNORE_INDEX = -100
+
+DEFAULT_TEMPLATE = "Question: {question}\nAnswer:"
+DEFAULT_CONTEXT_TEMPLATE = "Context: {context}\nQuestion: {question}\nAnswer:"
+DEFAULT_USER_MESSAGE = "{question}"
+DEFAULT_CONTEXT_USER_MESSAGE = "{context}\n\nQuestion: {question}"
+ROLES = ("question", "context")
+"""Placeholders that stand for data.question_column and data.context_column; any other name is a column."""
+
+# Private-use characters no spreadsheet cell or chat template is likely to hold.
+_USER_MARK, _ANSWER_MARK = "\ue000qatune-user\ue001", "\ue000qatune-answer\ue001"
 
 
 @dataclass(frozen=True)
 class PromptTemplate:
-    """The text before the answer. The answer follows after ``answer_prefix`` and ends with EOS."""
+    """The text before the answer. The answer follows after ``answer_prefix`` and ends with an end token."""
 
-    template: str = "Question: {question}\nAnswer:"
+    template: str = DEFAULT_TEMPLATE
     answer_prefix: str = " "
 
-    def render(self, question: str, context: str | None = None) -> str:
-        return self.template.format(question=question, context=context or "")
+    def render(self, question: str, context: str | None = None, fields: dict[str, str] | None = None) -> str:
+        values = {**(fields or {}), "question": question, "context": context or ""}
+
+        def fill(match: re.Match) -> str:
+            text = match.group(0)
+            if text in ("{{", "}}"):
+                return text[0]
+            name = match.group(1)
+            if name is None:
+                raise DataError(f"prompt template {self.template!r} has unbalanced braces")
+            if name not in values:
+                raise DataError(f"the prompt needs the column {name!r} besides the question; answer a file that "
+                                f"has it (qatune generate RUN --file FILE) or pass it (--field '{name}=VALUE')")
+            return values[name]
+
+        return PLACEHOLDER.sub(fill, self.template)
+
+    @property
+    def fields(self) -> list[str]:
+        """Column names the template reads besides the question and the context."""
+        return [name for name in template_fields(self.template) or [] if name not in ROLES]
 
     @property
     def uses_context(self) -> bool:
-        return any(name == "context" for _, name, _, _ in string.Formatter().parse(self.template))
+        return "context" in (template_fields(self.template) or [])
+
+
+def resolve_template(data: DataConfig, tokenizer: Any = None, model_name: str = "the model") -> PromptTemplate:
+    """The template a run trains with, from the config's data section (and the tokenizer's chat template).
+
+    ``auto`` is the chat template when the tokenizer has one, else the plain question/answer template.
+    Placeholders that name the question or context column are written as {question}/{context}, so
+    truncation cuts them like the roles they are.
+    """
+    setting = data.prompt_template
+    has_chat = bool(getattr(tokenizer, "chat_template", None))
+    if setting == "chat" and tokenizer is not None and not has_chat:
+        raise ConfigError(f"data.prompt_template: chat, but the tokenizer of {model_name} has no chat template; "
+                          "use auto or write the template, e.g. \"Question: {question}\\nAnswer:\"")
+    columns = {"question": data.question_column, "context": data.context_column}
+    if setting == "chat" and tokenizer is None:
+        setting = "auto"  # a scratch tokenizer is trained before the template is needed; it has no chat template
+    if setting == "chat" or (setting == "auto" and has_chat):
+        user = data.user_template or (DEFAULT_CONTEXT_USER_MESSAGE if data.context_column else DEFAULT_USER_MESSAGE)
+        return chat_template(tokenizer, _canonical(user, columns), data.system_prompt, model_name)
+    if setting == "auto":
+        return PromptTemplate(DEFAULT_CONTEXT_TEMPLATE if data.context_column else DEFAULT_TEMPLATE)
+    return PromptTemplate(_canonical(setting, columns))
+
+
+def chat_template(tokenizer: Any, user_template: str, system_prompt: str | None = None,
+                  model_name: str = "the model") -> PromptTemplate:
+    """The tokenizer's chat template rendered once: a system message (``None``: the template's own
+    default), a user message made of ``user_template`` and the opening of the assistant's turn.
+
+    The result is a plain template whose text holds the chat markup (special tokens included) with
+    the user message's placeholders inside; ``answer_prefix`` is what the chat template puts between
+    the opening of the assistant's turn and its content (usually nothing).
+    """
+    messages = [{"role": "system", "content": system_prompt}] if system_prompt is not None else []
+    messages.append({"role": "user", "content": _USER_MARK})
+    try:
+        prompt = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        full = tokenizer.apply_chat_template([*messages, {"role": "assistant", "content": _ANSWER_MARK}],
+                                             tokenize=False)
+    except Exception as exc:  # jinja raises its own kinds (a template that refuses a system message, ...)
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        hint = "; leave data.system_prompt unset" if system_prompt is not None else ""
+        raise ConfigError(f"the chat template of {model_name} cannot render a prompt ({reason}){hint}; or set "
+                          "data.prompt_template to a template of your own") from None
+    if prompt.count(_USER_MARK) != 1 or not full.startswith(prompt) or _ANSWER_MARK not in full[len(prompt):]:
+        raise ConfigError(f"the chat template of {model_name} does not keep the user's message and the answer apart "
+                          "as qatune needs; set data.prompt_template to a template of your own")
+    before, after = prompt.split(_USER_MARK)
+    text = _escape(before) + user_template + _escape(after)
+    return PromptTemplate(text, answer_prefix=full[len(prompt): full.index(_ANSWER_MARK, len(prompt))])
+
+
+def end_of_turn_id(tokenizer: Any) -> int | None:
+    """The special token a chat template puts right after an assistant's answer (None: no chat template)."""
+    if not getattr(tokenizer, "chat_template", None):
+        return None
+    messages = [{"role": "user", "content": "x"}, {"role": "assistant", "content": _ANSWER_MARK}]
+    try:
+        text = tokenizer.apply_chat_template(messages, tokenize=False)
+    except Exception:  # a template that cannot render this: answers end with the EOS
+        return None
+    if _ANSWER_MARK not in text:
+        return None
+    after = text[text.index(_ANSWER_MARK) + len(_ANSWER_MARK):]
+    special = set(special_tokens(tokenizer).values())
+    for token in tokenizer(after, add_special_tokens=False)["input_ids"]:
+        if token in special:
+            return token
+    return None
+
+
+def special_tokens(tokenizer: Any) -> dict[str, int]:
+    """The tokenizer's special tokens, text -> id: the named ones (BOS, EOS, ...) and every added token
+    marked special (a chat template's <|im_start|>, <end_of_turn>, ...)."""
+    found = {}
+    for token in getattr(tokenizer, "all_special_tokens", None) or []:
+        found[token] = tokenizer.convert_tokens_to_ids(token)
+    for token_id, token in (getattr(tokenizer, "added_tokens_decoder", None) or {}).items():
+        if getattr(token, "special", False):
+            found[str(token)] = token_id
+    return {text: token_id for text, token_id in found.items() if text}
+
+
+def _canonical(template: str, columns: dict[str, str | None]) -> str:
+    """Write a placeholder naming the question or context column as {question} / {context}."""
+    keys = {role: role for role in ROLES} | {column_key(name): role for role, name in columns.items() if name}
+
+    def rename(match: re.Match) -> str:
+        name = match.group(1)
+        if name is None or column_key(name) not in keys:
+            return match.group(0)
+        return "{" + keys[column_key(name)] + "}"
+
+    return PLACEHOLDER.sub(rename, template)
+
+
+def _escape(text: str) -> str:
+    return text.replace("{", "{{").replace("}", "}}")
 
 
 @dataclass
@@ -60,7 +198,12 @@ class EncodeStats:
 
 
 class PromptEncoder:
-    """Turns questions (and answers) into token ids, cutting the question before the answer."""
+    """Turns questions (and answers) into token ids, cutting the context, then the question, before the answer.
+
+    A template that writes special tokens itself (a rendered chat template) is encoded as written;
+    otherwise the tokenizer adds its own (a Llama tokenizer's BOS). Answers end with ``end_id``: the
+    chat template's end-of-turn token for such a template, else the EOS.
+    """
 
     def __init__(self, tokenizer: Any, template: PromptTemplate):
         if tokenizer.eos_token_id is None:
@@ -68,40 +211,53 @@ class PromptEncoder:
         self.tokenizer = tokenizer
         self.template = template
         self.eos_id = tokenizer.eos_token_id
+        self.writes_special_tokens = any(token in template.template for token in special_tokens(tokenizer))
+        turn_end = end_of_turn_id(tokenizer) if self.writes_special_tokens else None
+        self.end_id = turn_end if turn_end is not None else self.eos_id
 
-    def prompt_ids(self, question: str, context: str | None = None, budget: int | None = None) -> list[int] | None:
+    @property
+    def stop_ids(self) -> list[int]:
+        """Token ids that end a generated answer."""
+        return sorted({self.eos_id, self.end_id})
+
+    def prompt_ids(self, question: str, context: str | None = None, budget: int | None = None,
+                   fields: dict[str, str] | None = None) -> list[int] | None:
         """Token ids of the prompt, at most ``budget`` long (context cut first, then the question).
 
-        Returns None when even an empty question does not fit.
+        ``fields``: values of the other columns the template names. Returns None when even an empty
+        question does not fit.
         """
-        ids = self._encode_prompt(question, context)
+        ids = self._encode_prompt(question, context, fields)
         if budget is None or len(ids) <= budget:
             return ids
         if context and self.template.uses_context:
-            kept = self._shrink(context, lambda text: self._encode_prompt(question, text), budget)
+            kept = self._shrink(context, lambda text: self._encode_prompt(question, text, fields), budget)
             if kept is not None:
                 return kept
             context = ""
-        return self._shrink(question, lambda text: self._encode_prompt(text, context), budget)
+        return self._shrink(question, lambda text: self._encode_prompt(text, context, fields), budget)
 
     def answer_ids(self, answer: str) -> list[int]:
         ids = self.tokenizer(self.template.answer_prefix + answer, add_special_tokens=False)["input_ids"]
-        return [*ids, self.eos_id]
+        return [*ids, self.end_id]
 
     def example(self, record: QARecord, max_length: int) -> Example | None:
         answer = self.answer_ids(record.answer)
-        prompt = self.prompt_ids(record.question, record.context, budget=max_length - len(answer))
+        prompt = self.prompt_ids(record.question, record.context, budget=max_length - len(answer),
+                                 fields=record.fields)
         if prompt is None:
             return None
-        full = self._encode_prompt(record.question, record.context)
+        full = self._encode_prompt(record.question, record.context, record.fields)
         return Example(input_ids=prompt + answer, prompt_length=len(prompt), row=record.row,
                        truncated=len(prompt) < len(full))
 
     def full_length(self, record: QARecord) -> int:
-        return len(self._encode_prompt(record.question, record.context)) + len(self.answer_ids(record.answer))
+        return len(self._encode_prompt(record.question, record.context, record.fields)) + len(
+            self.answer_ids(record.answer))
 
-    def _encode_prompt(self, question: str, context: str | None) -> list[int]:
-        ids = self.tokenizer(self.template.render(question, context), add_special_tokens=True)["input_ids"]
+    def _encode_prompt(self, question: str, context: str | None, fields: dict[str, str] | None = None) -> list[int]:
+        text = self.template.render(question, context, fields)
+        ids = self.tokenizer(text, add_special_tokens=not self.writes_special_tokens)["input_ids"]
         # Some tokenizers append EOS to every text; the prompt must not end the sequence.
         while ids and ids[-1] == self.eos_id:
             ids = ids[:-1]
@@ -143,17 +299,18 @@ class Seq2SeqEncoder(PromptEncoder):
 
     def example(self, record: QARecord, max_length: int) -> Seq2SeqExample | None:
         target = self.answer_ids(record.answer)
-        source = self.prompt_ids(record.question, record.context, budget=max_length)
+        source = self.prompt_ids(record.question, record.context, budget=max_length, fields=record.fields)
         if source is None or len(target) > max_length:
             return None
-        full = self._encode_prompt(record.question, record.context)
+        full = self._encode_prompt(record.question, record.context, record.fields)
         return Seq2SeqExample(input_ids=source, target_ids=target, row=record.row, truncated=len(source) < len(full))
 
     def full_length(self, record: QARecord) -> int:
-        return max(len(self._encode_prompt(record.question, record.context)), len(self.answer_ids(record.answer)))
+        return max(len(self._encode_prompt(record.question, record.context, record.fields)),
+                   len(self.answer_ids(record.answer)))
 
-    def _encode_prompt(self, question: str, context: str | None) -> list[int]:
-        return self.tokenizer(self.template.render(question, context), add_special_tokens=True)["input_ids"]
+    def _encode_prompt(self, question: str, context: str | None, fields: dict[str, str] | None = None) -> list[int]:
+        return self.tokenizer(self.template.render(question, context, fields), add_special_tokens=True)["input_ids"]
 
 
 @dataclass

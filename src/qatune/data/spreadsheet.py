@@ -44,6 +44,8 @@ class QARecord:
     answer_start: int | None = None
     row: int = 0
     """Row number in the source file, as a spreadsheet shows it."""
+    fields: dict[str, str] = field(default_factory=dict)
+    """Other columns the prompt template names ({Total Marks}), by the name the template uses."""
 
     @property
     def answer(self) -> str:
@@ -94,8 +96,13 @@ def load_records(
     answer_separator: str | None = None,
     drop_duplicates: bool = False,
     max_cell_chars: int = 100_000,
+    fields: list[str] | tuple[str, ...] = (),
 ) -> tuple[list[QARecord], LoadReport]:
-    """Read a spreadsheet into QA records. ``answer_column=None`` reads questions only (for generate)."""
+    """Read a spreadsheet into QA records. ``answer_column=None`` reads questions only (for generate).
+
+    ``fields``: other columns the prompt template names; each must exist, and its cells go into
+    ``QARecord.fields`` under the template's name.
+    """
     path = Path(path)
     header, rows, first_row = read_table(path, sheet=sheet, encoding=encoding, delimiter=delimiter)
     report = LoadReport(file=path.name, rows_read=len(rows))
@@ -111,6 +118,11 @@ def load_records(
     elif context_column is not None:
         start_index = _find_column(header, "answer_start")
     report.columns = {key: header[i] for key, i in index.items()}
+    for name in fields:
+        if _find_column(header, name) is None and name not in header:
+            raise DataError(f"data.prompt_template names the column '{name}', which is not in {where}; columns are "
+                            f"{header}; fix the name in the template (case, spaces, _ and - do not matter)")
+        index[name] = resolve_column(header, name, "prompt_template", where)
 
     columns = {key: _column_cells(rows, i) for key, i in index.items()}
     starts = _column_cells(rows, start_index) if start_index is not None else [None] * len(rows)
@@ -138,8 +150,9 @@ def load_records(
             context=cells.get("context_column"),
             answer_start=_as_offset(starts[offset]),
             row=row_number,
+            fields={name: cells[name] for name in fields},
         )
-        key = (record.question, tuple(record.answers), record.context)
+        key = (record.question, tuple(record.answers), record.context, tuple(record.fields.values()))
         if key in seen:
             report.duplicates += 1
             if drop_duplicates:
@@ -169,7 +182,22 @@ def load_from_config(data: DataConfig, path: str | Path, *, with_answers: bool =
         answer_separator=data.answer_separator,
         drop_duplicates=data.drop_duplicates,
         max_cell_chars=data.max_cell_chars,
+        fields=prompt_columns(data),
     )
+
+
+def prompt_columns(data: DataConfig) -> list[str]:
+    """Columns the prompt names besides the question and context columns (``{Total Marks}``)."""
+    from qatune.config import template_fields
+
+    templates = [data.user_template] if data.prompt_template in ("auto", "chat") else [data.prompt_template]
+    roles = {column_key(name) for name in ("question", "context", data.question_column, data.context_column) if name}
+    names: list[str] = []
+    for template in templates:
+        for name in template_fields(template or "") or []:
+            if column_key(name) not in roles and name not in names:
+                names.append(name)
+    return names
 
 
 def split_validation(records: list[QARecord], fraction: float, seed: int) -> tuple[list[QARecord], list[QARecord]]:
@@ -227,7 +255,7 @@ def read_table(path: Path, *, sheet: str | int | None = None, encoding: str | No
 def resolve_column(header: list[str], name: str, key: str, where: str) -> int:
     """Index of the column ``name``; exact match first, then ignoring case, spaces and _/-."""
     exact = [i for i, column in enumerate(header) if column == name]
-    candidates = exact or [i for i, column in enumerate(header) if _column_key(column) == _column_key(name)]
+    candidates = exact or [i for i, column in enumerate(header) if column_key(column) == column_key(name)]
     if len(candidates) == 1:
         return candidates[0]
     if len(candidates) > 1:
@@ -247,11 +275,12 @@ def resolve_column(header: list[str], name: str, key: str, where: str) -> int:
 
 
 def _find_column(header: list[str], name: str) -> int | None:
-    matches = [i for i, column in enumerate(header) if _column_key(column) == _column_key(name)]
+    matches = [i for i, column in enumerate(header) if column_key(column) == column_key(name)]
     return matches[0] if len(matches) == 1 else None
 
 
-def _column_key(name: str) -> str:
+def column_key(name: str) -> str:
+    """A column name as matched: case, surrounding spaces, runs of spaces and _/- do not matter."""
     return " ".join(re.sub(r"[_\-]", " ", name).casefold().split())
 
 

@@ -26,6 +26,7 @@ from qatune.data.generative import (
     choose_max_length,
     encode_examples,
     percentile,
+    resolve_template,
 )
 from qatune.data.spreadsheet import LoadReport, QARecord, load_from_config, split_validation
 from qatune.errors import ConfigError, DataError, row_list
@@ -36,6 +37,7 @@ from qatune.model import (
     load_model_config,
     load_pretrained,
     load_tokenizer,
+    lora_base_in_run,
     model_max_positions,
     quiet_transformers,
     train_scratch_tokenizer,
@@ -149,7 +151,7 @@ def _setup_model(config: Config, train_records: list[QARecord], with_model: bool
     task, model = config.task, None
     if config.model.scratch is not None:
         shape = config.model.scratch
-        texts = _tokenizer_corpus(task, PromptTemplate(config.data.prompt_template), train_records)
+        texts = _tokenizer_corpus(task, resolve_template(config.data), train_records)
         tokenizer = train_scratch_tokenizer(task, texts, shape.vocab_size, shape.architecture)
         if with_model:
             model = build_scratch(shape, task, tokenizer)
@@ -170,7 +172,8 @@ def _setup_model(config: Config, train_records: list[QARecord], with_model: bool
 
 
 def _encode_generative(config: Config, built: _Model, records: list[QARecord], reports: dict[str, Any]) -> _Encoded:
-    template = PromptTemplate(config.data.prompt_template)
+    source = config.model.name_or_path or "the scratch model"
+    template = resolve_template(config.data, built.tokenizer, source)
     encoder = (Seq2SeqEncoder if built.seq2seq else PromptEncoder)(built.tokenizer, template)
     lengths = [encoder.full_length(r) for r in records]
     max_length = choose_max_length(lengths, config.data.max_length, built.limit)
@@ -240,7 +243,7 @@ def _setup_lora(config: Config, model: Any, info: ModelInfo) -> tuple[Any, Any]:
     if config.model.lora is None:
         return model, None
     base_model = None
-    if config.model.scratch is not None:
+    if lora_base_in_run(config.model):
         info.lora_base = rundir.BASE
         base_model = copy.deepcopy(model) if model is not None else None
     else:
@@ -280,7 +283,7 @@ def validate_first_batches(config: Config, dataset: ExampleDataset, collator: An
 
 def _tokenizer_corpus(task: str, template: PromptTemplate, records: list[QARecord]) -> list[str]:
     if task == "generative":
-        return [template.render(r.question, r.context) + template.answer_prefix + r.answer for r in records]
+        return [template.render(r.question, r.context, r.fields) + template.answer_prefix + r.answer for r in records]
     return [text for r in records for text in (r.question, r.context or "")]
 
 

@@ -221,3 +221,42 @@ def test_shipped_example_workbook_loads(fixtures):
     records, report = load_records(path, sheet="Marks", answer_column="Total Marks")
     assert report.kept == 40 and report.dropped == {"empty row": [12]}
     assert records[0].answer == "2.5"
+
+
+GRADING = [["Student ID", "Total Marks", "Coding", "Feedback"],
+           [101, 3.0, "uses a for loop", "Good."],
+           [102, None, "recursion", "Check the base case."],
+           [103, 1.5, "while True", "It never stops."]]
+
+
+def test_columns_the_prompt_names_travel_with_each_record(tmp_path):
+    path = write_xlsx(tmp_path / "marks.xlsx", GRADING)
+    records, report = load_records(path, question_column="Coding", answer_column="Feedback",
+                                   fields=["total marks", "Student ID"])
+    assert [(r.question, r.fields) for r in records] == [
+        ("uses a for loop", {"total marks": "3", "Student ID": "101"}),
+        ("while True", {"total marks": "1.5", "Student ID": "103"}),
+    ]
+    assert report.dropped == {"blank total marks": [3]}
+
+
+def test_a_column_the_prompt_names_must_exist(tmp_path):
+    path = write_xlsx(tmp_path / "marks.xlsx", GRADING)
+    with pytest.raises(DataError) as caught:
+        load_records(path, question_column="Coding", answer_column="Feedback", fields=["Total Markz"])
+    assert str(caught.value) == (
+        "data.prompt_template names the column 'Total Markz', which is not in marks.xlsx (first sheet); columns are "
+        "['Student ID', 'Total Marks', 'Coding', 'Feedback']; fix the name in the template (case, spaces, _ and - "
+        "do not matter)")
+
+
+def test_prompt_columns_come_from_the_template_without_the_question_and_context():
+    from qatune.config import DataConfig
+    from qatune.data.spreadsheet import prompt_columns
+
+    plain = DataConfig(train_file="x", question_column="Coding",
+                       prompt_template="Marks: {Total Marks}\nAnswer: {coding}\n{question} {{literal}}")
+    assert prompt_columns(plain) == ["Total Marks"]
+    chat = DataConfig(train_file="x", prompt_template="chat", user_template="{Student ID}: {question}")
+    assert prompt_columns(chat) == ["Student ID"]
+    assert prompt_columns(DataConfig(train_file="x")) == []
