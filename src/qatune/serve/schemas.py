@@ -12,6 +12,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, field_validator
 
+# A string where the OpenAI schema allows "a string or an array of strings" becomes a one-item list
+# before validation, so errors name the field (a union would name its members: 'stop.str').
+
 # option -> the values that mean "not used"
 UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "n": (None, 1), "best_of": (None, 1), "echo": (None, False), "logprobs": (None, False),
@@ -53,18 +56,21 @@ class _Sampling(_Request):
     max_tokens: int | None = Field(None, ge=1)
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
-    stop: StrictStr | Annotated[list[StrictStr], Field(max_length=4)] | None = None
+    stop: Annotated[list[StrictStr], Field(max_length=4)] | None = None
     seed: int | None = None
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
     context: StrictStr | None = None
     """qatune: the passage for an extractive run, or for a prompt template with {context}."""
 
+    @field_validator("stop", mode="before")
+    @classmethod
+    def _one_stop(cls, value: Any) -> Any:
+        return _listed(value, "a string or an array of up to 4 strings")
+
     @property
     def stops(self) -> tuple[str, ...]:
-        if self.stop is None:
-            return ()
-        return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+        return tuple(self.stop or ())
 
 
 class StreamOptions(BaseModel):
@@ -75,11 +81,16 @@ class StreamOptions(BaseModel):
 class CompletionRequest(_Sampling):
     """POST /v1/completions: ``prompt`` is the question (one per request)."""
 
-    prompt: StrictStr | Annotated[list[StrictStr], Field(min_length=1, max_length=1)]
+    prompt: Annotated[list[StrictStr], Field(min_length=1, max_length=1)]
+
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _one_prompt(cls, value: Any) -> Any:
+        return _listed(value, "a string (the question)")
 
     @property
     def question(self) -> str:
-        return self.prompt if isinstance(self.prompt, str) else self.prompt[0]
+        return self.prompt[0]
 
 
 class TextPart(BaseModel):
@@ -91,13 +102,18 @@ class TextPart(BaseModel):
 class Message(BaseModel):
     model_config = ConfigDict(strict=True, extra="ignore")
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: StrictStr | list[TextPart] | None = None
+    content: list[TextPart] | None = None
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _text_content(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return [{"type": "text", "text": value}]
+        return _listed(value, "a string or an array of text parts")
 
     @property
     def text(self) -> str:
-        if isinstance(self.content, list):
-            return "".join(part.text for part in self.content)
-        return self.content or ""
+        return "".join(part.text for part in self.content or [])
 
 
 class ChatRequest(_Sampling):
@@ -132,6 +148,14 @@ class ExtractRequest(_Request):
     context: StrictStr
     max_answer_length: int | None = Field(None, ge=1, le=512)
     """Longest answer in tokens (default: the run's generate.max_answer_length)."""
+
+
+def _listed(value: Any, expected: str) -> Any:
+    if isinstance(value, str):
+        return [value]
+    if value is not None and not isinstance(value, list):
+        raise ValueError(f"should be {expected}")
+    return value
 
 
 _Sampling.model_rebuild()
