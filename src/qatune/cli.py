@@ -255,6 +255,48 @@ def export(run_dir: str, output: str, which: str) -> None:
 
 
 @cli.command()
+@click.argument("run_dir")
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to listen on. Another than loopback makes the model reachable from the network.")
+@click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True, help="0 picks a free port.")
+@click.option("--api-key", envvar="QATUNE_API_KEY", default=None,
+              help="Require 'Authorization: Bearer KEY' on every request (or set QATUNE_API_KEY).")
+@click.option("--model", "which", type=click.Choice(["final", "best"]), default="final", show_default=True)
+@click.option("--max-batch-size", type=click.IntRange(min=1), default=32, show_default=True,
+              envvar="QATUNE_SERVE_MAX_BATCH_SIZE", help="Requests answered together; 1 turns batching off.")
+@click.option("--batch-wait-ms", type=click.FloatRange(0, 1000), default=5.0, show_default=True,
+              help="How long the first request of a batch waits for others.")
+@click.option("--max-concurrent", type=click.IntRange(min=1), default=64, show_default=True,
+              help="Requests in flight; more are refused with 429.")
+@click.option("--max-tokens", type=click.IntRange(min=1), default=1024, show_default=True,
+              help="Largest max_tokens a request may ask for.")
+@click.option("--max-prompt-tokens", type=click.IntRange(min=1), default=4096, show_default=True,
+              help="Longest question (+ context) in tokens.")
+@click.option("--max-body-bytes", type=click.IntRange(min=1024), default=1_000_000, show_default=True,
+              help="Largest request body.")
+@verbose_option
+def serve(run_dir: str, host: str, port: int, api_key: str | None, which: str, max_batch_size: int,
+          batch_wait_ms: float, max_concurrent: int, max_tokens: int, max_prompt_tokens: int,
+          max_body_bytes: int) -> None:
+    """Serve a trained run: a page to try it at / and an OpenAI-compatible API under /v1.
+
+    Listens on 127.0.0.1 unless --host says otherwise. Ctrl-C lets the requests in flight finish, then exits.
+    """
+    from qatune.serve import check_installed
+
+    check_installed()
+    from qatune.serve.app import Limits, Settings
+    from qatune.serve.server import serve as run_server
+
+    if api_key is not None and not api_key.strip():
+        raise QatuneError("--api-key is empty; pass a key, or leave the option out")
+    limits = Limits(max_body_bytes=max_body_bytes, max_prompt_tokens=max_prompt_tokens, max_tokens=max_tokens,
+                    max_concurrent=max_concurrent)
+    run_server(run_dir, which, host, port, Settings(api_key=api_key, limits=limits, max_batch_size=max_batch_size,
+                                                    batch_wait_ms=batch_wait_ms))
+
+
+@cli.command()
 @click.argument("data_file")
 @click.option("--task", type=click.Choice(["auto", "generative", "extractive"]), default="auto", show_default=True,
               help="auto: extractive when a context column holds the answers.")

@@ -303,7 +303,20 @@ def best_span(
     max_answer_length: int,
 ) -> tuple[str, float]:
     """Highest-scoring valid span over all windows of one example, cut from the original context."""
-    best_text, best_score = "", float("-inf")
+    start, end, score = best_span_offsets(features, start_logits, end_logits, n_best, max_answer_length)
+    return context[start:end], score
+
+
+def best_span_offsets(
+    features: list[Feature],
+    start_logits: list[torch.Tensor],
+    end_logits: list[torch.Tensor],
+    n_best: int,
+    max_answer_length: int,
+) -> tuple[int, int, float]:
+    """Character span [start, end) in the context of the highest-scoring valid span, and its score
+    (start + end logit); (0, 0, -inf) when no window has a valid span."""
+    best = (0, 0, float("-inf"))
     for feature, starts, ends in zip(features, start_logits, end_logits):
         n = len(feature)
         in_context = torch.tensor([o is not None for o in feature.offsets], dtype=torch.bool)
@@ -319,9 +332,8 @@ def best_span(
         scores = scores.masked_fill((length < 0) | (length >= max_answer_length), float("-inf"))
         flat = int(scores.argmax())
         score = float(scores.flatten()[flat])
-        if score > best_score:
+        if score > best[2]:
             s = int(start_index[flat // k])
             e = int(end_index[flat % k])
-            best_score = score
-            best_text = context[feature.offsets[s][0] : feature.offsets[e][1]]
-    return best_text, best_score
+            best = (feature.offsets[s][0], feature.offsets[e][1], score)
+    return best

@@ -1,0 +1,524 @@
+"""Routes of ``qatune serve``: the OpenAI-compatible API, the extractive endpoint, the page, the run summary.
+
+Every error a client can cause is a 4xx answer in the OpenAI error shape
+``{"error": {"message", "type", "param", "code"}}``; nothing a request holds reaches a traceback.
+Requests pass the Guard (API key, body size) before any route, then the gate (concurrent requests),
+then wait in the Batcher's queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import asdict, dataclass
+from importlib import resources
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, StreamingResponse
+from starlette.datastructures import Headers
+from starlette.exceptions import HTTPException
+
+from qatune.data.generative import PromptEncoder, PromptTemplate, Seq2SeqEncoder
+from qatune.model import LoadedModel, model_max_positions
+from qatune.rundir import read_status
+from qatune.serve.batching import Batcher, Delta, Extracted, Extraction, Failed, Finished, Generation, Job, Sampling
+from qatune.serve.schemas import ApiError, ChatRequest, CompletionRequest, ExtractRequest, error_body
+
+log = logging.getLogger("qatune")
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one request may ask for; everything above is a 4xx answer."""
+
+    max_body_bytes: int = 1_000_000
+    max_prompt_tokens: int = 4096
+    """Question (+ context) tokens; a causal LM also needs prompt + max_tokens within its positions."""
+    max_tokens: int = 1024
+    max_concurrent: int = 64
+    """Requests in flight (queued or decoding); more get 429."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    api_key: str | None = None
+    limits: Limits = Limits()
+    max_batch_size: int = 32
+    """1 turns batching off."""
+    batch_wait_ms: float = 5.0
+    """How long the first request of a batch waits for others."""
+
+
+def create_app(loaded: LoadedModel, settings: Settings = Settings()) -> FastAPI:
+    """The ASGI app for one loaded run; its Batcher starts and stops with the app's lifespan."""
+    from contextlib import asynccontextmanager
+
+    service = Service(loaded, settings)
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        service.batcher.start()
+        try:
+            yield
+        finally:
+            service.batcher.stop()
+
+    app = FastAPI(title="qatune serve", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.service = service
+    app.add_middleware(Guard, api_key=settings.api_key, max_body_bytes=settings.limits.max_body_bytes)
+    _add_error_handlers(app)
+
+    @app.get("/", include_in_schema=False)
+    async def page() -> HTMLResponse:
+        return HTMLResponse(resources.files("qatune.serve").joinpath("static/index.html").read_text(encoding="utf-8"))
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        return {"status": "ok", "model": service.model_id, "in_flight": service.gate.active,
+                "waiting": service.batcher.waiting}
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [service.model_card()]}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str) -> dict[str, Any]:
+        service.check_model(model_id)
+        return service.model_card()
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest) -> Any:
+        return await service.complete(body, body.question, body.context, chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatRequest) -> Any:
+        context = body.context if body.context is not None else body.system
+        return await service.complete(body, body.question, context, chat=True)
+
+    @app.post("/v1/extract")
+    async def extract(body: ExtractRequest) -> dict[str, Any]:
+        return await service.extract(body)
+
+    @app.get("/run")
+    async def run_summary() -> dict[str, Any]:
+        return service.summary()
+
+    @app.get("/run/loss.png", include_in_schema=False)
+    async def loss_curve() -> FileResponse:
+        path = service.run_dir / "loss.png"
+        if not path.is_file():
+            raise ApiError(404, "this run has no loss.png", code="not_found")
+        return FileResponse(path, media_type="image/png")
+
+    return app
+
+
+class Gate:
+    """Counts requests in flight; beyond the limit a request is refused with 429 rather than queued."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.active = 0
+
+    def enter(self) -> Slot:
+        if self.active >= self.limit:
+            raise ApiError(429, f"the server is busy ({self.active} requests in flight, the limit is {self.limit}); "
+                           "retry shortly", code="too_many_requests", kind="rate_limit_error")
+        self.active += 1
+        return Slot(self)
+
+
+class Slot:
+    def __init__(self, gate: Gate):
+        self.gate: Gate | None = gate
+
+    def release(self) -> None:
+        if self.gate is not None:
+            self.gate.active -= 1
+            self.gate = None
+
+
+class Service:
+    """One loaded run behind the API: turns requests into jobs and the jobs' events into responses."""
+
+    def __init__(self, loaded: LoadedModel, settings: Settings):
+        self.loaded = loaded
+        self.info = loaded.info
+        self.limits = settings.limits
+        self.settings = settings
+        self.run_dir = loaded.folder.parent if (loaded.folder.parent / "run.json").is_file() else loaded.folder
+        self.model_id = self.run_dir.name
+        self.created = int(loaded.folder.stat().st_mtime)
+        self.batcher = Batcher(loaded, settings.max_batch_size, settings.batch_wait_ms)
+        self.gate = Gate(settings.limits.max_concurrent)
+        self.template = PromptTemplate(self.info.prompt_template, self.info.answer_prefix)
+        if self.info.task == "generative":
+            encoder = Seq2SeqEncoder if self.info.seq2seq else PromptEncoder
+            self.encoder = encoder(loaded.tokenizer, self.template)
+        self.positions = None if self.info.seq2seq else model_max_positions(loaded.model.config, loaded.tokenizer)
+
+    # --- requests -> jobs
+
+    def check_model(self, name: str | None) -> None:
+        if name is not None and name != self.model_id:
+            raise ApiError(404, f"model '{name}' does not exist; this server serves '{self.model_id}' "
+                           "(see GET /v1/models)", param="model", code="model_not_found")
+
+    def generation(self, body: CompletionRequest | ChatRequest, question: str, context: str | None) -> Generation:
+        """The prompt's token ids, built by the run's encoder exactly as in training, and the sampling settings."""
+        defaults = self.loaded.config.generate
+        requested = body.max_tokens or getattr(body, "max_completion_tokens", None)
+        if requested is not None and requested > self.limits.max_tokens:
+            raise ApiError(400, f"max_tokens={requested} is more than this server allows ({self.limits.max_tokens})",
+                           param="max_tokens", code="max_tokens_too_large")
+        prompt = self.encoder.prompt_ids(question, context, None)
+        self._check_prompt_length(len(prompt))
+        if self.info.seq2seq:
+            # the encoder reads at most the training max_length; the question is cut as in training
+            prompt = self.encoder.prompt_ids(question, context, self.info.max_length) or prompt
+            room = self.limits.max_tokens
+        else:
+            room = min(self.limits.max_tokens, self.positions - len(prompt) if self.positions else self.limits.max_tokens)
+            if room < 1 or (requested is not None and requested > room):
+                raise ApiError(400, f"the prompt has {len(prompt)} tokens and max_tokens={requested or 1} more do "
+                               f"not fit the model's {self.positions} positions; shorten the question or lower "
+                               "max_tokens", param="max_tokens", code="context_length_exceeded")
+        sampling = Sampling(
+            max_tokens=requested or min(defaults.max_new_tokens, room),
+            temperature=body.temperature if body.temperature is not None else defaults.temperature,
+            top_p=body.top_p if body.top_p is not None else defaults.top_p,
+            stop=body.stops, seed=body.seed,
+        )
+        return Generation(prompt, sampling)
+
+    def extraction(self, question: str, context: str | None, max_answer_length: int | None,
+                   context_param: str = "context") -> tuple[Extraction, int]:
+        if not context or not context.strip():
+            raise ApiError(400, "this run does extractive QA: the answer is a span of a context; pass the passage as "
+                           "'context' (or, in a chat, as the system message)", param=context_param,
+                           code="missing_context")
+        tokenizer = self.loaded.tokenizer
+        tokens = sum(len(tokenizer(text, add_special_tokens=False)["input_ids"]) for text in (question, context))
+        self._check_prompt_length(tokens)
+        longest = max_answer_length or self.loaded.config.generate.max_answer_length
+        return Extraction(question, context, longest), tokens
+
+    def _check_prompt_length(self, tokens: int) -> None:
+        if tokens > self.limits.max_prompt_tokens:
+            raise ApiError(400, f"the prompt has {tokens} tokens, more than this server allows "
+                           f"({self.limits.max_prompt_tokens})", param="messages", code="context_length_exceeded")
+
+    # --- jobs -> responses
+
+    async def complete(self, body: CompletionRequest | ChatRequest, question: str, context: str | None,
+                       chat: bool) -> Any:
+        self.check_model(body.model)
+        body.check_supported()
+        if not question.strip():
+            raise ApiError(400, "the question is empty", param="messages" if chat else "prompt", code="empty_question")
+        if self.info.task == "extractive":
+            request, prompt_tokens = self.extraction(question, context, None)
+        else:
+            request = self.generation(body, question, context)
+            prompt_tokens = len(request.prompt)
+        reply = Reply(self.model_id, chat, prompt_tokens, self.loaded.tokenizer)
+        slot = self.gate.enter()
+        if body.stream:
+            usage = bool(body.stream_options and body.stream_options.include_usage)
+            return SlotStreamingResponse(reply.stream(self.events(request), usage), slot,
+                                         media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        try:
+            return await reply.collect(self.events(request))
+        finally:
+            slot.release()
+
+    async def extract(self, body: ExtractRequest) -> dict[str, Any]:
+        self.check_model(body.model)
+        body.check_supported()
+        if self.info.task != "extractive":
+            raise ApiError(400, "this run is generative: ask it with POST /v1/chat/completions or /v1/completions",
+                           code="unsupported_task")
+        if not body.question.strip():
+            raise ApiError(400, "the question is empty", param="question", code="empty_question")
+        request, prompt_tokens = self.extraction(body.question, body.context, body.max_answer_length)
+        slot = self.gate.enter()
+        try:
+            async for event in self.events(request):
+                if isinstance(event, Failed):
+                    raise ApiError(500, event.message, code="model_failed", kind="server_error")
+                return {"model": self.model_id, "answer": event.answer, "score": event.score,
+                        "start": event.start, "end": event.end, "usage": {"prompt_tokens": prompt_tokens}}
+        finally:
+            slot.release()
+        raise ApiError(500, "the model gave no answer", kind="server_error")
+
+    async def events(self, request: Generation | Extraction) -> AsyncIterator[Any]:
+        """The job's events, as the worker thread produces them; leaving early cancels the job."""
+        loop = asyncio.get_running_loop()
+        inbox: asyncio.Queue[Any] = asyncio.Queue()
+
+        def notify(event: Any) -> None:
+            try:
+                loop.call_soon_threadsafe(inbox.put_nowait, event)
+            except RuntimeError:  # the loop is closed: nobody is listening any more
+                job.cancelled = True
+
+        job = Job(request, notify)
+        self.batcher.submit(job)
+        try:
+            while True:
+                event = await inbox.get()
+                yield event
+                if not isinstance(event, Delta):
+                    return
+        finally:
+            job.cancelled = True
+
+    # --- run information
+
+    def model_card(self) -> dict[str, Any]:
+        return {"id": self.model_id, "object": "model", "created": self.created, "owned_by": "qatune"}
+
+    def summary(self) -> dict[str, Any]:
+        """What the page shows: task, base model, evaluation metrics from run.json and eval-*.json."""
+        status = read_status(self.run_dir)
+        result = status.get("result") or {}
+        evaluations = {}
+        for path in sorted(self.run_dir.glob("eval-*.json")):
+            try:
+                evaluations[path.stem.removeprefix("eval-")] = json.loads(path.read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                continue
+        return {
+            "id": self.model_id, "task": self.info.task, "kind": self.kind, "base_model": self.base_model,
+            "prompt_template": self.info.prompt_template, "uses_context": self.uses_context,
+            "status": status.get("status"), "best_eval": result.get("best_eval"),
+            "final_train_loss": result.get("final_train_loss"), "steps": result.get("steps"),
+            "evaluations": evaluations, "loss_curve": "/run/loss.png" if (self.run_dir / "loss.png").is_file() else None,
+            "limits": asdict(self.limits), "max_batch_size": self.settings.max_batch_size,
+            "max_tokens_default": self.loaded.config.generate.max_new_tokens,
+        }
+
+    @property
+    def uses_context(self) -> bool:
+        return self.info.task == "extractive" or self.template.uses_context
+
+    @property
+    def kind(self) -> str:
+        if self.info.task == "extractive":
+            kind = "extractive"
+        else:
+            kind = "seq2seq" if self.info.seq2seq else "causal"
+        return f"{kind} + LoRA" if self.info.lora_base else kind
+
+    @property
+    def base_model(self) -> str:
+        model = self.loaded.config.model
+        architecture = type(self.loaded.model).__name__
+        if model.scratch is not None:
+            return f"{architecture} from scratch ({model.scratch.n_layer} layers × {model.scratch.n_embd})"
+        return f"{model.name_or_path} ({architecture})"
+
+
+class Reply:
+    """One request's answer in the OpenAI shape: a chat or text completion, whole or as server-sent events."""
+
+    def __init__(self, model_id: str, chat: bool, prompt_tokens: int, tokenizer: Any):
+        self.model_id, self.chat, self.prompt_tokens, self.tokenizer = model_id, chat, prompt_tokens, tokenizer
+        self.id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+        self.created = int(time.time())
+        self.object = "chat.completion" if chat else "text_completion"
+
+    async def collect(self, events: AsyncIterator[Any]) -> dict[str, Any]:
+        async for event in events:
+            if isinstance(event, Failed):
+                raise ApiError(500, event.message, code="model_failed", kind="server_error")
+            if isinstance(event, (Finished, Extracted)):
+                text, reason, usage = self._final(event)
+                choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+                           "finish_reason": reason} if self.chat else
+                          {"index": 0, "text": text, "logprobs": None, "finish_reason": reason})
+                return {"id": self.id, "object": self.object, "created": self.created, "model": self.model_id,
+                        "choices": [choice], "usage": usage}
+        raise ApiError(500, "the model gave no answer", kind="server_error")
+
+    async def stream(self, events: AsyncIterator[Any], include_usage: bool) -> AsyncIterator[str]:
+        if self.chat:
+            yield self._chunk({"role": "assistant", "content": ""})
+        async for event in events:
+            if isinstance(event, Failed):
+                yield _sse(error_body(event.message, "server_error", code="model_failed"))
+                break
+            if isinstance(event, Delta):
+                yield self._chunk({"content": event.text} if self.chat else event.text)
+                continue
+            text, reason, usage = self._final(event)
+            if isinstance(event, Extracted) and text:
+                yield self._chunk({"content": text} if self.chat else text)
+            yield self._chunk({} if self.chat else "", reason)
+            if include_usage:
+                yield _sse({"id": self.id, "object": self._chunk_object, "created": self.created,
+                            "model": self.model_id, "choices": [], "usage": usage})
+        yield "data: [DONE]\n\n"
+
+    def _final(self, event: Finished | Extracted) -> tuple[str, str, dict[str, int]]:
+        if isinstance(event, Finished):
+            text, reason, completion = event.text, event.finish_reason, event.completion_tokens
+        else:
+            text, reason = event.answer, "stop"
+            completion = len(self.tokenizer(text, add_special_tokens=False)["input_ids"]) if text else 0
+        usage = {"prompt_tokens": self.prompt_tokens, "completion_tokens": completion,
+                 "total_tokens": self.prompt_tokens + completion}
+        return text, reason, usage
+
+    @property
+    def _chunk_object(self) -> str:
+        return "chat.completion.chunk" if self.chat else "text_completion"
+
+    def _chunk(self, content: dict[str, str] | str, finish_reason: str | None = None) -> str:
+        choice = ({"index": 0, "delta": content, "logprobs": None, "finish_reason": finish_reason} if self.chat else
+                  {"index": 0, "text": content, "logprobs": None, "finish_reason": finish_reason})
+        return _sse({"id": self.id, "object": self._chunk_object, "created": self.created, "model": self.model_id,
+                     "choices": [choice]})
+
+
+def _sse(data: dict[str, Any]) -> str:
+    return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
+
+
+class SlotStreamingResponse(StreamingResponse):
+    """A streamed answer that holds its concurrency slot until the last byte is sent (or the client left)."""
+
+    def __init__(self, content: AsyncIterator[str], slot: Slot, **kwargs: Any):
+        super().__init__(content, **kwargs)
+        self.slot = slot
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.slot.release()
+
+
+class Guard:
+    """ASGI middleware run before any route: the API key, then the body size (read here, then replayed).
+
+    With an API key every request needs ``Authorization: Bearer KEY``, except GET / (the page itself,
+    the same static file for everyone; it asks for the key and sends it with its own requests).
+    """
+
+    def __init__(self, app: Any, api_key: str | None, max_body_bytes: int):
+        self.app = app
+        self.expected = f"Bearer {api_key}".encode() if api_key else None
+        self.max_body_bytes = max_body_bytes
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = Headers(scope=scope)
+        if self.expected is not None and not (scope["path"] == "/" and scope["method"] in ("GET", "HEAD")):
+            given = headers.get("authorization", "").encode()
+            if not hmac.compare_digest(given, self.expected):
+                reason = "no API key given" if not given else "the API key is not valid"
+                await _send_error(send, ApiError(401, f"{reason}; send the header 'Authorization: Bearer KEY' with "
+                                                 "the key given to qatune serve --api-key", code="invalid_api_key"))
+                return
+        declared = headers.get("content-length")
+        if declared is not None and (not declared.isdigit() or int(declared) > self.max_body_bytes):
+            await _send_error(send, self._too_large() if declared.isdigit() else
+                              ApiError(400, "the Content-Length header is not a number", code="invalid_header"))
+            return
+        if scope["method"] not in ("POST", "PUT", "PATCH"):
+            await self.app(scope, receive, send)
+            return
+        body, more = b"", True
+        while more:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            body += message.get("body", b"")
+            more = message.get("more_body", False)
+            if len(body) > self.max_body_bytes:
+                await _send_error(send, self._too_large())
+                return
+        replayed = False
+
+        async def replay() -> dict[str, Any]:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+    def _too_large(self) -> ApiError:
+        return ApiError(413, f"the request body is larger than this server allows ({self.max_body_bytes} bytes)",
+                        code="request_too_large")
+
+
+async def _send_error(send: Any, error: ApiError) -> None:
+    payload = json.dumps(error.body()).encode()
+    await send({"type": "http.response.start", "status": error.status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]})
+    await send({"type": "http.response.body", "body": payload})
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(ApiError)
+    async def api_error(_request: Any, exc: ApiError) -> JSONResponse:
+        return JSONResponse(exc.body(), status_code=exc.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(_request: Any, exc: RequestValidationError) -> JSONResponse:
+        return JSONResponse(validation_error(exc.errors()).body(), status_code=400)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Any, exc: HTTPException) -> JSONResponse:
+        if exc.status_code == 404:
+            message = f"no route {request.method} {request.url.path}; the API is under /v1 (GET /v1/models)"
+        elif exc.status_code == 405:
+            message = f"{request.method} is not allowed on {request.url.path}"
+        else:
+            message = str(exc.detail)
+        return JSONResponse(error_body(message, code="not_found" if exc.status_code == 404 else None),
+                            status_code=exc.status_code, headers=getattr(exc, "headers", None))
+
+    @app.exception_handler(Exception)
+    async def internal_error(_request: Any, exc: Exception) -> JSONResponse:
+        log.error("internal error: %s: %s", type(exc).__name__, exc, exc_info=log.isEnabledFor(logging.DEBUG))
+        return JSONResponse(error_body("internal error in qatune serve (the server log has the details)",
+                                       "server_error"), status_code=500)
+
+
+JSON_TYPES = {str: "a string", int: "an integer", float: "a number", bool: "a boolean", list: "an array",
+              dict: "an object", type(None): "null"}
+
+
+def validation_error(errors: list[dict[str, Any]] | Any) -> ApiError:
+    """The first problem pydantic found, as an OpenAI-shaped 400 naming the field."""
+    first = dict(next(iter(errors), {}))
+    kind = first.get("type", "")
+    location = [str(part) for part in first.get("loc", ()) if part != "body"]
+    if kind == "json_invalid":
+        detail = (first.get("ctx") or {}).get("error", "")
+        return ApiError(400, f"the body is not valid JSON ({detail})", code="invalid_json")
+    param = ".".join(location) or None
+    message = str(first.get("msg", "invalid request")).removeprefix("Value error, ")
+    if kind == "missing":
+        message = f"'{param}' is required" if param else "the body is missing; send a JSON object"
+    elif kind in ("model_type", "model_attributes_type", "dict_type") and not location:
+        message = "the body must be a JSON object"
+    elif param:
+        message = f"{param}: {message}"
+        if "input" in first and kind.endswith("_type"):
+            message += f" (got {JSON_TYPES.get(type(first['input']), 'a value of another type')})"
+    return ApiError(400, message, param=param, code=kind or None)

@@ -1,0 +1,283 @@
+"""qatune serve's API in-process (FastAPI's TestClient) on tiny trained runs of every kind: answers as
+`qatune generate` gives them, streaming, batching, and a 4xx in the OpenAI error shape for every bad request."""
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+
+import pytest
+
+from tests.serve_runs import faq_rows, train_run, xquad_rows
+
+pytest.importorskip("fastapi")
+pytest.importorskip("httpx")
+pytestmark = pytest.mark.slow
+
+from fastapi.testclient import TestClient  # noqa: E402
+
+from qatune.generate import answer_questions  # noqa: E402
+from qatune.model import load_model_folder  # noqa: E402
+from qatune.serve.app import Limits, Settings, create_app  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    pytest.importorskip("peft")
+    folder = tmp_path_factory.mktemp("serve")
+    return {kind: train_run(kind, folder) for kind in ("causal", "seq2seq", "lora", "extractive")}
+
+
+@contextmanager
+def serving(run, **settings):
+    app = create_app(load_model_folder(run, device="cpu"), Settings(**settings))
+    with TestClient(app) as client:
+        client.service = app.state.service
+        yield client
+
+
+@pytest.fixture(scope="module")
+def causal(runs):
+    with serving(runs["causal"], limits=Limits(max_body_bytes=4096, max_prompt_tokens=100, max_tokens=50)) as client:
+        yield client
+
+
+def assert_error(response, status, param=None, code=None):
+    assert response.status_code == status, response.text
+    body = response.json()
+    assert list(body) == ["error"] and set(body["error"]) == {"message", "type", "param", "code"}
+    assert body["error"]["message"] and body["error"]["type"]
+    assert "Traceback" not in response.text
+    if param is not None:
+        assert body["error"]["param"] == param, body
+    if code is not None:
+        assert body["error"]["code"] == code, body
+    return body["error"]
+
+
+def sse(response):
+    """The JSON events of a server-sent event stream, and whether it ended with [DONE]."""
+    events = [line.removeprefix("data: ") for line in response.text.split("\n\n") if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    return [json.loads(e) for e in events[:-1]]
+
+
+def chat(question, **fields):
+    return {"messages": [{"role": "user", "content": question}], **fields}
+
+
+QUESTIONS = [row["question"] for row in faq_rows(6)]
+
+
+def test_models_health_summary_page_and_loss_curve(causal):
+    models = causal.get("/v1/models").json()
+    assert models["object"] == "list" and [m["id"] for m in models["data"]] == ["causal"]
+    assert causal.get("/v1/models/causal").json()["owned_by"] == "qatune"
+    assert causal.get("/health").json()["status"] == "ok"
+    summary = causal.get("/run").json()
+    assert summary["task"] == "generative" and summary["kind"] == "causal" and summary["status"] == "complete"
+    assert "GPT2LMHeadModel from scratch" in summary["base_model"] and summary["final_train_loss"] < 1
+    assert summary["prompt_template"] == "Question: {question}\nAnswer:" and summary["uses_context"] is False
+    page = causal.get("/")
+    assert page.headers["content-type"].startswith("text/html") and "<title>qatune serve</title>" in page.text
+    curve = causal.get(summary["loss_curve"])
+    assert curve.headers["content-type"] == "image/png" and curve.content[:4] == b"\x89PNG"
+
+
+@pytest.mark.parametrize("kind", ["causal", "seq2seq", "lora"])
+def test_generative_runs_answer_as_qatune_generate_does(runs, kind):
+    loaded = load_model_folder(runs[kind], device="cpu")
+    expected = answer_questions(loaded.model, loaded.tokenizer, loaded.info, QUESTIONS, batch_size=1)
+    with serving(runs[kind]) as client:
+        completions = [client.post("/v1/completions", json={"prompt": q, "temperature": 0}).json() for q in QUESTIONS]
+        chats = [client.post("/v1/chat/completions", json=chat(q, model=kind)).json() for q in QUESTIONS]
+        encoder = client.service.encoder
+    assert [c["choices"][0]["text"] for c in completions] == expected
+    assert [c["choices"][0]["message"]["content"] for c in chats] == expected
+    if kind != "lora":  # adapters trained for 3 epochs have not learnt the answers; the others have
+        assert expected == [row["answer"] for row in faq_rows(6)]
+    first = chats[0]
+    assert first["object"] == "chat.completion" and first["model"] == kind and first["id"].startswith("chatcmpl-")
+    assert first["choices"][0]["message"]["role"] == "assistant" and first["choices"][0]["finish_reason"] == "stop"
+    usage = first["usage"]
+    assert usage["prompt_tokens"] == len(encoder.prompt_ids(QUESTIONS[0]))  # the run's template, as in training
+    assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"] > usage["prompt_tokens"]
+
+
+@pytest.mark.parametrize("endpoint", ["chat", "completions"])
+def test_streamed_chunks_add_up_to_the_answer(causal, endpoint):
+    question = QUESTIONS[1]
+    path, body = ("/v1/chat/completions", chat(question)) if endpoint == "chat" else \
+        ("/v1/completions", {"prompt": question})
+    whole = causal.post(path, json=body).json()
+    streamed = causal.post(path, json={**body, "stream": True, "stream_options": {"include_usage": True}})
+    assert streamed.headers["content-type"].startswith("text/event-stream")
+    events = sse(streamed)
+    choices = [e["choices"][0] for e in events if e["choices"]]
+    if endpoint == "chat":
+        assert choices[0]["delta"] == {"role": "assistant", "content": ""}
+        text = "".join(c["delta"].get("content", "") for c in choices)
+        assert text == whole["choices"][0]["message"]["content"] == "Thomaston"
+        assert {e["object"] for e in events} == {"chat.completion.chunk"}
+    else:
+        text = "".join(c["text"] for c in choices)
+        assert text == whole["choices"][0]["text"] == "Thomaston"
+    assert len([c for c in choices if c.get("delta", c.get("text"))]) > 1  # several pieces, not one at the end
+    assert [c["finish_reason"] for c in choices][-1] == "stop"
+    assert all(c["finish_reason"] is None for c in choices[:-1])
+    assert events[-1]["choices"] == [] and events[-1]["usage"] == whole["usage"]
+    assert len({e["id"] for e in events}) == 1
+
+
+def test_stop_strings_max_tokens_and_sampling(causal):
+    question = QUESTIONS[1]  # answer: Thomaston
+    stopped = causal.post("/v1/completions", json={"prompt": question, "stop": ["ton", "zzz"]}).json()
+    assert stopped["choices"][0]["text"] == "Thomas" and stopped["choices"][0]["finish_reason"] == "stop"
+    streamed = sse(causal.post("/v1/completions", json={"prompt": question, "stop": "ton", "stream": True}))
+    assert "".join(e["choices"][0]["text"] for e in streamed) == "Thomas"
+    short = causal.post("/v1/completions", json={"prompt": question, "max_tokens": 1}).json()
+    assert short["choices"][0]["finish_reason"] == "length" and short["usage"]["completion_tokens"] == 1
+    seeded = [causal.post("/v1/completions", json={"prompt": "tell me", "temperature": 1.5, "seed": 3,
+                                                   "max_tokens": 12}).json()["choices"][0]["text"] for _ in range(2)]
+    assert seeded[0] == seeded[1]
+
+
+@pytest.mark.parametrize("kind", ["causal", "seq2seq"])
+def test_batched_answers_equal_alone_answers_at_temperature_0(runs, kind):
+    questions = QUESTIONS + ["who?", "what is the name of the longest river in the whole wide world?"]
+
+    def ask_all(client, concurrently):
+        ask = lambda q: client.post("/v1/chat/completions", json=chat(q, temperature=0, max_tokens=16)).json()  # noqa
+        if not concurrently:
+            return [ask(q)["choices"][0]["message"]["content"] for q in questions]
+        with ThreadPoolExecutor(len(questions)) as pool:
+            return [r["choices"][0]["message"]["content"] for r in pool.map(ask, questions)]
+
+    with serving(runs[kind], max_batch_size=1) as client:
+        alone = ask_all(client, concurrently=False)
+        assert client.service.batcher.stats.largest == 1
+    with serving(runs[kind], max_batch_size=32, batch_wait_ms=300) as client:
+        batched = ask_all(client, concurrently=True)
+        stats = client.service.batcher.stats
+    assert stats.largest > 2 and stats.batches < len(questions)
+    assert batched == alone
+
+
+def test_extractive_run_answers_with_a_span_and_its_score(runs):
+    row = xquad_rows()[0]
+    loaded = load_model_folder(runs["extractive"], device="cpu")
+    expected = answer_questions(loaded.model, loaded.tokenizer, loaded.info, [row["question"]], [row["context"]])[0]
+    with serving(runs["extractive"]) as client:
+        result = client.post("/v1/extract", json={"question": row["question"], "context": row["context"]}).json()
+        assert result["answer"] == expected == row["context"][result["start"] : result["end"]] != ""
+        assert isinstance(result["score"], float) and result["usage"]["prompt_tokens"] > 100
+        by_chat = client.post("/v1/chat/completions", json={"messages": [
+            {"role": "system", "content": row["context"]}, {"role": "user", "content": row["question"]}]}).json()
+        assert by_chat["choices"][0]["message"]["content"] == expected
+        by_completion = client.post("/v1/completions", json={"prompt": row["question"], "context": row["context"],
+                                                             "stream": True})
+        assert "".join(e["choices"][0]["text"] for e in sse(by_completion)) == expected
+        assert client.get("/run").json()["uses_context"] is True
+        assert_error(client.post("/v1/chat/completions", json=chat(row["question"])), 400, "context", "missing_context")
+        assert_error(client.post("/v1/extract", json={"question": "x", "context": 5}), 400, "context")
+        assert_error(client.post("/v1/extract", json={"question": "x"}), 400, "context", "missing")
+
+
+LONG = "where " * 150
+BAD_REQUESTS = {
+    # name: (method, path, request keyword arguments, status, param, code)
+    "malformed JSON": ("POST", "/v1/chat/completions",
+                       {"content": b'{"messages": [', "headers": {"content-type": "application/json"}},
+                       400, None, "invalid_json"),
+    "body is an array": ("POST", "/v1/chat/completions", {"json": [1, 2]}, 400, None, None),
+    "empty body": ("POST", "/v1/completions", {"content": b""}, 400, None, None),
+    "messages missing": ("POST", "/v1/chat/completions", {"json": {"model": "causal"}}, 400, "messages", "missing"),
+    "messages empty": ("POST", "/v1/chat/completions", {"json": {"messages": []}}, 400, "messages", None),
+    "messages a string": ("POST", "/v1/chat/completions", {"json": {"messages": "hi"}}, 400, "messages", None),
+    "message without role": ("POST", "/v1/chat/completions", {"json": {"messages": [{"content": "hi"}]}},
+                             400, "messages.0.role", "missing"),
+    "unknown role": ("POST", "/v1/chat/completions", {"json": {"messages": [{"role": "wizard", "content": "x"}]}},
+                     400, "messages.0.role", None),
+    "no user message": ("POST", "/v1/chat/completions", {"json": {"messages": [{"role": "system", "content": "x"}]}},
+                        400, "messages", None),
+    "image content": ("POST", "/v1/chat/completions", {"json": {"messages": [
+        {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}}, 400, None, None),
+    "temperature a string": ("POST", "/v1/chat/completions", {"json": chat("x", temperature="hot")},
+                             400, "temperature", "float_type"),
+    "temperature too high": ("POST", "/v1/chat/completions", {"json": chat("x", temperature=3)}, 400, "temperature",
+                             None),
+    "top_p zero": ("POST", "/v1/chat/completions", {"json": chat("x", top_p=0)}, 400, "top_p", None),
+    "max_tokens zero": ("POST", "/v1/completions", {"json": {"prompt": "x", "max_tokens": 0}}, 400, "max_tokens", None),
+    "max_tokens a float": ("POST", "/v1/completions", {"json": {"prompt": "x", "max_tokens": 2.5}}, 400, "max_tokens",
+                           None),
+    "max_tokens a boolean": ("POST", "/v1/completions", {"json": {"prompt": "x", "max_tokens": True}},
+                             400, "max_tokens", "int_type"),
+    "max_tokens above the limit": ("POST", "/v1/completions", {"json": {"prompt": "x", "max_tokens": 51}},
+                                   400, "max_tokens", "max_tokens_too_large"),
+    "stream a string": ("POST", "/v1/completions", {"json": {"prompt": "x", "stream": "yes"}}, 400, "stream", None),
+    "five stop strings": ("POST", "/v1/completions", {"json": {"prompt": "x", "stop": list("abcde")}}, 400, "stop",
+                          None),
+    "seed a string": ("POST", "/v1/completions", {"json": {"prompt": "x", "seed": "1"}}, 400, "seed", None),
+    "unknown model": ("POST", "/v1/chat/completions", {"json": chat("x", model="gpt-4")}, 404, "model",
+                      "model_not_found"),
+    "unknown model listed": ("GET", "/v1/models/gpt-4", {}, 404, "model", "model_not_found"),
+    "n above 1": ("POST", "/v1/chat/completions", {"json": chat("x", n=2)}, 400, "n", "unsupported_parameter"),
+    "logprobs": ("POST", "/v1/completions", {"json": {"prompt": "x", "logprobs": 5}}, 400, "logprobs",
+                 "unsupported_parameter"),
+    "empty question": ("POST", "/v1/completions", {"json": {"prompt": "   "}}, 400, "prompt", "empty_question"),
+    "prompt a number": ("POST", "/v1/completions", {"json": {"prompt": 42}}, 400, "prompt", None),
+    "two prompts": ("POST", "/v1/completions", {"json": {"prompt": ["a", "b"]}}, 400, "prompt", None),
+    "prompt too long": ("POST", "/v1/completions", {"json": {"prompt": LONG}}, 400, None, "context_length_exceeded"),
+    "body too large": ("POST", "/v1/completions", {"json": {"prompt": "x" * 5000}}, 413, None, "request_too_large"),
+    "body too large, chunked": ("POST", "/v1/completions", {"content": iter([b'{"prompt": "', b"x" * 5000, b'"}'])},
+                                413, None, "request_too_large"),
+    "extract on a generative run": ("POST", "/v1/extract", {"json": {"question": "x", "context": "y"}},
+                                    400, None, "unsupported_task"),
+    "unknown route": ("GET", "/v2/answers", {}, 404, None, "not_found"),
+    "wrong method": ("GET", "/v1/chat/completions", {}, 405, None, None),
+}
+
+
+@pytest.mark.parametrize("name", list(BAD_REQUESTS))
+def test_a_bad_request_gets_a_4xx_in_the_openai_shape_and_the_server_keeps_serving(causal, name):
+    method, path, kwargs, status, param, code = BAD_REQUESTS[name]
+    assert_error(causal.request(method, path, **kwargs), status, param, code)
+    assert causal.post("/v1/completions", json={"prompt": QUESTIONS[0], "max_tokens": 2}).status_code == 200
+
+
+def test_prompt_and_max_tokens_beyond_the_model_positions(causal):
+    encoder, positions = causal.service.encoder, causal.service.positions
+    question = "where"
+    while len(encoder.prompt_ids(question)) < positions - 30:
+        question += " where"
+    fits = causal.post("/v1/completions", json={"prompt": question, "max_tokens": 20})
+    assert fits.status_code == 200
+    error = assert_error(causal.post("/v1/completions", json={"prompt": question, "max_tokens": 40}), 400,
+                         "max_tokens", "context_length_exceeded")
+    assert f"{positions} positions" in error["message"]
+
+
+def test_too_many_requests_in_flight_get_429(causal):
+    gate = causal.service.gate
+    gate.active = gate.limit  # as if that many requests were being answered
+    try:
+        assert_error(causal.post("/v1/completions", json={"prompt": "x"}), 429, None, "too_many_requests")
+    finally:
+        gate.active = 0
+    assert causal.post("/v1/completions", json={"prompt": "x", "max_tokens": 2}).status_code == 200
+    assert gate.active == 0  # every slot was given back, streamed or not
+    sse(causal.post("/v1/completions", json={"prompt": "x", "max_tokens": 2, "stream": True}))
+    assert gate.active == 0
+
+
+def test_with_an_api_key_every_request_but_the_page_needs_it(runs):
+    with serving(runs["causal"], api_key="s3cret") as client:
+        assert_error(client.get("/v1/models"), 401, None, "invalid_api_key")
+        assert_error(client.get("/health"), 401, None, "invalid_api_key")
+        assert_error(client.post("/v1/completions", json={"prompt": "x"}, headers={"Authorization": "Bearer nope"}),
+                     401, None, "invalid_api_key")
+        assert_error(client.post("/v1/completions", json={"prompt": "x"}, headers={"Authorization": "s3cret"}),
+                     401, None, "invalid_api_key")
+        assert client.get("/").status_code == 200  # the page holds nothing; it asks for the key
+        good = {"Authorization": "Bearer s3cret"}
+        assert client.get("/v1/models", headers=good).status_code == 200
+        assert client.post("/v1/completions", json={"prompt": "x", "max_tokens": 2}, headers=good).status_code == 200

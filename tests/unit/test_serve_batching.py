@@ -1,0 +1,218 @@
+"""qatune serve's worker: the answer text released token by token, and the batched decode loop against
+model.generate on small random models (no training, so it runs in the fast suite)."""
+
+import threading
+
+import pytest
+import torch
+
+from qatune.serve.batching import (AnswerText, Batcher, Decoder, Delta, Finished, Generation, Job, Sampling, _Row,
+                                   sample)
+from tests.conftest import CharTokenizer
+
+EOS = 0
+
+
+def feed(answer: AnswerText, text: str, then_eos: bool = True) -> list[str]:
+    pieces = []
+    for c in text:
+        if answer.finish_reason is None:
+            pieces.append(answer.push(ord(c)))
+    if then_eos and answer.finish_reason is None:
+        pieces.append(answer.push(EOS))
+    return pieces
+
+
+def test_answer_text_is_released_as_it_becomes_final_and_adds_up_to_the_stripped_answer():
+    answer = AnswerText(CharTokenizer(), max_tokens=50)
+    pieces = feed(answer, " Paris is  big ")
+    # the leading space (the answer prefix) never shows; trailing spaces wait for the next word
+    assert pieces == ["", "P", "a", "r", "i", "s", "", " i", "s", "", "", "  b", "i", "g", "", ""]
+    assert "".join(pieces) == answer.text == "Paris is  big"
+    assert answer.finish_reason == "stop" and answer.generated == 16
+
+
+def test_a_stop_string_ends_the_answer_and_its_start_is_held_back():
+    answer = AnswerText(CharTokenizer(), max_tokens=50, stop=("\nQ", "##"))
+    pieces = feed(answer, " Paris\nQuestion", then_eos=False)
+    assert "".join(pieces) == answer.text == "Paris"
+    assert pieces[-2:] == ["", ""]  # "\n" held (it may start "\nQ"), then "\nQ" found: nothing of it is sent
+    assert answer.finish_reason == "stop" and answer.generated == 8
+
+
+def test_a_held_back_stop_prefix_is_released_when_it_turns_out_not_to_be_one():
+    answer = AnswerText(CharTokenizer(), max_tokens=50, stop=("##",))
+    assert feed(answer, "a#b") == ["a", "", "#b", ""]
+
+
+def test_max_tokens_ends_the_answer_with_length():
+    answer = AnswerText(CharTokenizer(), max_tokens=4)
+    assert "".join(feed(answer, "abcdefgh")) == "abcd"
+    assert answer.finish_reason == "length" and answer.generated == 4
+
+
+class ByteTokenizer(CharTokenizer):
+    """UTF-8 bytes as tokens (id = byte + 2): a character may take several tokens."""
+
+    def decode(self, ids, skip_special_tokens=False):
+        return bytes(i - 2 for i in ids if i > 1).decode("utf-8", errors="replace")
+
+
+def test_an_incomplete_utf8_character_is_never_sent():
+    answer = AnswerText(ByteTokenizer(), max_tokens=50)
+    pieces = [answer.push(b + 2) for b in "né".encode()] + [answer.push(EOS)]
+    assert pieces == ["n", "", "é", ""]
+
+
+def random_gpt2(vocab=60):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    # EOS 2: some prompts reach it within a few tokens, others never (seen with this seed)
+    config = GPT2Config(vocab_size=vocab, n_positions=64, n_embd=32, n_layer=2, n_head=2, initializer_range=0.5,
+                        bos_token_id=2, eos_token_id=2, pad_token_id=2)
+    return GPT2LMHeadModel(config).eval()
+
+
+def random_t5(vocab=60):
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    torch.manual_seed(0)
+    config = T5Config(vocab_size=vocab, d_model=32, d_kv=16, d_ff=64, num_layers=2, num_heads=2,
+                      initializer_factor=8.0, pad_token_id=1, eos_token_id=EOS, decoder_start_token_id=1)
+    return T5ForConditionalGeneration(config).eval()
+
+
+class IdTokenizer(CharTokenizer):
+    def decode(self, ids, skip_special_tokens=False):
+        return " ".join(map(str, ids))
+
+
+PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [12, 13], [3, 4, 5, 6], [40] * 10, [7], [21, 22, 23, 24, 25]]
+
+
+def generate_alone(model, prompt, max_new_tokens, seq2seq):
+    from transformers import GenerationConfig
+
+    ids = torch.tensor([prompt])
+    eos = model.config.eos_token_id
+    config = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=eos,
+                              pad_token_id=model.config.pad_token_id)
+    with torch.inference_mode():
+        out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), generation_config=config)
+    tokens = out[0, 1:].tolist() if seq2seq else out[0, len(prompt):].tolist()
+    return tokens[: tokens.index(eos)] if eos in tokens else tokens
+
+
+def id_tokenizer(model):
+    tokenizer = IdTokenizer(pad_id=model.config.pad_token_id)
+    tokenizer.eos_token_id = model.config.eos_token_id
+    return tokenizer
+
+
+def decode_batch(model, prompts, max_tokens, seq2seq, sampling=None):
+    tokenizer = id_tokenizer(model)
+    events = [[] for _ in prompts]
+    rows = [_Row(Job(Generation(p, sampling or Sampling(max_tokens=max_tokens)), events[i].append), tokenizer)
+            for i, p in enumerate(prompts)]
+    with torch.inference_mode():
+        Decoder(model, tokenizer, seq2seq).run(rows)
+    return [row.answer.tokens for row in rows], events
+
+
+@pytest.mark.parametrize("seq2seq", [False, True], ids=["causal", "seq2seq"])
+def test_batched_decoding_gives_what_model_generate_gives_each_prompt_alone(seq2seq):
+    model = random_t5() if seq2seq else random_gpt2()
+    batched, events = decode_batch(model, PROMPTS, 12, seq2seq)
+    alone = [generate_alone(model, p, 12, seq2seq) for p in PROMPTS]
+    assert batched == alone
+    lengths = {len(tokens) for tokens in batched}
+    assert len(lengths) > 1  # some rows stopped at EOS and left the batch while others went on
+    for row_events, tokens in zip(events, batched):
+        assert isinstance(row_events[-1], Finished)
+        assert row_events[-1].finish_reason == ("length" if len(tokens) == 12 else "stop")
+        assert row_events[-1].prompt_tokens > 0
+
+
+def test_sampling_is_reproducible_with_a_seed_and_top_p_near_zero_is_greedy():
+    model = random_gpt2()
+    seeded = Sampling(max_tokens=8, temperature=1.5, seed=7)
+    first, _ = decode_batch(model, PROMPTS[:3], 8, False, seeded)
+    second, _ = decode_batch(model, PROMPTS[:3], 8, False, seeded)
+    assert first == second
+    greedy, _ = decode_batch(model, PROMPTS[:3], 8, False)
+    assert first != greedy
+    nucleus, _ = decode_batch(model, PROMPTS[:3], 8, False, Sampling(max_tokens=8, temperature=1.5, top_p=1e-6))
+    assert nucleus == greedy
+
+
+def test_sample_never_picks_a_token_outside_the_nucleus():
+    logits = torch.tensor([3.0, 2.9, -5.0, -6.0])
+    picks = {sample(logits, 1.0, 0.9, torch.Generator().manual_seed(i)) for i in range(50)}
+    assert sample(logits, 1.0, 0.5, torch.Generator().manual_seed(0)) == 0  # 0 alone holds half the mass
+    assert picks <= {0, 1} and len(picks) == 2
+
+
+class Loaded:
+    """What Batcher reads of a LoadedModel."""
+
+    def __init__(self, model, tokenizer):
+        from qatune.config import Config
+        from qatune.model import ModelInfo
+
+        self.model, self.tokenizer, self.config = model, tokenizer, Config()
+        self.info = ModelInfo(task="generative", max_length=64)
+
+
+def answer_through_batcher(max_batch_size, prompts, wait_ms=200.0):
+    model = random_gpt2()
+    batcher = Batcher(Loaded(model, id_tokenizer(model)), max_batch_size=max_batch_size, wait_ms=wait_ms)
+    finished = {}
+    all_done = threading.Event()
+
+    def notify_for(i):
+        def notify(event):
+            if not isinstance(event, Delta):
+                finished[i] = event
+                if len(finished) == len(prompts):
+                    all_done.set()
+        return notify
+
+    batcher.start()
+    for i, prompt in enumerate(prompts):
+        batcher.submit(Job(Generation(prompt, Sampling(max_tokens=10)), notify_for(i)))
+    assert all_done.wait(60)
+    batcher.stop()
+    return [finished[i].text for i in range(len(prompts))], batcher.stats
+
+
+def test_the_batcher_gathers_waiting_jobs_into_one_batch_and_answers_as_alone():
+    batched, stats = answer_through_batcher(32, PROMPTS)
+    assert stats.batches == 1 and stats.largest == len(PROMPTS)
+    alone, stats = answer_through_batcher(1, PROMPTS)
+    assert stats.batches == len(PROMPTS) and stats.largest == 1
+    assert batched == alone
+
+
+def test_a_cancelled_job_leaves_the_batch_and_a_failing_batch_fails_its_jobs():
+    class Broken(torch.nn.Module):
+        config = random_gpt2().config
+
+        def __init__(self):
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.zeros(1))
+
+        def forward(self, input_ids=None, attention_mask=None, position_ids=None, cache=None, **_):
+            raise RuntimeError("boom")
+
+    batcher = Batcher(Loaded(Broken(), id_tokenizer(Broken())), max_batch_size=4, wait_ms=50)
+    got = []
+    finished = threading.Event()
+    batcher.start()
+    cancelled = Job(Generation([5, 6], Sampling(max_tokens=4)), got.append, cancelled=True)
+    batcher.submit(cancelled)
+    batcher.submit(Job(Generation([5, 6], Sampling(max_tokens=4)), lambda e: (got.append(e), finished.set())))
+    assert finished.wait(30)
+    batcher.stop()
+    assert len(got) == 1 and "RuntimeError" in got[0].message  # only the live job heard of it
+    assert batcher.stats.largest == 1
