@@ -1,0 +1,113 @@
+"""W1 as whole processes: `qatune train` against a Trainer-best script doing the same work, wall time and
+peak memory (everything: imports, tokenizer training, model building, encoding, the loop, saving).
+
+The Trainer arm is bench/w1_trainer_best.py (read it: the same rows, tokenizer, model, batch size,
+learning rate, clipping, length grouping and precision). qatune runs its own defaults on top: the batch
+validator, run.json, metrics.jsonl, a resumable checkpoint at the end of the epoch, final/ with its
+manifest, report.md and loss.png. Arms alternate, each in a fresh process; each round also runs the two
+in the other order. Prints per-round ratios and their median, and which CPU ran them.
+
+    python bench/w1_process.py               # 3 rounds, ~3 minutes on 2 CPU cores with native bf16
+    python bench/w1_process.py --rounds 5 --rows 1000
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SHARED = Path(os.environ.get("QATUNE_SHARED_DATA", ROOT.parent / "shared" / "data"))
+OUT = Path(__file__).with_suffix(".json")
+
+CONFIG = """
+seed: {seed}
+model:
+  scratch: {{n_layer: 6, n_embd: 512, n_head: 8, vocab_size: 4096, n_positions: 256}}
+data: {{train_file: {data}}}
+train: {{epochs: 1, batch_size: 16, learning_rate: 5.0e-4, weight_decay: 0.0, max_grad_norm: 1.0,
+        logging_steps: 10, precision: auto}}
+"""
+
+
+def machine() -> dict:
+    flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    model = next((line.split(":", 1)[1].strip() for line in flags.splitlines() if line.startswith("model name")),
+                 platform.processor())
+    return {"cpu": model, "cores": os.cpu_count(), "avx512_bf16": "avx512_bf16" in flags,
+            "amx_bf16": "amx_bf16" in flags}
+
+
+def timed(command: list[str]) -> dict:
+    """Wall time and peak RSS of one child process."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    start = time.perf_counter()
+    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+    _, status, usage = os.wait4(proc.pid, 0)
+    seconds = time.perf_counter() - start
+    stderr = proc.stderr.read()
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode != 0:
+        raise SystemExit(f"{' '.join(command)} failed:\n{stderr[-3000:]}")
+    return {"seconds": seconds, "peak_rss_mb": usage.ru_maxrss / 1024}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", type=int, default=1000)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    info = machine()
+    print(f"CPU: {info['cpu']} ({info['cores']} cores; avx512_bf16={info['avx512_bf16']}, "
+          f"amx_bf16={info['amx_bf16']})", flush=True)
+    runs: dict[str, list[dict]] = {"qatune": [], "trainer": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        data = Path(tmp) / "nq.csv"
+        with open(SHARED / "nq_open" / "nq_open.csv", encoding="utf-8", newline="") as f:
+            rows = list(csv.DictReader(f))[: args.rows]
+        with open(data, "w", encoding="utf-8", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=["question", "answer"], extrasaction="ignore")
+            writer.writeheader()
+            writer.writerows(rows)
+        config = Path(tmp) / "w1.yaml"
+        config.write_text(CONFIG.format(seed=42, data=data), encoding="utf-8")
+        commands = {
+            "qatune": [sys.executable, "-m", "qatune", "train", "--config", str(config), "--output-dir",
+                       str(Path(tmp) / "qatune-run"), "--overwrite", "--quiet"],
+            "trainer": [sys.executable, str(ROOT / "bench" / "w1_trainer_best.py"), str(data),
+                        str(Path(tmp) / "trainer-run")],
+        }
+        for round_ in range(args.rounds):
+            order = ("qatune", "trainer") if round_ % 2 == 0 else ("trainer", "qatune")
+            for arm in order:
+                result = timed(commands[arm])
+                runs[arm].append(result)
+                print(f"round {round_ + 1} {arm:8} {result['seconds']:6.1f} s  peak RSS {result['peak_rss_mb']:6.0f} MB",
+                      flush=True)
+            print(f"round {round_ + 1} Trainer / qatune wall time: "
+                  f"x{runs['trainer'][-1]['seconds'] / runs['qatune'][-1]['seconds']:.2f}", flush=True)
+        status = json.loads((Path(tmp) / "qatune-run" / "run.json").read_text())
+    ratios = [t["seconds"] / q["seconds"] for q, t in zip(runs["qatune"], runs["trainer"])]
+    summary = {arm: {"median_seconds": statistics.median(r["seconds"] for r in results),
+                     "peak_rss_mb": max(r["peak_rss_mb"] for r in results)} for arm, results in runs.items()}
+    print(f"\nqatune is x{statistics.median(ratios):.2f} faster as a whole process (median of "
+          f"{', '.join(f'x{r:.2f}' for r in ratios)}); precision {status.get('precision')}; peak RSS qatune "
+          f"{summary['qatune']['peak_rss_mb']:.0f} MB, Trainer {summary['trainer']['peak_rss_mb']:.0f} MB")
+    OUT.write_text(json.dumps({"machine": info, "rows": args.rows, "precision": status.get("precision"),
+                               "runs": runs, "ratios": ratios, "median_ratio": statistics.median(ratios),
+                               "summary": summary, "measured": time.strftime("%Y-%m-%d %H:%M")}, indent=2) + "\n")
+    print(f"wrote {OUT}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,67 @@
+"""W1 as a person would write it with transformers.Trainer at its best: build the tokenizer and the
+model, encode the rows (answer + EOS supervised, prompt -100), train one epoch, save the final model.
+
+The same work as `qatune train` on W1 (bench/w1_process.py runs both as whole processes): a byte-level
+BPE of 4,096 tokens trained on the rows, a GPT-2 6x512x8 from config, batch 16, lr 5e-4, no weight
+decay, clipping at 1.0, length-grouped batches with dynamic padding, bf16 autocast where the CPU has
+native bf16 (else fp32), no checkpoints, no evaluation, the final model saved as safetensors.
+
+    python bench/w1_trainer_best.py DATA.csv OUTPUT_DIR [--seed 42]
+"""
+
+import csv
+import sys
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+from transformers import (DataCollatorForSeq2Seq, GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast, Trainer,
+                          TrainingArguments)
+
+EOS = "<|endoftext|>"
+
+
+def native_bf16() -> bool:
+    flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def main(data: str, output: str, seed: int) -> None:
+    with open(data, encoding="utf-8", newline="") as f:
+        rows = [(r["question"].strip(), r["answer"].strip()) for r in csv.DictReader(f)]
+    prompts = [f"Question: {q}\nAnswer:" for q, _ in rows]
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    bpe.post_processor = processors.ByteLevel(trim_offsets=False)
+    bpe.train_from_iterator([p + " " + a for p, (_, a) in zip(prompts, rows)], trainers.BpeTrainer(
+        vocab_size=4096, special_tokens=[EOS], initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False))
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, bos_token=EOS, eos_token=EOS, unk_token=EOS,
+                                        pad_token=EOS)
+    torch.manual_seed(seed)
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=len(tokenizer), n_positions=256, n_embd=512, n_layer=6, n_head=8,
+                                       resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                                       bos_token_id=tokenizer.eos_token_id, eos_token_id=tokenizer.eos_token_id,
+                                       pad_token_id=tokenizer.pad_token_id))
+    prompt_ids = tokenizer(prompts)["input_ids"]
+    answer_ids = tokenizer([" " + a for _, a in rows], add_special_tokens=False)["input_ids"]
+    features = []
+    for p, a in zip(prompt_ids, answer_ids):
+        ids = p + a + [tokenizer.eos_token_id]
+        features.append({"input_ids": ids, "labels": [-100] * len(p) + ids[len(p):]})
+    args = TrainingArguments(
+        output_dir=output, per_device_train_batch_size=16, learning_rate=5e-4, num_train_epochs=1, weight_decay=0.0,
+        warmup_steps=0, lr_scheduler_type="constant", max_grad_norm=1.0, seed=seed, report_to=[],
+        save_strategy="no", logging_steps=10, disable_tqdm=True, dataloader_num_workers=0,
+        train_sampling_strategy="group_by_length", bf16=native_bf16(), use_cpu=not torch.cuda.is_available())
+    collator = DataCollatorForSeq2Seq(tokenizer, padding=True, label_pad_token_id=-100, return_tensors="pt")
+    trainer = Trainer(model=model, args=args, train_dataset=features, data_collator=collator,
+                      processing_class=tokenizer)
+    trainer.train()
+    trainer.save_model(output)
+
+
+if __name__ == "__main__":
+    seed = int(sys.argv[sys.argv.index("--seed") + 1]) if "--seed" in sys.argv else 42
+    main(sys.argv[1], sys.argv[2], seed)

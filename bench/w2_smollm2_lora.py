@@ -1,0 +1,222 @@
+"""W2, a real model: SmolLM2-135M-Instruct with LoRA on reading-comprehension rows, qatune's loop against
+TRL's SFTTrainer at its best for this job, side by side.
+
+Workload: the first N rows (default 500) of ../shared/data/squadshifts_new_wiki (question + context ->
+answer), rendered with the model's chat template (the user turn holds the context and the question, the
+assistant turn the answer), loss on the answer and its end-of-turn token only; LoRA r=16, alpha 32, no
+dropout, on q/k/v/o and gate/up/down projections; batch 8, lr 3e-4, one epoch, clipping at 1.0, bf16
+autocast where native (else fp32), length-grouped batches.
+
+Both arms start from the same plain safetensors folder (the packaged GGUF dequantized once by qatune and
+saved without its quantization mark; TRL cannot train the GGUF-loaded model as it is). TRL: SFTTrainer with
+a prompt-completion conversational dataset (so completion_only_loss applies), group_by_length sampling,
+padding-free off (on CPU it makes one long row), gradient checkpointing off (TRL's default is on; off is
+faster with this much memory). The figure is the loop's tokens/s (non-padding tokens of
+the epoch over the training time, set-up excluded in both arms), the final training loss each arm logs (mean
+over its last logged window), and MFU against the measured bf16 peak (6 x trainable-path parameters is not
+used: LoRA's backward still runs through the frozen base, so MFU counts 6 x all parameters).
+
+    python bench/w2_smollm2_lora.py                  # 2 rounds of 500 rows: ~25 minutes on 2 cores, bf16
+    python bench/w2_smollm2_lora.py --rows 200 --rounds 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+ROOT = Path(__file__).resolve().parent.parent
+SHARED = Path(os.environ.get("QATUNE_SHARED_DATA", ROOT.parent / "shared" / "data"))
+OUT = Path(__file__).with_suffix(".json")
+TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+USER = "{context}\n\nQuestion: {question}"
+
+
+def machine() -> dict:
+    flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    model = next((line.split(":", 1)[1].strip() for line in flags.splitlines() if line.startswith("model name")),
+                 platform.processor())
+    return {"cpu": model, "cores": os.cpu_count(), "avx512_bf16": "avx512_bf16" in flags,
+            "amx_bf16": "amx_bf16" in flags}
+
+
+def native_bf16() -> bool:
+    info = machine()
+    return info["avx512_bf16"] or info["amx_bf16"]
+
+
+def bf16_peak(n: int = 2048) -> float:
+    import torch
+
+    a = torch.randn(n, n, dtype=torch.bfloat16)
+    b = torch.randn(n, n, dtype=torch.bfloat16)
+    for _ in range(2):
+        a @ b
+    times = []
+    for _ in range(5 if native_bf16() else 1):
+        start = time.perf_counter()
+        a @ b
+        times.append(time.perf_counter() - start)
+    return 2 * n**3 / sorted(times)[len(times) // 2]
+
+
+def setup(args, workdir: Path) -> dict:
+    from qatune.config import ModelConfig
+    from qatune.model import load_pretrained, load_tokenizer
+
+    with open(SHARED / "squadshifts_new_wiki" / "squadshifts_new_wiki.csv", encoding="utf-8", newline="") as f:
+        rows = list(csv.DictReader(f))[: args.rows]
+    data = workdir / "rows.csv"
+    with open(data, "w", encoding="utf-8", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=["question", "context", "answer"], extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
+    source = ModelConfig(name_or_path="smollm2-135m-instruct")
+    tokenizer = load_tokenizer(source, "generative")
+    model = load_pretrained(source, "generative", tokenizer)
+    folder = workdir / "smollm2"
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    config = json.loads((folder / "config.json").read_text())
+    assert "quantization_config" not in config, "the saved base must be a plain model"
+    return {"data": str(data), "model": str(folder), "params": sum(p.numel() for p in model.parameters())}
+
+
+def arm_qatune(args, paths) -> dict:
+    from qatune.config import load_config
+    from qatune.train import fit, prepare
+
+    config = load_config(None, [
+        f"model.name_or_path={paths['model']}", f"data.train_file={paths['data']}", "data.context_column=context",
+        "data.prompt_template=chat", f"data.user_template={USER}", "train.epochs=1", "train.batch_size=8",
+        "train.learning_rate=3e-4", "train.weight_decay=0.0", "train.max_grad_norm=1.0", "train.logging_steps=5",
+        f"train.precision={'bf16' if native_bf16() else 'fp32'}", f"seed={args.seed}", "model.lora.r=16",
+        "model.lora.alpha=32", "model.lora.dropout=0.0", f"model.lora.target_modules={json.dumps(TARGETS)}",
+    ])
+    prepared = prepare(config)
+    tokens = sum(len(item) for item in prepared.dataset.items)
+    supervised = sum(len(item) - item.prompt_length for item in prepared.dataset.items)
+    losses: list[float] = []
+    import qatune.train.logs as logs
+
+    write = logs.MetricsLog.write
+    logs.MetricsLog.write = lambda self, record: (losses.append(record["loss"]) if record.get("event") == "train"
+                                                  else None, write(self, record))[1]
+    start = time.perf_counter()
+    fit(prepared, None, progress=False)
+    seconds = time.perf_counter() - start
+    return {"seconds": seconds, "tokens": tokens, "supervised_tokens": supervised, "final_loss": losses[-1],
+            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+
+
+def arm_trl(args, paths) -> dict:
+    import torch
+    from datasets import Dataset
+    from peft import LoraConfig
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import SFTConfig, SFTTrainer
+
+    with open(paths["data"], encoding="utf-8", newline="") as f:
+        rows = list(csv.DictReader(f))
+    dataset = Dataset.from_list([
+        {"prompt": [{"role": "user", "content": USER.format(context=r["context"].strip(),
+                                                            question=r["question"].strip())}],
+         "completion": [{"role": "assistant", "content": r["answer"].strip()}]} for r in rows])
+    tokenizer = AutoTokenizer.from_pretrained(paths["model"])
+    model = AutoModelForCausalLM.from_pretrained(paths["model"], dtype=torch.float32)
+    losses: list[float] = []
+
+    class Losses(TrainerCallback):
+        def on_log(self, _args, _state, _control, logs=None, **_):
+            if logs and "loss" in logs:
+                losses.append(logs["loss"])
+
+    with tempfile.TemporaryDirectory() as tmp:
+        config = SFTConfig(
+            output_dir=tmp, per_device_train_batch_size=8, learning_rate=3e-4, num_train_epochs=1, weight_decay=0.0,
+            warmup_steps=0, lr_scheduler_type="constant", max_grad_norm=1.0, seed=args.seed, report_to=[],
+            save_strategy="no", logging_steps=5, disable_tqdm=True, dataloader_num_workers=0,
+            train_sampling_strategy="group_by_length", bf16=native_bf16(), use_cpu=True,
+            completion_only_loss=True, padding_free=False, max_length=1024,
+            gradient_checkpointing=False,   # TRL turns it on by default; off is faster where memory allows
+        )
+        peft = LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, target_modules=TARGETS, task_type="CAUSAL_LM")
+        trainer = SFTTrainer(model=model, args=config, train_dataset=dataset, processing_class=tokenizer,
+                             peft_config=peft, callbacks=[Losses()])
+        tokens = sum(len(x) for x in trainer.train_dataset["input_ids"])
+        start = time.perf_counter()
+        trainer.train()
+        seconds = time.perf_counter() - start
+    return {"seconds": seconds, "tokens": tokens, "final_loss": losses[-1] if losses else float("nan"),
+            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", type=int, default=500)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--arm", choices=["qatune", "trl"], help=argparse.SUPPRESS)
+    parser.add_argument("--paths", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.arm:
+        paths = json.loads(args.paths)
+        result = arm_qatune(args, paths) if args.arm == "qatune" else arm_trl(args, paths)
+        print("RESULT " + json.dumps(result), flush=True)
+        return 0
+    info = machine()
+    peak = bf16_peak()
+    print(f"CPU: {info['cpu']} ({info['cores']} cores; avx512_bf16={info['avx512_bf16']}, "
+          f"amx_bf16={info['amx_bf16']}); bf16 matmul peak {peak / 1e9:.0f} GFLOP/s", flush=True)
+    runs: dict[str, list[dict]] = {"qatune": [], "trl": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        paths = setup(args, Path(tmp))
+        print(f"W2: {args.rows} squadshifts rows, SmolLM2-135M-Instruct ({paths['params'] / 1e6:.1f}M), LoRA r=16 "
+              f"on {', '.join(TARGETS)}, batch 8, lr 3e-4, 1 epoch, {'bf16' if native_bf16() else 'fp32'}",
+              flush=True)
+        for round_ in range(args.rounds):
+            order = ("qatune", "trl") if round_ % 2 == 0 else ("trl", "qatune")
+            for arm in order:
+                command = [sys.executable, __file__, "--arm", arm, "--paths", json.dumps(paths),
+                           f"--rows={args.rows}", f"--seed={args.seed}"]
+                done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
+                line = next((x for x in done.stdout.splitlines() if x.startswith("RESULT ")), None)
+                if line is None:
+                    print(done.stdout[-3000:], done.stderr[-5000:], file=sys.stderr)
+                    return 1
+                result = json.loads(line[len("RESULT "):])
+                result["tokens_per_s"] = result["tokens"] / result["seconds"]
+                result["mfu"] = 6 * paths["params"] * result["tokens_per_s"] / peak
+                runs[arm].append(result)
+                print(f"round {round_ + 1} {arm:7} {result['seconds']:7.1f} s  {result['tokens_per_s']:6.1f} tokens/s  "
+                      f"final loss {result['final_loss']:.3f}  MFU {100 * result['mfu']:.1f}%  "
+                      f"peak RSS {result['peak_rss_mb']:.0f} MB", flush=True)
+            ratio = runs["qatune"][-1]["tokens_per_s"] / runs["trl"][-1]["tokens_per_s"]
+            print(f"round {round_ + 1} qatune / TRL tokens/s: x{ratio:.2f}", flush=True)
+    ratios = [q["tokens_per_s"] / t["tokens_per_s"] for q, t in zip(runs["qatune"], runs["trl"])]
+    print(f"\nqatune / TRL SFTTrainer tokens/s: median x{statistics.median(ratios):.2f} "
+          f"({', '.join(f'x{r:.2f}' for r in ratios)}); final loss qatune "
+          f"{statistics.mean(r['final_loss'] for r in runs['qatune']):.3f}, TRL "
+          f"{statistics.mean(r['final_loss'] for r in runs['trl']):.3f}")
+    OUT.write_text(json.dumps({"machine": info, "bf16_peak_flops": peak, "rows": args.rows, "runs": runs,
+                               "ratios": ratios, "median_ratio": statistics.median(ratios),
+                               "measured": time.strftime("%Y-%m-%d %H:%M")}, indent=2) + "\n")
+    print(f"wrote {OUT}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
