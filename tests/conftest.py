@@ -47,6 +47,8 @@ class CharTokenizer:
         self.eos_token = "<eos>"
 
     def __call__(self, text, add_special_tokens=True, **_):
+        if isinstance(text, list):  # a batch, as Hugging Face tokenizers take it
+            return {"input_ids": [self(t, add_special_tokens)["input_ids"] for t in text]}
         ids = [ord(c) for c in text]
         if add_special_tokens and self.bos:
             ids = [1] + ids

@@ -9,9 +9,11 @@ from typing import Any
 
 from qatune.config import Config
 from qatune.data.generative import PromptEncoder, PromptTemplate, percentile
+from qatune.data.padding import IGNORE_INDEX
 from qatune.data.spreadsheet import normalize_question
+from qatune.errors import row_list
 from qatune.train import Prepared, fit, prepare
-from qatune.validate import IGNORE_INDEX, error, warning
+from qatune.validate import error, warning
 
 OVERFIT_STEPS = 50
 OVERFIT_TARGET = 0.1
@@ -162,7 +164,7 @@ def render_report(report: dict[str, Any]) -> str:
         lines.append(f"  {key}: {file['file']}: {file['rows_read']} rows read, {file['kept']} kept, "
                      f"{file['duplicates']} duplicates")
         for reason, rows in file["dropped"].items():
-            lines.append(f"    dropped {len(rows)} ({reason}): rows {_short(rows)}")
+            lines.append(f"    dropped {len(rows)} ({reason}): rows {row_list(rows)}")
     leak = report["leakage"]
     lines.append(f"  questions in both train and eval: {leak['count']}" +
                  (f" (e.g. {leak['examples'][0]!r})" if leak["count"] else ""))
@@ -202,7 +204,3 @@ def render_report(report: dict[str, Any]) -> str:
         lines.append(f"  {finding['level']}: [{finding['code']}] {finding['message']}")
     lines += ["", "fit to train" if report["ok"] else "NOT fit to train: fix the errors above"]
     return "\n".join(lines)
-
-
-def _short(rows: list[int], limit: int = 8) -> str:
-    return ", ".join(map(str, rows[:limit])) + (f" and {len(rows) - limit} more" if len(rows) > limit else "")

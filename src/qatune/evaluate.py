@@ -24,9 +24,9 @@ from qatune.data.generative import (
     resolve_template,
 )
 from qatune.data.spreadsheet import QARecord, load_from_config
+from qatune.errors import ConfigError
 from qatune.generate import answer_questions, extract_answers, score_windows
 from qatune.metrics import best_scores, corpus_scores
-from qatune.errors import ConfigError
 from qatune.model import (
     ModelInfo,
     load_model_config,

@@ -17,11 +17,12 @@ from tqdm.auto import tqdm
 
 from qatune.config import GenerateConfig
 from qatune.data.extractive import Feature, SpanCollator, best_span, prepare_features
-from qatune.data.generative import PromptEncoder, PromptTemplate, Seq2SeqEncoder, left_pad, right_pad
+from qatune.data.generative import PromptEncoder, PromptTemplate, Seq2SeqEncoder
+from qatune.data.padding import left_pad, right_pad
 from qatune.data.spreadsheet import QARecord
 from qatune.errors import ConfigError, DataError
 from qatune.model import ModelInfo, model_max_positions
-from qatune.objectives import span_logits
+from qatune.objectives import span_logits, span_loss_sum
 
 
 def answer_questions(model: Any, tokenizer: Any, info: ModelInfo, questions: list[str],
@@ -103,10 +104,8 @@ def score_windows(model: Any, tokenizer: Any, features: list[Feature], batch_siz
                                      batch["token_type_ids"].to(device) if "token_type_ids" in batch else None)
             labelled = batch["start_positions"] >= 0
             if labelled.any():
-                ce = torch.nn.functional.cross_entropy
-                s_pos, e_pos = batch["start_positions"].to(device), batch["end_positions"].to(device)
-                loss_sum += float(0.5 * (ce(start, s_pos, ignore_index=-100, reduction="sum")
-                                         + ce(end, e_pos, ignore_index=-100, reduction="sum")))
+                loss_sum += float(span_loss_sum(start, end, batch["start_positions"].to(device),
+                                                batch["end_positions"].to(device)))
                 count += int(labelled.sum())
         for j, i in enumerate(chunk):
             starts[i], ends[i] = start[j].cpu(), end[j].cpu()

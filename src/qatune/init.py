@@ -15,7 +15,7 @@ import yaml
 
 from qatune.config import validate_config
 from qatune.data.extractive import locate_answer
-from qatune.data.spreadsheet import _clean_cell, read_table, resolve_column
+from qatune.data.spreadsheet import clean_cell, column_key, read_table, resolve_column
 from qatune.errors import DataError, QatuneError
 
 QUESTION_NAMES = ("question", "questions", "query", "prompt", "q", "ask", "input", "instruction")
@@ -56,7 +56,7 @@ def inspect(path: Path, sheet: str | int | None = None, task: str = "auto", ques
     if not rows:
         raise DataError(f"{path} has a header but no data rows")
     sample = rows[:SAMPLE_ROWS]
-    columns = {name: [_clean_cell(row[i]) if i < len(row) else None for row in sample]
+    columns = {name: [clean_cell(row[i]) if i < len(row) else None for row in sample]
                for i, name in enumerate(header) if name.strip()}
     stats = {name: _stats(values) for name, values in columns.items()}
     given = {role: _given(header, name, role, path) for role, name in
@@ -176,18 +176,15 @@ def _stats(values: list[str | None]) -> dict[str, float]:
 
 
 def _by_name(columns: dict[str, list], names: tuple[str, ...], taken: set[str] = frozenset()) -> Guess:
-    def key(name: str) -> str:
-        return " ".join(re.sub(r"[_\-]", " ", name).casefold().split())
-
     for wanted in names:
         for column in columns:
-            if column not in taken and key(column) == wanted:
+            if column not in taken and column_key(column) == wanted:
                 return Guess(column, f"its name ({column!r})")
     for wanted in names:
         if len(wanted) < 4:
             continue
         for column in columns:
-            if column not in taken and wanted in key(column).split():
+            if column not in taken and wanted in column_key(column).split():
                 return Guess(column, f"its name ({column!r})")
     return Guess(None, "no column with a telling name")
 

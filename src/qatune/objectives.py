@@ -77,13 +77,17 @@ class SpanObjective(nn.Module):
                 end_positions: torch.Tensor, token_type_ids: torch.Tensor | None = None, **_: Any
                 ) -> dict[str, torch.Tensor]:
         start_logits, end_logits = span_logits(self.model, input_ids, attention_mask, token_type_ids)
-        loss_sum = 0.5 * (
-            F.cross_entropy(start_logits, start_positions, ignore_index=IGNORE_INDEX, reduction="sum")
-            + F.cross_entropy(end_logits, end_positions, ignore_index=IGNORE_INDEX, reduction="sum")
-        )
+        loss_sum = span_loss_sum(start_logits, end_logits, start_positions, end_positions)
         count = (start_positions != IGNORE_INDEX).sum()
         return {"loss_sum": loss_sum, "count": count, "logit_absmax": _absmax(start_logits.masked_fill(
             attention_mask == 0, 0.0))}
+
+
+def span_loss_sum(start_logits: torch.Tensor, end_logits: torch.Tensor, start_positions: torch.Tensor,
+                  end_positions: torch.Tensor) -> torch.Tensor:
+    """Summed over labelled windows: the mean of the start and end cross-entropies of each window."""
+    return 0.5 * (F.cross_entropy(start_logits, start_positions, ignore_index=IGNORE_INDEX, reduction="sum")
+                  + F.cross_entropy(end_logits, end_positions, ignore_index=IGNORE_INDEX, reduction="sum"))
 
 
 class Seq2SeqObjective(nn.Module):

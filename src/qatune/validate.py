@@ -16,9 +16,9 @@ from typing import Any
 
 import torch
 
+from qatune.data.padding import IGNORE_INDEX
 from qatune.errors import DataError
 
-IGNORE_INDEX = -100
 TINY_DATASET = 8
 
 

@@ -4,8 +4,8 @@ import csv
 import json
 
 import pytest
-
-from tests.conftest import FIXTURES, cli_ok as invoke
+from tests.conftest import FIXTURES
+from tests.conftest import cli_ok as invoke
 
 pytestmark = pytest.mark.slow
 

@@ -15,6 +15,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 from safetensors.torch import load_file
+from tests.conftest import tiny_config
 
 from qatune import rundir
 from qatune.checkpoint import find_checkpoint, list_checkpoints
@@ -23,7 +24,6 @@ from qatune.errors import RunDirError
 from qatune.train import TrainingInterrupted, train
 from qatune.train import run as run_module
 from qatune.train import validation as validation_module
-from tests.conftest import tiny_config
 
 pytestmark = pytest.mark.slow
 

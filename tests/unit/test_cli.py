@@ -3,9 +3,9 @@ import subprocess
 import sys
 
 from click.testing import CliRunner
+from tests.conftest import ROOT
 
 from qatune.cli import cli, main
-from tests.conftest import ROOT
 
 
 def run(*args):

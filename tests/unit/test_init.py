@@ -1,10 +1,10 @@
 import pytest
 import yaml
 from click.testing import CliRunner
+from tests.conftest import FIXTURES, ROOT
 
 from qatune.cli import cli
 from qatune.config import load_config
-from tests.conftest import FIXTURES, ROOT
 
 
 def init(*args):

@@ -4,13 +4,13 @@ import json
 
 import pytest
 from click.testing import CliRunner
+from tests.conftest import tiny_config
 
 from qatune.cli import cli
 from qatune.errors import ModelError
 from qatune.generate import answer_questions
 from qatune.model import load_model_folder
 from qatune.train import prepare, train
-from tests.conftest import tiny_config
 
 pytest.importorskip("peft")
 
@@ -107,11 +107,11 @@ def test_unknown_target_modules_name_the_real_ones(tmp_path):
 def test_lora_on_a_llama_keeps_the_lm_head_on_supervised_positions_only():
     """peft's own ``model`` attribute must not be taken for Llama's backbone (base_model_prefix "model")."""
     import torch
+    from tests.conftest import chat_tokenizer, tiny_llama
 
     from qatune.config import LoraSettings
     from qatune.model import apply_lora
     from qatune.objectives import CausalLMObjective
-    from tests.conftest import chat_tokenizer, tiny_llama
 
     tokenizer = chat_tokenizer()
     model = apply_lora(tiny_llama(tokenizer), LoraSettings(r=4, target_modules=["q_proj", "v_proj"]), "generative")

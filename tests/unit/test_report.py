@@ -3,8 +3,9 @@
 import csv
 import json
 
-from qatune.train import train
 from tests.conftest import tiny_config
+
+from qatune.train import train
 
 ROWS = [(f"what is item {i}?", f"thing {i}") for i in range(20)]
 

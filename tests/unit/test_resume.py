@@ -11,14 +11,14 @@ import pytest
 import torch
 from click.testing import CliRunner
 from safetensors.torch import load_file
+from tests.conftest import tiny_config
 
-from qatune.train import loop as loop_module
-from qatune.train import validation as validation_module
 from qatune.checkpoint import find_checkpoint, list_checkpoints
 from qatune.cli import cli
 from qatune.errors import ConfigError, RunDirError
 from qatune.train import TrainingInterrupted, train
-from tests.conftest import tiny_config
+from qatune.train import loop as loop_module
+from qatune.train import validation as validation_module
 
 ROWS = [(f"question number {i}", f"answer {i % 5}") for i in range(12)]
 

@@ -6,7 +6,6 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 
 import pytest
-
 from tests.serve_runs import faq_rows, train_run, xquad_rows
 
 pytest.importorskip("fastapi")

@@ -5,10 +5,9 @@ import threading
 
 import pytest
 import torch
-
-from qatune.serve.batching import (AnswerText, Batcher, Decoder, Delta, Finished, Generation, Job, Sampling, _Row,
-                                   sample)
 from tests.conftest import CharTokenizer
+
+from qatune.serve.batching import AnswerText, Batcher, Decoder, Delta, Finished, Generation, Job, Sampling, _Row, sample
 
 EOS = 0
 

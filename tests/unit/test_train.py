@@ -4,9 +4,9 @@ import math
 
 import pytest
 import torch
+from tests.conftest import tiny_config as shared_tiny_config
 
 from qatune.train import LengthGroupedBatches, build_optimizer, build_schedulers, fit, prepare
-from tests.conftest import tiny_config as shared_tiny_config
 
 
 def tiny_config(tmp_path, rows, *overrides):

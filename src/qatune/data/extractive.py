@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from qatune.data.generative import IGNORE_INDEX, _round_up
+from qatune.data.padding import IGNORE_INDEX, round_up
 from qatune.data.spreadsheet import QARecord
 from qatune.errors import DataError, ModelError
 
@@ -269,7 +269,7 @@ class SpanCollator:
     pad_to_multiple_of: int = 1
 
     def __call__(self, batch: list[Feature]) -> dict[str, torch.Tensor]:
-        width = _round_up(max(len(feature) for feature in batch), self.pad_to_multiple_of)
+        width = round_up(max(len(feature) for feature in batch), self.pad_to_multiple_of)
         input_ids = torch.full((len(batch), width), self.pad_token_id, dtype=torch.long)
         attention_mask = torch.zeros((len(batch), width), dtype=torch.long)
         with_types = batch[0].token_type_ids is not None

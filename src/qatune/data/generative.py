@@ -21,13 +21,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from qatune.config import PLACEHOLDER, template_fields
+from qatune.data.padding import IGNORE_INDEX, round_up
 from qatune.data.spreadsheet import QARecord, column_key
 from qatune.errors import ConfigError, DataError
 
 if TYPE_CHECKING:
     from qatune.config import DataConfig
 
-IGNORE_INDEX = -100
 
 DEFAULT_TEMPLATE = "Question: {question}\nAnswer:"
 DEFAULT_CONTEXT_TEMPLATE = "Context: {context}\nQuestion: {question}\nAnswer:"
@@ -188,13 +188,10 @@ class Example:
 
 @dataclass
 class EncodeStats:
-    rows: int = 0
-    kept: int = 0
     truncated_rows: list[int] = field(default_factory=list)
+    """Rows whose question (or context) was shortened to fit max_length."""
     too_long_rows: list[int] = field(default_factory=list)
-    max_length: int = 0
-    lengths: list[int] = field(default_factory=list)
-    """Untruncated token length of every row (prompt + answer + EOS)."""
+    """Rows dropped: their answer alone does not fit max_length."""
 
 
 class PromptEncoder:
@@ -214,6 +211,20 @@ class PromptEncoder:
         self.writes_special_tokens = any(token in template.template for token in special_tokens(tokenizer))
         turn_end = end_of_turn_id(tokenizer) if self.writes_special_tokens else None
         self.end_id = turn_end if turn_end is not None else self.eos_id
+        self._prompts: dict[str, list[int]] = {}
+        self._answers: dict[str, list[int]] = {}
+
+    def warm(self, records: list[QARecord]) -> None:
+        """Tokenize every row's prompt and answer in two batched calls (a fast tokenizer encodes a batch
+        in parallel, in Rust); encoding those rows afterwards looks them up instead of tokenizing each
+        text two or three times, one call at a time."""
+        texts = list({self.template.render(r.question, r.context, r.fields) for r in records} - self._prompts.keys())
+        if texts:
+            encoded = self.tokenizer(texts, add_special_tokens=not self.writes_special_tokens)["input_ids"]
+            self._prompts.update(zip(texts, (self._without_trailing_eos(ids) for ids in encoded)))
+        answers = list({self.template.answer_prefix + r.answer for r in records if r.answers} - self._answers.keys())
+        if answers:
+            self._answers.update(zip(answers, self.tokenizer(answers, add_special_tokens=False)["input_ids"]))
 
     @property
     def stop_ids(self) -> list[int]:
@@ -238,7 +249,10 @@ class PromptEncoder:
         return self._shrink(question, lambda text: self._encode_prompt(text, context, fields), budget)
 
     def answer_ids(self, answer: str) -> list[int]:
-        ids = self.tokenizer(self.template.answer_prefix + answer, add_special_tokens=False)["input_ids"]
+        text = self.template.answer_prefix + answer
+        ids = self._answers.get(text)
+        if ids is None:
+            ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
         return [*ids, self.end_id]
 
     def example(self, record: QARecord, max_length: int) -> Example | None:
@@ -257,7 +271,13 @@ class PromptEncoder:
 
     def _encode_prompt(self, question: str, context: str | None, fields: dict[str, str] | None = None) -> list[int]:
         text = self.template.render(question, context, fields)
-        ids = self.tokenizer(text, add_special_tokens=not self.writes_special_tokens)["input_ids"]
+        ids = self._prompts.get(text)
+        if ids is not None:
+            return ids
+        return self._without_trailing_eos(self.tokenizer(text, add_special_tokens=not self.writes_special_tokens)[
+            "input_ids"])
+
+    def _without_trailing_eos(self, ids: list[int]) -> list[int]:
         # Some tokenizers append EOS to every text; the prompt must not end the sequence.
         while ids and ids[-1] == self.eos_id:
             ids = ids[:-1]
@@ -294,6 +314,9 @@ class Seq2SeqExample:
 class Seq2SeqEncoder(PromptEncoder):
     """Like PromptEncoder, but the encoder input keeps the tokenizer's EOS and the answer stands alone."""
 
+    def warm(self, records: list[QARecord]) -> None:
+        """Nothing to prepare: its texts are tokenized one at a time (seq2seq sheets are small here)."""
+
     def answer_ids(self, answer: str) -> list[int]:
         return [*self.tokenizer(answer, add_special_tokens=False)["input_ids"], self.eos_id]
 
@@ -321,8 +344,8 @@ class Seq2SeqCollator:
     pad_to_multiple_of: int = 1
 
     def __call__(self, batch: list[Seq2SeqExample]) -> dict[str, Any]:
-        width = _round_up(max(len(e.input_ids) for e in batch), self.pad_to_multiple_of)
-        target_width = _round_up(max(len(e.target_ids) for e in batch), self.pad_to_multiple_of)
+        width = round_up(max(len(e.input_ids) for e in batch), self.pad_to_multiple_of)
+        target_width = round_up(max(len(e.target_ids) for e in batch), self.pad_to_multiple_of)
         input_ids = torch.full((len(batch), width), self.pad_token_id, dtype=torch.long)
         attention_mask = torch.zeros((len(batch), width), dtype=torch.long)
         labels = torch.full((len(batch), target_width), IGNORE_INDEX, dtype=torch.long)
@@ -347,10 +370,10 @@ def choose_max_length(lengths: list[int], setting: int | str, model_limit: int |
 
 
 def encode_examples(encoder: PromptEncoder, records: list[QARecord], max_length: int) -> tuple[list[Example], EncodeStats]:
-    stats = EncodeStats(rows=len(records), max_length=max_length)
+    stats = EncodeStats()
     examples = []
+    encoder.warm(records)
     for record in records:
-        stats.lengths.append(encoder.full_length(record))
         example = encoder.example(record, max_length)
         if example is None:
             stats.too_long_rows.append(record.row)
@@ -358,7 +381,6 @@ def encode_examples(encoder: PromptEncoder, records: list[QARecord], max_length:
         if example.truncated:
             stats.truncated_rows.append(record.row)
         examples.append(example)
-    stats.kept = len(examples)
     return examples, stats
 
 
@@ -386,7 +408,7 @@ class CausalCollator:
     """Round the batch width up (on a GPU a few distinct shapes beat many: each new one costs warm-up)."""
 
     def __call__(self, batch: list[Example]) -> dict[str, torch.Tensor]:
-        width = _round_up(max(len(example) for example in batch), self.pad_to_multiple_of)
+        width = round_up(max(len(example) for example in batch), self.pad_to_multiple_of)
         input_ids = torch.full((len(batch), width), self.pad_token_id, dtype=torch.long)
         attention_mask = torch.zeros((len(batch), width), dtype=torch.long)
         labels = torch.full((len(batch), width), IGNORE_INDEX, dtype=torch.long)
@@ -415,33 +437,6 @@ class CausalCollator:
         while length < limit and all(e.input_ids[length] == first[length] for e in batch):
             length += 1
         return length
-
-
-def _round_up(width: int, multiple: int) -> int:
-    return -(-width // multiple) * multiple
-
-
-def left_pad(prompts: list[list[int]], pad_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Left-padded ids and attention mask for batched generation."""
-    width = max(len(p) for p in prompts)
-    input_ids = torch.full((len(prompts), width), pad_token_id, dtype=torch.long)
-    attention_mask = torch.zeros((len(prompts), width), dtype=torch.long)
-    for i, prompt in enumerate(prompts):
-        if prompt:
-            input_ids[i, width - len(prompt):] = torch.tensor(prompt, dtype=torch.long)
-            attention_mask[i, width - len(prompt):] = 1
-    return input_ids, attention_mask
-
-
-def right_pad(prompts: list[list[int]], pad_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Right-padded ids and attention mask (encoder inputs)."""
-    width = max(len(p) for p in prompts)
-    input_ids = torch.full((len(prompts), width), pad_token_id, dtype=torch.long)
-    attention_mask = torch.zeros((len(prompts), width), dtype=torch.long)
-    for i, prompt in enumerate(prompts):
-        input_ids[i, : len(prompt)] = torch.tensor(prompt, dtype=torch.long)
-        attention_mask[i, : len(prompt)] = 1
-    return input_ids, attention_mask
 
 
 def percentile(values: list[int], q: float) -> int:

@@ -18,7 +18,7 @@ from datetime import date, datetime, time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from qatune.errors import DataError
+from qatune.errors import DataError, row_list
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -77,7 +77,7 @@ class LoadReport:
     def summary(self) -> str:
         parts = [f"{self.file}: {self.rows_read} rows read, {self.kept} kept"]
         for reason, rows in self.dropped.items():
-            parts.append(f"{len(rows)} dropped ({reason}: rows {_row_list(rows)})")
+            parts.append(f"{len(rows)} dropped ({reason}: rows {row_list(rows)})")
         if self.duplicates:
             parts.append(f"{self.duplicates} duplicate rows")
         return ", ".join(parts)
@@ -421,7 +421,7 @@ def _header_and_rows(frame: pd.DataFrame, path: Path) -> tuple[list[str], list[l
     values = frame.astype(object).values.tolist()
     if not values:
         raise DataError(f"data file {path} has no rows; it needs a header row and at least one data row")
-    header = [cell if isinstance(cell, str) else _clean_cell(cell) or "" for cell in values[0]]
+    header = [cell if isinstance(cell, str) else clean_cell(cell) or "" for cell in values[0]]
     if not any(name.strip() for name in header):
         raise DataError(f"{path}: the first row is blank; the first row must name the columns (question, answer ...)")
     rows = values[1:]
@@ -432,7 +432,7 @@ def _header_and_rows(frame: pd.DataFrame, path: Path) -> tuple[list[str], list[l
 
 
 def _column_cells(rows: list[list[Any]], index: int) -> list[str | None]:
-    cells = [_clean_cell(row[index] if index < len(row) else None) for row in rows]
+    cells = [clean_cell(row[index] if index < len(row) else None) for row in rows]
     present = [cell for cell in cells if cell is not None]
     # A column of numbers written by a spreadsheet ('7.0', '8.5') reads as clean text ('7', '8.5').
     if present and all(_DECIMAL.match(cell) for cell in present):
@@ -440,7 +440,7 @@ def _column_cells(rows: list[list[Any]], index: int) -> list[str | None]:
     return cells
 
 
-def _clean_cell(value: Any) -> str | None:
+def clean_cell(value: Any) -> str | None:
     """Cell -> stripped text, or None when blank. Numbers become clean text (7.0 -> '7')."""
     if value is None:
         return None
@@ -471,7 +471,7 @@ _NOT_FINITE = "\x00not-finite"
 
 
 def _is_blank(value: Any) -> bool:
-    return _clean_cell(value) is None
+    return clean_cell(value) is None
 
 
 def _problem(cells: dict[str, str | None], max_chars: int) -> str | None:
@@ -501,8 +501,3 @@ def _as_offset(value: str | None) -> int | None:
     except ValueError:
         return None
     return int(number) if number.is_integer() and number >= 0 else None
-
-
-def _row_list(rows: list[int], limit: int = 8) -> str:
-    shown = ", ".join(map(str, rows[:limit]))
-    return shown + (f" and {len(rows) - limit} more" if len(rows) > limit else "")

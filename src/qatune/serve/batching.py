@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from qatune.data.extractive import best_span_offsets, prepare_features
-from qatune.data.generative import left_pad, right_pad
+from qatune.data.padding import left_pad, right_pad
 from qatune.data.spreadsheet import QARecord
 from qatune.generate import score_windows
 from qatune.model import LoadedModel

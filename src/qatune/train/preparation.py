@@ -175,6 +175,7 @@ def _encode_generative(config: Config, built: _Model, records: list[QARecord], r
     source = config.model.name_or_path or "the scratch model"
     template = resolve_template(config.data, built.tokenizer, source)
     encoder = (Seq2SeqEncoder if built.seq2seq else PromptEncoder)(built.tokenizer, template)
+    encoder.warm(records)
     lengths = [encoder.full_length(r) for r in records]
     max_length = choose_max_length(lengths, config.data.max_length, built.limit)
     examples, stats = encode_examples(encoder, records, max_length)

@@ -2,6 +2,7 @@
 and chat template): exact token positions, labels and rendering."""
 
 import pytest
+from tests.conftest import chat_tokenizer
 
 from qatune.config import DataConfig
 from qatune.data.generative import (
@@ -13,7 +14,6 @@ from qatune.data.generative import (
 )
 from qatune.data.spreadsheet import QARecord
 from qatune.errors import ConfigError, DataError
-from tests.conftest import chat_tokenizer
 
 SYSTEM = "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
 

@@ -1,18 +1,17 @@
 import pytest
 import torch
+from tests.conftest import CharTokenizer
 
 from qatune.data.generative import (
-    IGNORE_INDEX,
     CausalCollator,
     PromptEncoder,
     PromptTemplate,
     choose_max_length,
     encode_examples,
-    left_pad,
 )
+from qatune.data.padding import IGNORE_INDEX, left_pad
 from qatune.data.spreadsheet import QARecord
 from qatune.errors import DataError
-from tests.conftest import CharTokenizer
 
 TEMPLATE = PromptTemplate("Q:{question}\nA:", answer_prefix=" ")
 
@@ -69,7 +68,7 @@ def test_rows_whose_answer_cannot_fit_are_dropped_and_counted(char_tokenizer):
     examples, stats = encode_examples(encoder, records, max_length=20)
     assert [e.row for e in examples] == [2, 4]
     assert stats.too_long_rows == [3] and stats.truncated_rows == [4]
-    assert stats.lengths == [13, 38, 39]
+    assert [encoder.full_length(r) for r in records] == [13, 38, 39]
 
 
 def test_context_is_cut_before_the_question(char_tokenizer):
