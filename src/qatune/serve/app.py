@@ -233,10 +233,10 @@ class Service:
         slot = self.gate.enter()
         if body.stream:
             usage = bool(body.stream_options and body.stream_options.include_usage)
-            return SlotStreamingResponse(reply.stream(self.events(request), usage), slot,
+            return SlotStreamingResponse(reply.stream(self.events(request, stream=True), usage), slot,
                                          media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
         try:
-            return await reply.collect(self.events(request))
+            return await reply.collect(self.events(request, stream=False))
         finally:
             slot.release()
 
@@ -251,7 +251,7 @@ class Service:
         request, prompt_tokens = self.extraction(body.question, body.context, body.max_answer_length)
         slot = self.gate.enter()
         try:
-            async for event in self.events(request):
+            async for event in self.events(request, stream=False):
                 if isinstance(event, Failed):
                     raise ApiError(500, event.message, code="model_failed", kind="server_error")
                 return {"model": self.model_id, "answer": event.answer, "score": event.score,
@@ -260,7 +260,7 @@ class Service:
             slot.release()
         raise ApiError(500, "the model gave no answer", kind="server_error")
 
-    async def events(self, request: Generation | Extraction) -> AsyncIterator[Any]:
+    async def events(self, request: Generation | Extraction, stream: bool) -> AsyncIterator[Any]:
         """The job's events, as the worker thread produces them; leaving early cancels the job."""
         loop = asyncio.get_running_loop()
         inbox: asyncio.Queue[Any] = asyncio.Queue()
@@ -271,7 +271,7 @@ class Service:
             except RuntimeError:  # the loop is closed: nobody is listening any more
                 job.cancelled = True
 
-        job = Job(request, notify)
+        job = Job(request, notify, stream)
         self.batcher.submit(job)
         try:
             while True:
