@@ -227,6 +227,8 @@ BAD_REQUESTS = {
     "prompt a number": ("POST", "/v1/completions", {"json": {"prompt": 42}}, 400, "prompt", None),
     "two prompts": ("POST", "/v1/completions", {"json": {"prompt": ["a", "b"]}}, 400, "prompt", None),
     "prompt too long": ("POST", "/v1/completions", {"json": {"prompt": LONG}}, 400, None, "context_length_exceeded"),
+    "prompt far too long to tokenize": ("POST", "/v1/completions", {"json": {"prompt": LONG * 2}}, 400, None,
+                                        "context_length_exceeded"),
     "body too large": ("POST", "/v1/completions", {"json": {"prompt": "x" * 5000}}, 413, None, "request_too_large"),
     "body too large, chunked": ("POST", "/v1/completions", {"content": iter([b'{"prompt": "', b"x" * 5000, b'"}'])},
                                 413, None, "request_too_large"),

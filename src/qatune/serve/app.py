@@ -35,6 +35,10 @@ from qatune.serve.schemas import ApiError, ChatRequest, CompletionRequest, Extra
 log = logging.getLogger("qatune")
 
 
+CHARS_PER_TOKEN = 16
+"""Prompts longer than this many characters per allowed token are refused without tokenizing them."""
+
+
 @dataclass(frozen=True)
 class Limits:
     """What one request may ask for; everything above is a 4xx answer."""
@@ -179,6 +183,7 @@ class Service:
         if requested is not None and requested > self.limits.max_tokens:
             raise ApiError(400, f"max_tokens={requested} is more than this server allows ({self.limits.max_tokens})",
                            param="max_tokens", code="max_tokens_too_large")
+        self._check_prompt_chars(len(question) + len(context or ""))
         prompt = self.encoder.prompt_ids(question, context, None)
         self._check_prompt_length(len(prompt))
         if self.info.seq2seq:
@@ -205,11 +210,20 @@ class Service:
             raise ApiError(400, "this run does extractive QA: the answer is a span of a context; pass the passage as "
                            "'context' (or, in a chat, as the system message)", param=context_param,
                            code="missing_context")
+        self._check_prompt_chars(len(question) + len(context))
         tokenizer = self.loaded.tokenizer
         tokens = sum(len(tokenizer(text, add_special_tokens=False)["input_ids"]) for text in (question, context))
         self._check_prompt_length(tokens)
         longest = max_answer_length or self.loaded.config.generate.max_answer_length
         return Extraction(question, context, longest), tokens
+
+    def _check_prompt_chars(self, chars: int) -> None:
+        """Refuse what is surely too long before tokenizing it (tokenizing 1 MB takes a second, on the event loop)."""
+        limit = CHARS_PER_TOKEN * self.limits.max_prompt_tokens
+        if chars > limit:
+            raise ApiError(400, f"the prompt has {chars} characters, more than this server reads ({limit}: "
+                           f"{CHARS_PER_TOKEN} per token of --max-prompt-tokens)", param="messages",
+                           code="context_length_exceeded")
 
     def _check_prompt_length(self, tokens: int) -> None:
         if tokens > self.limits.max_prompt_tokens:
