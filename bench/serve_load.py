@@ -37,8 +37,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def cpu() -> dict[str, object]:
     text = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    model = re.search(r"^model name\s*:\s*(.+)$", text, re.M)
-    flags = set(re.search(r"^flags\s*:\s*(.+)$", text, re.M).group(1).split()) if "flags" in text else set()
+    model = re.search(r"^model name\s*:\s*(.+)$", text, re.MULTILINE)
+    flags = set(re.search(r"^flags\s*:\s*(.+)$", text, re.MULTILINE).group(1).split()) if "flags" in text else set()
     return {"model": model.group(1) if model else platform.processor(), "cores": os.cpu_count(),
             "avx512_bf16": "avx512_bf16" in flags, "amx_bf16": "amx_bf16" in flags,
             "load_average_at_start": os.getloadavg()}

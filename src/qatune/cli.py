@@ -219,7 +219,7 @@ def export(run_dir: str, output: str, which: str) -> None:
 @cli.command()
 @click.argument("run_dir")
 @click.option("--host", default="127.0.0.1", show_default=True,
-              help="Address to listen on. Another than loopback makes the model reachable from the network.")
+              help="Address to listen on; anything but loopback makes the model reachable from the network.")
 @click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True, help="0 picks a free port.")
 @click.option("--api-key", envvar="QATUNE_API_KEY", default=None,
               help="Require 'Authorization: Bearer KEY' on every request (or set QATUNE_API_KEY).")

@@ -1,5 +1,4 @@
 import pytest
-
 from tests.serve_runs import ServerProcess, train_run
 
 

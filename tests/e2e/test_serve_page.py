@@ -6,7 +6,6 @@ import shutil
 from pathlib import Path
 
 import pytest
-
 from tests.serve_runs import faq_rows
 
 CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")

@@ -6,18 +6,17 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 
 import pytest
-
 from tests.serve_runs import faq_rows, train_run, xquad_rows
 
 pytest.importorskip("fastapi")
 pytest.importorskip("httpx")
 pytestmark = pytest.mark.slow
 
-from fastapi.testclient import TestClient  # noqa: E402
+from fastapi.testclient import TestClient
 
-from qatune.generate import answer_questions  # noqa: E402
-from qatune.model import load_model_folder  # noqa: E402
-from qatune.serve.app import Limits, Settings, create_app  # noqa: E402
+from qatune.generate import answer_questions
+from qatune.model import load_model_folder
+from qatune.serve.app import Limits, Settings, create_app
 
 
 @pytest.fixture(scope="module")
@@ -146,7 +145,7 @@ def test_batched_answers_equal_alone_answers_at_temperature_0(runs, kind):
     questions = QUESTIONS + ["who?", "what is the name of the longest river in the whole wide world?"]
 
     def ask_all(client, concurrently):
-        ask = lambda q: client.post("/v1/chat/completions", json=chat(q, temperature=0, max_tokens=16)).json()  # noqa
+        ask = lambda q: client.post("/v1/chat/completions", json=chat(q, temperature=0, max_tokens=16)).json()
         if not concurrently:
             return [ask(q)["choices"][0]["message"]["content"] for q in questions]
         with ThreadPoolExecutor(len(questions)) as pool:

@@ -5,10 +5,10 @@ import threading
 
 import pytest
 import torch
-
-from qatune.serve.batching import (AnswerText, Batcher, Decoder, Delta, Finished, Generation, Job, Sampling,
-                                   _CausalSteps, _Row, sample)
 from tests.conftest import CharTokenizer
+
+from qatune.serve import batching
+from qatune.serve.batching import AnswerText, Batcher, Decoder, Delta, Finished, Generation, Job, Sampling, sample
 
 EOS = 0
 
@@ -113,7 +113,7 @@ def id_tokenizer(model):
 def decode_batch(model, prompts, max_tokens, seq2seq, sampling=None):
     tokenizer = id_tokenizer(model)
     events = [[] for _ in prompts]
-    rows = [_Row(Job(Generation(p, sampling or Sampling(max_tokens=max_tokens)), events[i].append), tokenizer)
+    rows = [batching._Row(Job(Generation(p, sampling or Sampling(max_tokens=max_tokens)), events[i].append), tokenizer)
             for i, p in enumerate(prompts)]
     with torch.inference_mode():
         Decoder(model, tokenizer, seq2seq).run(rows)
@@ -142,7 +142,7 @@ def test_rows_that_join_a_running_batch_get_what_model_generate_gives_them_alone
     rows, step = [], 0
 
     def make(prompts):
-        new = [_Row(Job(Generation(p, Sampling(max_tokens=12)), lambda e: None), tokenizer) for p in prompts]
+        new = [batching._Row(Job(Generation(p, Sampling(max_tokens=12)), lambda e: None), tokenizer) for p in prompts]
         rows.extend(new)
         return new
 
@@ -164,7 +164,7 @@ def test_a_joined_batch_does_not_grow_wider_than_its_rows():
     model = random_gpt2()
     decoder = Decoder(model, id_tokenizer(model), seq2seq=False)
     with torch.inference_mode():
-        steps = _CausalSteps(decoder)
+        steps = batching._CausalSteps(decoder)
         steps.start([[5] * 20, [6, 7]])
         for _ in range(3):
             steps.next(torch.tensor([9, 9]))

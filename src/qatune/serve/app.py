@@ -17,7 +17,6 @@ import uuid
 from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass
 from importlib import resources
-from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI
@@ -28,8 +27,7 @@ from starlette.exceptions import HTTPException
 
 from qatune.data.generative import PromptEncoder, PromptTemplate, Seq2SeqEncoder
 from qatune.model import LoadedModel, model_max_positions, read_status
-from qatune.serve.batching import (Batcher, Delta, Extracted, Extraction, Failed, Finished, Generation, Job,
-                                   Sampling)
+from qatune.serve.batching import Batcher, Delta, Extracted, Extraction, Failed, Finished, Generation, Job, Sampling
 from qatune.serve.schemas import ApiError, ChatRequest, CompletionRequest, ExtractRequest, error_body
 
 log = logging.getLogger("qatune")
