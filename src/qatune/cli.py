@@ -257,7 +257,7 @@ def export(run_dir: str, output: str, which: str) -> None:
 @cli.command()
 @click.argument("run_dir")
 @click.option("--host", default="127.0.0.1", show_default=True,
-              help="Address to listen on. Another than loopback makes the model reachable from the network.")
+              help="Address to listen on; anything but loopback makes the model reachable from the network.")
 @click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True, help="0 picks a free port.")
 @click.option("--api-key", envvar="QATUNE_API_KEY", default=None,
               help="Require 'Authorization: Bearer KEY' on every request (or set QATUNE_API_KEY).")
@@ -274,10 +274,12 @@ def export(run_dir: str, output: str, which: str) -> None:
               help="Longest question (+ context) in tokens.")
 @click.option("--max-body-bytes", type=click.IntRange(min=1024), default=1_000_000, show_default=True,
               help="Largest request body.")
+@click.option("--threads", type=click.IntRange(min=1), default=None,
+              help="CPU threads for the model (default: torch's choice). 1 is best for small models on busy CPUs.")
 @verbose_option
 def serve(run_dir: str, host: str, port: int, api_key: str | None, which: str, max_batch_size: int,
           batch_wait_ms: float, max_concurrent: int, max_tokens: int, max_prompt_tokens: int,
-          max_body_bytes: int) -> None:
+          max_body_bytes: int, threads: int | None) -> None:
     """Serve a trained run: a page to try it at / and an OpenAI-compatible API under /v1.
 
     Listens on 127.0.0.1 unless --host says otherwise. Ctrl-C lets the requests in flight finish, then exits.
@@ -292,8 +294,8 @@ def serve(run_dir: str, host: str, port: int, api_key: str | None, which: str, m
         raise QatuneError("--api-key is empty; pass a key, or leave the option out")
     limits = Limits(max_body_bytes=max_body_bytes, max_prompt_tokens=max_prompt_tokens, max_tokens=max_tokens,
                     max_concurrent=max_concurrent)
-    run_server(run_dir, which, host, port, Settings(api_key=api_key, limits=limits, max_batch_size=max_batch_size,
-                                                    batch_wait_ms=batch_wait_ms))
+    settings = Settings(api_key=api_key, limits=limits, max_batch_size=max_batch_size, batch_wait_ms=batch_wait_ms)
+    run_server(run_dir, which, host, port, settings, threads)
 
 
 @cli.command()

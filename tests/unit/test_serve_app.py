@@ -12,11 +12,11 @@ pytest.importorskip("fastapi")
 pytest.importorskip("httpx")
 pytestmark = pytest.mark.slow
 
-from fastapi.testclient import TestClient  # noqa: E402
+from fastapi.testclient import TestClient
 
-from qatune.generate import answer_questions  # noqa: E402
-from qatune.model import load_model_folder  # noqa: E402
-from qatune.serve.app import Limits, Settings, create_app  # noqa: E402
+from qatune.generate import answer_questions
+from qatune.model import load_model_folder
+from qatune.serve.app import Limits, Settings, create_app
 
 
 @pytest.fixture(scope="module")
@@ -145,7 +145,7 @@ def test_batched_answers_equal_alone_answers_at_temperature_0(runs, kind):
     questions = QUESTIONS + ["who?", "what is the name of the longest river in the whole wide world?"]
 
     def ask_all(client, concurrently):
-        ask = lambda q: client.post("/v1/chat/completions", json=chat(q, temperature=0, max_tokens=16)).json()  # noqa
+        ask = lambda q: client.post("/v1/chat/completions", json=chat(q, temperature=0, max_tokens=16)).json()
         if not concurrently:
             return [ask(q)["choices"][0]["message"]["content"] for q in questions]
         with ThreadPoolExecutor(len(questions)) as pool:
@@ -226,6 +226,8 @@ BAD_REQUESTS = {
     "prompt a number": ("POST", "/v1/completions", {"json": {"prompt": 42}}, 400, "prompt", None),
     "two prompts": ("POST", "/v1/completions", {"json": {"prompt": ["a", "b"]}}, 400, "prompt", None),
     "prompt too long": ("POST", "/v1/completions", {"json": {"prompt": LONG}}, 400, None, "context_length_exceeded"),
+    "prompt far too long to tokenize": ("POST", "/v1/completions", {"json": {"prompt": LONG * 2}}, 400, None,
+                                        "context_length_exceeded"),
     "body too large": ("POST", "/v1/completions", {"json": {"prompt": "x" * 5000}}, 413, None, "request_too_large"),
     "body too large, chunked": ("POST", "/v1/completions", {"content": iter([b'{"prompt": "', b"x" * 5000, b'"}'])},
                                 413, None, "request_too_large"),

@@ -7,7 +7,8 @@ import pytest
 import torch
 from tests.conftest import CharTokenizer
 
-from qatune.serve.batching import AnswerText, Batcher, Decoder, Delta, Finished, Generation, Job, Sampling, _Row, sample
+from qatune.serve import batching
+from qatune.serve.batching import AnswerText, Batcher, Decoder, Delta, Finished, Generation, Job, Sampling, sample
 
 EOS = 0
 
@@ -112,7 +113,7 @@ def id_tokenizer(model):
 def decode_batch(model, prompts, max_tokens, seq2seq, sampling=None):
     tokenizer = id_tokenizer(model)
     events = [[] for _ in prompts]
-    rows = [_Row(Job(Generation(p, sampling or Sampling(max_tokens=max_tokens)), events[i].append), tokenizer)
+    rows = [batching._Row(Job(Generation(p, sampling or Sampling(max_tokens=max_tokens)), events[i].append), tokenizer)
             for i, p in enumerate(prompts)]
     with torch.inference_mode():
         Decoder(model, tokenizer, seq2seq).run(rows)
@@ -131,6 +132,47 @@ def test_batched_decoding_gives_what_model_generate_gives_each_prompt_alone(seq2
         assert isinstance(row_events[-1], Finished)
         assert row_events[-1].finish_reason == ("length" if len(tokens) == 12 else "stop")
         assert row_events[-1].prompt_tokens > 0
+
+
+def test_rows_that_join_a_running_batch_get_what_model_generate_gives_them_alone():
+    model = random_gpt2()
+    tokenizer = id_tokenizer(model)
+    arrivals = {1: PROMPTS[3:5], 4: PROMPTS[5:], 9: [[30, 31, 32]]}  # step -> prompts that arrive
+    late = [[8, 9]]  # arrives just as every earlier row has finished: a fresh batch
+    rows, step = [], 0
+
+    def make(prompts):
+        new = [batching._Row(Job(Generation(p, Sampling(max_tokens=12)), lambda e: None), tokenizer) for p in prompts]
+        rows.extend(new)
+        return new
+
+    def more(active):
+        nonlocal step, late
+        step += 1
+        if active == 0:
+            arrived, late = late, []
+            return make(arrived)
+        return make(arrivals.get(step, []))
+
+    with torch.inference_mode():
+        Decoder(model, tokenizer, seq2seq=False).run(make(PROMPTS[:3]), more)
+    assert len(rows) == len(PROMPTS) + 2 and not late
+    assert [row.answer.tokens for row in rows] == [generate_alone(model, row.request.prompt, 12, False) for row in rows]
+
+
+def test_a_joined_batch_does_not_grow_wider_than_its_rows():
+    model = random_gpt2()
+    decoder = Decoder(model, id_tokenizer(model), seq2seq=False)
+    with torch.inference_mode():
+        steps = batching._CausalSteps(decoder)
+        steps.start([[5] * 20, [6, 7]])
+        for _ in range(3):
+            steps.next(torch.tensor([9, 9]))
+        steps.join([[11, 12, 13]])
+        assert steps.mask.shape == (3, 23) and steps.cache.get_seq_length() == 23
+        steps.select(torch.tensor([1, 2]))  # the long row leaves: only 5 columns are still used
+        assert steps.mask.shape == (2, 5) and steps.cache.get_seq_length() == 5
+        assert steps.mask.tolist() == [[1, 1, 1, 1, 1], [0, 0, 1, 1, 1]]
 
 
 def test_sampling_is_reproducible_with_a_seed_and_top_p_near_zero_is_greedy():
@@ -187,7 +229,7 @@ def answer_through_batcher(max_batch_size, prompts, wait_ms=200.0):
 
 def test_the_batcher_gathers_waiting_jobs_into_one_batch_and_answers_as_alone():
     batched, stats = answer_through_batcher(32, PROMPTS)
-    assert stats.batches == 1 and stats.largest == len(PROMPTS)
+    assert stats.batches == 1 and stats.largest == len(PROMPTS) and stats.joined == 0
     alone, stats = answer_through_batcher(1, PROMPTS)
     assert stats.batches == len(PROMPTS) and stats.largest == 1
     assert batched == alone

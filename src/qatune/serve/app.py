@@ -34,6 +34,10 @@ from qatune.serve.schemas import ApiError, ChatRequest, CompletionRequest, Extra
 log = logging.getLogger("qatune")
 
 
+CHARS_PER_TOKEN = 16
+"""Prompts longer than this many characters per allowed token are refused without tokenizing them."""
+
+
 @dataclass(frozen=True)
 class Limits:
     """What one request may ask for; everything above is a 4xx answer."""
@@ -178,6 +182,7 @@ class Service:
         if requested is not None and requested > self.limits.max_tokens:
             raise ApiError(400, f"max_tokens={requested} is more than this server allows ({self.limits.max_tokens})",
                            param="max_tokens", code="max_tokens_too_large")
+        self._check_prompt_chars(len(question) + len(context or ""))
         prompt = self.encoder.prompt_ids(question, context, None)
         self._check_prompt_length(len(prompt))
         if self.info.seq2seq:
@@ -204,11 +209,20 @@ class Service:
             raise ApiError(400, "this run does extractive QA: the answer is a span of a context; pass the passage as "
                            "'context' (or, in a chat, as the system message)", param=context_param,
                            code="missing_context")
+        self._check_prompt_chars(len(question) + len(context))
         tokenizer = self.loaded.tokenizer
         tokens = sum(len(tokenizer(text, add_special_tokens=False)["input_ids"]) for text in (question, context))
         self._check_prompt_length(tokens)
         longest = max_answer_length or self.loaded.config.generate.max_answer_length
         return Extraction(question, context, longest), tokens
+
+    def _check_prompt_chars(self, chars: int) -> None:
+        """Refuse what is surely too long before tokenizing it (tokenizing 1 MB takes a second, on the event loop)."""
+        limit = CHARS_PER_TOKEN * self.limits.max_prompt_tokens
+        if chars > limit:
+            raise ApiError(400, f"the prompt has {chars} characters, more than this server reads ({limit}: "
+                           f"{CHARS_PER_TOKEN} per token of --max-prompt-tokens)", param="messages",
+                           code="context_length_exceeded")
 
     def _check_prompt_length(self, tokens: int) -> None:
         if tokens > self.limits.max_prompt_tokens:
@@ -232,10 +246,10 @@ class Service:
         slot = self.gate.enter()
         if body.stream:
             usage = bool(body.stream_options and body.stream_options.include_usage)
-            return SlotStreamingResponse(reply.stream(self.events(request), usage), slot,
+            return SlotStreamingResponse(reply.stream(self.events(request, stream=True), usage), slot,
                                          media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
         try:
-            return await reply.collect(self.events(request))
+            return await reply.collect(self.events(request, stream=False))
         finally:
             slot.release()
 
@@ -250,7 +264,7 @@ class Service:
         request, prompt_tokens = self.extraction(body.question, body.context, body.max_answer_length)
         slot = self.gate.enter()
         try:
-            async for event in self.events(request):
+            async for event in self.events(request, stream=False):
                 if isinstance(event, Failed):
                     raise ApiError(500, event.message, code="model_failed", kind="server_error")
                 return {"model": self.model_id, "answer": event.answer, "score": event.score,
@@ -259,7 +273,7 @@ class Service:
             slot.release()
         raise ApiError(500, "the model gave no answer", kind="server_error")
 
-    async def events(self, request: Generation | Extraction) -> AsyncIterator[Any]:
+    async def events(self, request: Generation | Extraction, stream: bool) -> AsyncIterator[Any]:
         """The job's events, as the worker thread produces them; leaving early cancels the job."""
         loop = asyncio.get_running_loop()
         inbox: asyncio.Queue[Any] = asyncio.Queue()
@@ -270,7 +284,7 @@ class Service:
             except RuntimeError:  # the loop is closed: nobody is listening any more
                 job.cancelled = True
 
-        job = Job(request, notify)
+        job = Job(request, notify, stream)
         self.batcher.submit(job)
         try:
             while True:

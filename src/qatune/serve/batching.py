@@ -4,8 +4,11 @@ One thread owns the model. The worker takes the first waiting job, waits a few m
 (up to ``max_batch_size``) and answers them in one batch. Generative batches are decoded token by
 token with a KV cache: left-padded prompts whose position ids count from each row's first real token,
 per-row sampling, per-row stops (EOS, stop strings, max_tokens), and each row's text pushed to its
-request as soon as it is final. Rows that finish leave the batch. At temperature 0 a row gets the
-tokens ``model.generate`` gives it alone, so an answer does not depend on what it was batched with.
+request as soon as it is final. Rows that finish leave the batch; with a causal LM, requests that
+arrive meanwhile join it between two steps (their prompts are encoded on their own, then their KV
+cache is left-padded and stacked onto the running one), so nobody waits for a whole batch to end.
+At temperature 0 a row gets the tokens ``model.generate`` gives it alone, so an answer does not
+depend on what it was batched with.
 """
 
 from __future__ import annotations
@@ -92,6 +95,8 @@ class Job:
 
     request: Generation | Extraction
     notify: Callable[[Any], None]
+    stream: bool = True
+    """Send each piece of text as it is final (Delta events); else only the Finished event."""
     cancelled: bool = False
     """Set by the request's side when its client went away: the worker drops the row."""
     done: bool = False
@@ -101,7 +106,10 @@ class Job:
 class BatchStats:
     batches: int = 0
     jobs: int = 0
+    joined: int = 0
+    """Jobs that joined a batch already being decoded."""
     largest: int = 0
+    """Most rows decoded together."""
 
 
 _STOP = object()
@@ -117,6 +125,8 @@ class Batcher:
         self.stats = BatchStats()
         self._queue: queue.Queue[Any] = queue.Queue()
         self._thread: threading.Thread | None = None
+        self._current: list[Job] = []
+        self._stopping = False
         info = loaded.info
         if info.task == "generative":
             self._decoder = Decoder(loaded.model, loaded.tokenizer, info.seq2seq)
@@ -140,45 +150,58 @@ class Batcher:
         return self._queue.qsize()
 
     def _work(self) -> None:
-        while True:
-            jobs, stopping = self._take()
-            jobs = [job for job in jobs if not job.cancelled]
+        while not self._stopping:
+            jobs = self._take()
             if jobs:
                 self.stats.batches += 1
                 self.stats.jobs += len(jobs)
                 self.stats.largest = max(self.stats.largest, len(jobs))
                 self._answer(jobs)
-            if stopping:
-                return
 
-    def _take(self) -> tuple[list[Job], bool]:
+    def _take(self) -> list[Job]:
         """The first waiting job, and those that arrive within the wait (up to a full batch)."""
-        first = self._queue.get()
-        if first is _STOP:
-            return [], True
-        jobs = [first]
+        jobs = [self._queue.get()]
         deadline = time.monotonic() + self.wait_s
-        while len(jobs) < self.max_batch_size:
+        while len(jobs) < self.max_batch_size and jobs[-1] is not _STOP:
             try:
-                job = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
+                jobs.append(self._queue.get(timeout=max(0.0, deadline - time.monotonic())))
             except queue.Empty:
                 break
-            if job is _STOP:
-                return jobs, True
-            jobs.append(job)
-        return jobs, False
+        return self._live(jobs)
+
+    def _more(self, active: int) -> list[_Row]:
+        """Rows for the jobs waiting now, up to a full batch: they join the batch being decoded."""
+        jobs = []
+        while active + len(jobs) < self.max_batch_size and not self._stopping:
+            try:
+                jobs.append(self._queue.get_nowait())
+            except queue.Empty:
+                break
+        jobs = self._live(jobs)
+        self._current = [job for job in self._current if not job.done] + jobs  # a batch may never end
+        self.stats.jobs += len(jobs)
+        self.stats.joined += len(jobs)
+        self.stats.largest = max(self.stats.largest, active + len(jobs))
+        return [_Row(job, self.loaded.tokenizer) for job in jobs]
+
+    def _live(self, jobs: list[Any]) -> list[Job]:
+        if _STOP in jobs:
+            self._stopping = True
+        return [job for job in jobs if job is not _STOP and not job.cancelled]
 
     def _answer(self, jobs: list[Job]) -> None:
+        self._current = jobs
         try:
             with torch.inference_mode():
                 if self.loaded.info.task == "extractive":
                     self._extract(jobs)
                 else:
-                    self._decoder.run([_Row(job, self.loaded.tokenizer) for job in jobs])
+                    more = self._more if self.max_batch_size > 1 else None
+                    self._decoder.run([_Row(job, self.loaded.tokenizer) for job in jobs], more)
         except Exception as exc:  # a failed batch fails its requests, never the server
-            log.error("a batch of %d requests failed: %s: %s", len(jobs), type(exc).__name__, exc,
+            log.error("a batch of %d requests failed: %s: %s", len(self._current), type(exc).__name__, exc,
                       exc_info=log.isEnabledFor(logging.DEBUG))
-            for job in jobs:
+            for job in self._current:
                 if not job.done:
                     job.done = True
                     job.notify(Failed(f"the model failed on this batch ({type(exc).__name__})"))
@@ -212,11 +235,13 @@ class AnswerText:
     start of a stop string. The released pieces add up to the final text.
     """
 
-    def __init__(self, tokenizer: Any, max_tokens: int, stop: tuple[str, ...] = ()):
+    def __init__(self, tokenizer: Any, max_tokens: int, stop: tuple[str, ...] = (), incremental: bool = True):
         self.tokenizer = tokenizer
         self.eos_id = tokenizer.eos_token_id
         self.max_tokens = max_tokens
         self.stop = tuple(s for s in stop if s)
+        self.incremental = incremental or bool(self.stop)
+        """Decode after every token (to stream, or to see stop strings); else only at the end."""
         self.tokens: list[int] = []
         self.generated = 0
         self.sent = 0
@@ -229,6 +254,8 @@ class AnswerText:
         if token == self.eos_id:
             return self._finish("stop", self._decode())
         self.tokens.append(token)
+        if not self.incremental:
+            return self._finish("length", self._decode()) if self.generated >= self.max_tokens else ""
         text = self._decode()
         cuts = [i for i in (text.find(s) for s in self.stop) if i != -1]
         if cuts:
@@ -261,7 +288,7 @@ class _Row:
         self.job = job
         self.request: Generation = job.request
         sampling = self.request.sampling
-        self.answer = AnswerText(tokenizer, sampling.max_tokens, sampling.stop)
+        self.answer = AnswerText(tokenizer, sampling.max_tokens, sampling.stop, incremental=job.stream)
         self.generator = None
         if sampling.seed is not None:
             self.generator = torch.Generator().manual_seed(sampling.seed)
@@ -272,7 +299,7 @@ class _Row:
 
     def push(self, token: int) -> None:
         piece = self.answer.push(token)
-        if piece:
+        if piece and self.job.stream:
             self.job.notify(Delta(piece))
         if self.answer.finish_reason is not None:
             self.job.done = True
@@ -294,22 +321,35 @@ class Decoder:
             self.extra["logits_to_keep"] = 1  # as model.generate does: same numbers, less work
         self.with_positions = not seq2seq and "position_ids" in parameters
 
-    def run(self, rows: list[_Row]) -> None:
-        """Decode until every row has finished; each row receives its tokens through ``push``."""
-        steps = _EncoderDecoderSteps(self) if self.seq2seq else _CausalSteps(self)
+    def run(self, rows: list[_Row], more: Callable[[int], list[_Row]] | None = None) -> None:
+        """Decode until every row has finished; each row receives its tokens through ``push``.
+
+        ``more(active)`` is asked after every step for rows that join the batch (causal LMs only).
+        """
+        steps = self._steps()
         logits = steps.start([row.request.prompt for row in rows])
+        joinable = more is not None and steps.joinable
         while rows:
             tokens = choose_tokens(logits, [row.request.sampling for row in rows], [row.generator for row in rows])
             for row, token in zip(rows, tokens.tolist()):
                 row.push(token)
             keep = [i for i, row in enumerate(rows) if not row.finished]
-            if not keep:
-                return
             if len(keep) < len(rows):
-                rows = [rows[i] for i in keep]
-                tokens = tokens[keep]
-                steps.select(torch.tensor(keep, device=tokens.device))
-            logits = steps.next(tokens)
+                rows, tokens = [rows[i] for i in keep], tokens[keep]
+                if rows:
+                    steps.select(torch.tensor(keep, device=tokens.device))
+            joining = more(len(rows)) if joinable else []
+            if rows:
+                logits = steps.next(tokens)
+            if joining and rows:
+                logits = torch.cat([logits, steps.join([row.request.prompt for row in joining])])
+            elif joining:
+                steps = self._steps()
+                logits = steps.start([row.request.prompt for row in joining])
+            rows += joining
+
+    def _steps(self) -> _CausalSteps | _EncoderDecoderSteps:
+        return _EncoderDecoderSteps(self) if self.seq2seq else _CausalSteps(self)
 
     def forward(self, **inputs: Any) -> torch.Tensor:
         out = self.model(**inputs, use_cache=True, **self.extra)
@@ -331,7 +371,9 @@ class _CausalSteps:
         input_ids, mask = left_pad(prompts, self.decoder.pad_id)
         self.mask = mask.to(self.device)
         self.positions = (self.mask.cumsum(-1) - 1).clamp(min=0)
-        return self._forward(input_ids.to(self.device))
+        logits = self._forward(input_ids.to(self.device))
+        self.joinable = self._can_join()
+        return logits
 
     def next(self, tokens: torch.Tensor) -> torch.Tensor:
         self.mask = torch.cat([self.mask, self.mask.new_ones((len(tokens), 1))], dim=1)
@@ -341,6 +383,37 @@ class _CausalSteps:
     def select(self, keep: torch.Tensor) -> None:
         self.cache.batch_select_indices(keep)
         self.mask, self.positions = self.mask[keep], self.positions[keep]
+        if self.joinable:
+            # columns that are padding for every row left: without this a batch that keeps being
+            # joined would grow wider with every step
+            first = int(self.mask.any(dim=0).int().argmax())
+            if first > 0:
+                self.mask = self.mask[:, first:]
+                for layer in self.cache.layers:
+                    layer.keys, layer.values = layer.keys[..., first:, :], layer.values[..., first:, :]
+
+    def _can_join(self) -> bool:
+        """Rows can join when every cache layer is a plain growing tensor (not a sliding window, not quantized)."""
+        from transformers.cache_utils import DynamicLayer
+
+        kinds = {type(layer) for layer in self.cache.layers}
+        if kinds == {DynamicLayer}:
+            return True
+        log.debug("serve: requests wait for the running batch to end (cache layers %s cannot be joined)",
+                  sorted(kind.__name__ for kind in kinds))
+        return False
+
+    def join(self, prompts: list[list[int]]) -> torch.Tensor:
+        """Encode new prompts on their own, then stack their cache below the running one; their logits."""
+        other = _CausalSteps(self.decoder)
+        logits = other.start(prompts)
+        width = max(self.mask.shape[1], other.mask.shape[1])
+        for mine, theirs in zip(self.cache.layers, other.cache.layers):
+            mine.keys = torch.cat([_pad_left(mine.keys, width, -2), _pad_left(theirs.keys, width, -2)])
+            mine.values = torch.cat([_pad_left(mine.values, width, -2), _pad_left(theirs.values, width, -2)])
+        self.mask = torch.cat([_pad_left(self.mask, width, -1), _pad_left(other.mask, width, -1)])
+        self.positions = torch.cat([self.positions[:, -1:], other.positions[:, -1:]])
+        return logits
 
     def _forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         inputs = {"input_ids": input_ids, "attention_mask": self.mask, self.decoder.cache_name: self.cache}
@@ -349,8 +422,20 @@ class _CausalSteps:
         return self.decoder.forward(**inputs)
 
 
+def _pad_left(tensor: torch.Tensor, width: int, dim: int) -> torch.Tensor:
+    """Zeros on the left of ``dim`` up to ``width`` (cache entries and mask columns nobody attends to)."""
+    missing = width - tensor.shape[dim]
+    if missing == 0:
+        return tensor
+    pad = [0, 0] * (-dim - 1) + [missing, 0]
+    return torch.nn.functional.pad(tensor, pad)
+
+
 class _EncoderDecoderSteps:
-    """The encoder reads the right-padded prompts once; the decoder starts from decoder_start_token_id."""
+    """The encoder reads the right-padded prompts once; the decoder starts from decoder_start_token_id.
+    Rows do not join a running encoder-decoder batch (its encoder outputs have one width)."""
+
+    joinable = False
 
     def __init__(self, decoder: Decoder):
         from transformers import DynamicCache, EncoderDecoderCache

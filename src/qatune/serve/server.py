@@ -29,11 +29,15 @@ log = logging.getLogger("qatune")
 DRAIN_SECONDS = 30
 
 
-def serve(run_dir: str | Path, which: str, host: str, port: int, settings: Settings) -> None:
+def serve(run_dir: str | Path, which: str, host: str, port: int, settings: Settings, threads: int | None = None) -> None:
     """Serve a run until interrupted."""
     find_model_folder(run_dir, which)  # a wrong RUN fails before anything else
     sock = bind(host, port)
     try:
+        if threads is not None:
+            import torch
+
+            torch.set_num_threads(threads)
         loaded = load_model_folder(run_dir, which)
         app = create_app(loaded, settings)
         _route_uvicorn_logs()
