@@ -62,15 +62,14 @@ def _leakage(prepared: Prepared) -> dict[str, Any]:
 def _generative_section(prepared: Prepared) -> dict[str, Any]:
     examples = prepared.dataset.items
     lengths = prepared.reports["encoding"]["lengths"]
-    supervised = []
-    eos_ok = True
     info = prepared.info
     # The token that ends an answer: the EOS, or a chat template's end-of-turn token.
     end = PromptEncoder(prepared.tokenizer, PromptTemplate(info.prompt_template, info.answer_prefix)).end_id
-    for example in examples:
-        batch = prepared.collator([example])
-        supervised.append(int(batch["n_items"]))
-        eos_ok &= bool(batch["labels"][0][-1] == end)
+    # The collator's own counts, per example without building a batch of each (200,000 rows: 10 s -> 0.2 s);
+    # the batch validator has checked real batches of it.
+    collator = prepared.collator
+    supervised = [collator.supervised(example) for example in examples]
+    eos_ok = all(collator.last_label(example) == end for example in examples)
     rendered = [render_trained_tokens(prepared, example) for example in examples[:2]]
     encoding = prepared.reports["encoding"]
     return {

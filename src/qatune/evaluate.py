@@ -81,6 +81,7 @@ def _teacher_forced_loss(model: Any, tokenizer: Any, info: ModelInfo, records: l
                          batch_size: int) -> tuple[float, int]:
     template = PromptTemplate(info.prompt_template, info.answer_prefix)
     encoder = (Seq2SeqEncoder if info.seq2seq else PromptEncoder)(tokenizer, template)
+    encoder.warm(records)
     examples, _ = encode_examples(encoder, records, info.max_length)
     if not examples:
         return 0.0, 0

@@ -257,11 +257,12 @@ class PromptEncoder:
 
     def example(self, record: QARecord, max_length: int) -> Example | None:
         answer = self.answer_ids(record.answer)
-        prompt = self.prompt_ids(record.question, record.context, budget=max_length - len(answer),
-                                 fields=record.fields)
+        full = self._encode_prompt(record.question, record.context, record.fields)
+        budget = max_length - len(answer)
+        prompt = full if len(full) <= budget else self.prompt_ids(record.question, record.context, budget=budget,
+                                                                   fields=record.fields)
         if prompt is None:
             return None
-        full = self._encode_prompt(record.question, record.context, record.fields)
         return Example(input_ids=prompt + answer, prompt_length=len(prompt), row=record.row,
                        truncated=len(prompt) < len(full))
 
@@ -355,7 +356,15 @@ class Seq2SeqCollator:
             labels[i, : len(example.target_ids)] = torch.tensor(example.target_ids, dtype=torch.long)
         return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels,
                 "row": torch.tensor([e.row for e in batch], dtype=torch.long),
-                "n_items": sum(len(e.target_ids) for e in batch), "n_tokens": sum(len(e) for e in batch)}
+                "n_items": sum(self.supervised(e) for e in batch), "n_tokens": sum(len(e) for e in batch)}
+
+    @staticmethod
+    def supervised(example: Seq2SeqExample) -> int:
+        return len(example.target_ids)
+
+    @staticmethod
+    def last_label(example: Seq2SeqExample) -> int:
+        return example.target_ids[-1]
 
 
 def choose_max_length(lengths: list[int], setting: int | str, model_limit: int | None) -> int:
@@ -372,7 +381,6 @@ def choose_max_length(lengths: list[int], setting: int | str, model_limit: int |
 def encode_examples(encoder: PromptEncoder, records: list[QARecord], max_length: int) -> tuple[list[Example], EncodeStats]:
     stats = EncodeStats()
     examples = []
-    encoder.warm(records)
     for record in records:
         example = encoder.example(record, max_length)
         if example is None:
@@ -421,10 +429,19 @@ class CausalCollator:
             labels[i, first:n] = ids[first:]
         rows = torch.tensor([example.row for example in batch], dtype=torch.long)
         # Counts known on the host, so the loop never waits for the device to learn them.
-        n_items = sum(len(e) - max(1 if self.train_on_prompt else e.prompt_length, 1) for e in batch)
+        n_items = sum(self.supervised(e) for e in batch)
         n_tokens = sum(len(e) for e in batch)
         return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels, "row": rows,
                 "n_items": n_items, "n_tokens": n_tokens, "shared_prefix": self.shared_prefix(batch)}
+
+    def supervised(self, example: Example) -> int:
+        """Positions of ``example`` whose next token is trained on (its labels after the shift)."""
+        return len(example) - max(1 if self.train_on_prompt else example.prompt_length, 1)
+
+    @staticmethod
+    def last_label(example: Example) -> int:
+        """The last trained token: the answer's end (EOS or end of turn)."""
+        return example.input_ids[-1]
 
     def shared_prefix(self, batch: list[Example]) -> int:
         """Leading tokens common to every row and before every row's first supervised position (the

@@ -137,3 +137,16 @@ def test_shared_prefix_is_common_to_every_row_and_ends_before_the_first_supervis
     other = PromptEncoder(char_tokenizer, PromptTemplate("{question}\nA:", answer_prefix=" "))
     assert collate([a, other.example(QARecord("Q:b", ["z"]), 64)])["shared_prefix"] == len("Q:")
     assert collate([a, other.example(QARecord("x", ["z"]), 64)])["shared_prefix"] == 0
+
+
+@pytest.mark.parametrize("train_on_prompt", [False, True])
+def test_the_collators_count_of_supervised_tokens_is_what_its_labels_train(char_tokenizer, train_on_prompt):
+    encoder = PromptEncoder(char_tokenizer, TEMPLATE)
+    records = [QARecord("what?", ["yes"], row=2), QARecord("a longer question?", ["a longer answer"], row=3)]
+    examples, _ = encode_examples(encoder, records, max_length=64)
+    collator = CausalCollator(pad_token_id=0, train_on_prompt=train_on_prompt)
+    batch = collator(examples)
+    trained = (batch["labels"][:, 1:] != IGNORE_INDEX).sum(dim=1).tolist()
+    assert [collator.supervised(e) for e in examples] == trained
+    assert batch["n_items"] == sum(trained)
+    assert [collator.last_label(e) for e in examples] == [0, 0]       # the EOS ends every answer
