@@ -35,17 +35,21 @@ class CausalLMObjective(nn.Module):
     batch's rows (``shared_prefix``, from the collator) is computed once.
     """
 
-    def __init__(self, model: nn.Module):
+    def __init__(self, model: nn.Module, lean: bool = True):
         super().__init__()
         self.model = model
         self.selective = _selective_head_matches(model)
-        self.lean = self.selective and _lean_path_matches(model)
+        self.lean_refused = self.selective and not lean and lean_gpt2.supported(model)
+        self.lean = self.selective and lean and _lean_path_matches(model)
 
     def describe(self) -> str:
         if self.lean:
             prefix = ("prompt prefix not shared while training: dropout is active" if lean_gpt2.has_dropout(self.model)
                       else "shared prompt prefix computed once per batch")
             return f"GPT-2 lean path (LM head and last block on the supervised positions only, {prefix})"
+        if self.lean_refused:
+            return ("LM head on the supervised positions only (GPT-2's lean path runs in fp32 only: under bf16 "
+                    "autocast its extra casts and gathers made it slower)")
         if self.selective:
             return "LM head on the supervised positions only"
         return "full logits (the model's output is not a plain linear head)"
@@ -129,11 +133,15 @@ def span_logits(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch
     return out.start_logits.float().masked_fill(pad, floor), out.end_logits.float().masked_fill(pad, floor)
 
 
-def objective_for(task: str, model: nn.Module) -> nn.Module:
+def objective_for(task: str, model: nn.Module, precision: str = "fp32") -> nn.Module:
+    """The training objective of a model; ``precision`` as training runs it (the lean GPT-2 path is taken in
+    fp32 only: measured slower than the plain forward under bf16 autocast, see bench/lean_precision.py)."""
     fuse_activations(model)
     if task == "extractive":
         return SpanObjective(model)
-    return Seq2SeqObjective(model) if is_encoder_decoder(model) else CausalLMObjective(model)
+    if is_encoder_decoder(model):
+        return Seq2SeqObjective(model)
+    return CausalLMObjective(model, lean=precision == "fp32")
 
 
 def is_encoder_decoder(model: nn.Module) -> bool:

@@ -184,3 +184,14 @@ def test_a_model_whose_backbone_fails_gets_full_logits_and_a_debug_line(monkeypa
     assert not objective.selective and not objective.lean
     assert objective.describe() == "full logits (the model's output is not a plain linear head)"
     assert "not used for LlamaForCausalLM (ValueError: backbone needs position_ids)" in debug_log.text
+
+
+def test_the_lean_path_is_taken_in_fp32_only():
+    from qatune.objectives import objective_for
+
+    assert objective_for("generative", tiny_gpt2(), "fp32").lean
+    in_bf16 = objective_for("generative", tiny_gpt2(), "bf16")
+    assert not in_bf16.lean and in_bf16.selective
+    assert "lean path runs in fp32 only" in in_bf16.describe()
+    batch = qa_batch()
+    torch.testing.assert_close(in_bf16(**batch)["loss_sum"], reference_loss(in_bf16.model, batch))

@@ -143,7 +143,7 @@ class Loop:
         accelerator = make_accelerator(config, prepared.precision)
         if accelerator.device.type == "cuda" and hasattr(prepared.collator, "pad_to_multiple_of"):
             prepared.collator.pad_to_multiple_of = GPU_PAD_MULTIPLE
-        objective = objective_for(config.task, prepared.model)
+        objective = objective_for(config.task, prepared.model, prepared.precision)
         if hasattr(objective, "describe"):
             log.info("loss: %s", objective.describe())
         optimizer = build_optimizer(objective, train_cfg.learning_rate, train_cfg.weight_decay)
