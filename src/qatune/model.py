@@ -159,7 +159,7 @@ def _is_local(name: str) -> bool:
 
 def _load_kwargs(model: ModelConfig, source: ModelSource) -> dict[str, Any]:
     """from_pretrained arguments shared by tokenizer, config and model."""
-    kwargs: dict[str, Any] = {"trust_remote_code": model.trust_remote_code, "revision": model.revision}
+    kwargs: dict[str, Any] = {"revision": model.revision}
     if source.is_gguf:
         if importlib.util.find_spec("gguf") is None:
             hint = (f"; {PACKAGED_MODELS[source.name].install}" if source.name in PACKAGED_MODELS
@@ -207,7 +207,7 @@ def load_tokenizer(model: ModelConfig, task: str) -> Any:
     kwargs = _load_kwargs(model, source)
     quiet_transformers()
     try:
-        tokenizer = AutoTokenizer.from_pretrained(source.path, **kwargs)
+        tokenizer = AutoTokenizer.from_pretrained(source.path, trust_remote_code=model.trust_remote_code, **kwargs)
     except (OSError, ValueError, KeyError) as exc:
         raise ModelError(_load_failure("tokenizer", model.name_or_path, exc, offline=kwargs.get("local_files_only")
                                        )) from None
@@ -243,12 +243,12 @@ def load_pretrained(model: ModelConfig, task: str, tokenizer: Any, model_config:
         from transformers import GgufConfig
 
         kwargs["quantization_config"] = GgufConfig(dequantize=True)
-    else:
-        kwargs["use_safetensors"] = True
     quiet_transformers()
     try:
         with _quiet_gguf_progress():
-            loaded = auto.from_pretrained(source.path, dtype="float32", **kwargs)
+            # A .gguf file is no pickle either: it is read by the gguf package.
+            loaded = auto.from_pretrained(source.path, dtype="float32", trust_remote_code=model.trust_remote_code,
+                                          use_safetensors=not source.is_gguf, **kwargs)
     except (OSError, ValueError, KeyError) as exc:
         raise ModelError(_load_failure("model", model.name_or_path, exc, task,
                                        offline=kwargs.get("local_files_only"))) from None
@@ -270,6 +270,9 @@ def auto_class(task: str, seq2seq: bool = False) -> Any:
 def _load_failure(what: str, name: str, exc: Exception, task: str = "", offline: bool | None = False) -> str:
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     local = Path(name)
+    looks_local = local.is_absolute() or name.startswith((".", "~")) or name.count("/") > 1
+    if looks_local and not local.exists():
+        return f"model folder '{name}' not found; check model.name_or_path"
     if offline and not local.exists():
         installed = sorted(installed_packaged_models())
         instead = (f"or use a model installed for offline use: {', '.join(installed)}" if installed else
@@ -376,7 +379,7 @@ def load_model_config(model: ModelConfig) -> Any:
     source = model_source(model)
     kwargs = _load_kwargs(model, source)
     try:
-        return AutoConfig.from_pretrained(source.path, **kwargs)
+        return AutoConfig.from_pretrained(source.path, trust_remote_code=model.trust_remote_code, **kwargs)
     except (OSError, ValueError, KeyError) as exc:
         raise ModelError(_load_failure("model", model.name_or_path, exc,
                                        offline=kwargs.get("local_files_only"))) from None
