@@ -224,7 +224,7 @@ def prepare(config: Config, train_records: list[QARecord] | None = None,
     findings += _validate(config, dataset, collator, tokenizer, len(train_records))
     base_model = None
     if config.model.lora is not None:
-        if config.model.scratch is not None or lora_base_in_run(config.model):
+        if lora_base_in_run(config.model):
             info.lora_base = LORA_BASE_IN_RUN
             base_model = copy.deepcopy(model) if model is not None else None
         else:
