@@ -34,7 +34,8 @@ SHARED = ROOT.parent / "shared" / "data"
 sys.path.insert(0, str(ROOT / "src"))
 
 EVAL_SEED = 0
-# An XQuAD row outside the evaluation subset and an NQ-open question outside the 100 learned rows.
+# A question written for this benchmark on a passage of the Wikipedia article on Warsaw (no model here
+# trains on XQuAD articles), and an NQ-open question outside the learned rows.
 UNSEEN_QA = {"question": "Which river flows through Warsaw?",
              "context": "Warsaw lies in east-central Poland about 300 km from the Carpathian Mountains and about "
                         "260 km from the Baltic Sea, 523 km east of Berlin, Germany. The city straddles the Vistula "

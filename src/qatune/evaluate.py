@@ -25,7 +25,7 @@ from qatune.data.generative import (
 )
 from qatune.data.spreadsheet import QARecord, load_from_config
 from qatune.errors import ConfigError
-from qatune.generate import answer_questions, extract_answers, score_windows
+from qatune.generate import answer_questions, extract_answers, inference_precision, score_windows
 from qatune.metrics import best_scores, corpus_scores
 from qatune.model import (
     ModelInfo,
@@ -52,13 +52,14 @@ def evaluation_parts(model: Any, tokenizer: Any, info: ModelInfo, records: list[
     """Predictions plus the summed loss and its item count: parts that add up across data shards."""
     generate = generate or GenerateConfig()
     if info.task == "generative":
-        loss_sum, count = _teacher_forced_loss(model, tokenizer, info, records, batch_size)
+        loss_sum, count = _teacher_forced_loss(model, tokenizer, info, records, batch_size, generate.precision)
         predictions = answer_questions(model, tokenizer, info, [r.question for r in records],
                                        [r.context for r in records], generate, batch_size, progress,
                                        fields=[r.fields for r in records])
         return predictions, loss_sum, count
     features, _, kept = prepare_features(tokenizer, records, info.max_length, info.doc_stride, train=False)
-    starts, ends, loss_sum, count = score_windows(model, tokenizer, features, batch_size, progress)
+    starts, ends, loss_sum, count = score_windows(model, tokenizer, features, batch_size, progress,
+                                                  generate.precision)
     return extract_answers(features, starts, ends, kept, generate), loss_sum, count
 
 
@@ -78,7 +79,7 @@ def causal_lm_eval_loss(model: Any, tokenizer: Any, info: ModelInfo, records: li
 
 
 def _teacher_forced_loss(model: Any, tokenizer: Any, info: ModelInfo, records: list[QARecord],
-                         batch_size: int) -> tuple[float, int]:
+                         batch_size: int, precision: str = "fp32") -> tuple[float, int]:
     template = PromptTemplate(info.prompt_template, info.answer_prefix)
     encoder = (Seq2SeqEncoder if info.seq2seq else PromptEncoder)(tokenizer, template)
     encoder.warm(records)
@@ -91,7 +92,7 @@ def _teacher_forced_loss(model: Any, tokenizer: Any, info: ModelInfo, records: l
     examples.sort(key=len)
     total, count = 0.0, 0
     model.eval()
-    with torch.inference_mode():
+    with torch.inference_mode(), inference_precision(precision, device):
         for i in range(0, len(examples), batch_size):
             batch = {k: v.to(device) if torch.is_tensor(v) else v
                      for k, v in model_inputs(collate(examples[i : i + batch_size])).items()}

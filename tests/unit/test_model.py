@@ -133,3 +133,18 @@ def test_packaged_pretrained_minilm_fine_tunes_offline(tmp_path):
     result = fit(prepared, tmp_path, progress=False)
     assert result["steps"] >= 1 and result["best_eval"]["num_examples"] == 2
     assert (tmp_path / "final" / "model.safetensors").is_file()
+
+
+def test_generate_precision_bf16_runs_inference_under_bf16_autocast(tiny_gpt2):
+    from qatune.config import GenerateConfig
+    from qatune.generate import inference_precision
+
+    with inference_precision("bf16", torch.device("cpu")):
+        assert torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
+    with inference_precision("fp32", torch.device("cpu")):
+        assert not torch.is_autocast_enabled("cpu")
+    model, tokenizer = tiny_gpt2
+    info = ModelInfo(task="generative", max_length=64)
+    answers = answer_questions(model, tokenizer, info, ["what is item 1?", "x"], generate=GenerateConfig(
+        precision="bf16", max_new_tokens=4))
+    assert len(answers) == 2
