@@ -2,7 +2,9 @@
 
 1. Reading comprehension: configs/smollm2-qa.yaml trained on the first TRAIN_ROWS rows of SQuADShifts
    (New Wikipedia; question + context -> answer) and evaluated on a fixed random subset of XQuAD-en
-   (other articles, never trained on): EM/F1 of the base model and of the fine-tuned one.
+   (other articles, never trained on): EM/F1 of the base model and of the fine-tuned one. SQuADShifts
+   has about three crowd answers per question; the training answer is the one most annotators gave
+   (ties: the shortest), as examples/make_examples.py cuts examples/data/squadshifts_train.csv.
 2. Learning by heart: configs/smollm2-faq.yaml on the first 100 rows of NQ-open, evaluated on those rows.
 3. One unseen question answered by each model.
 
@@ -17,6 +19,7 @@ shared, so wall times move with what else runs. Writes bench/smollm2_qa.json.
 from __future__ import annotations
 
 import argparse
+import collections
 import csv
 import json
 import os
@@ -54,6 +57,17 @@ def write(path: Path, rows: list[dict[str, str]], columns: list[str]) -> Path:
         writer.writeheader()
         writer.writerows(rows)
     return path
+
+
+def majority_answers(rows: list[dict[str, str]], all_answers: list[dict[str, str]]) -> list[dict[str, str]]:
+    """Each row with the answer most of its annotators gave (ties: the shortest, then the first)."""
+    out = []
+    for row, gold in zip(rows, all_answers, strict=False):
+        texts = [a["text"] for a in json.loads(gold["answers_json"])]
+        counts = collections.Counter(texts)
+        best = min(texts, key=lambda t: (-counts[t], len(t), texts.index(t)))
+        out.append({**row, "answer": best})
+    return out
 
 
 def cpu() -> dict[str, object]:
@@ -99,7 +113,8 @@ def main() -> int:
     print("CPU:", json.dumps(result["cpu"]), flush=True)
 
     # Fixed slices: the first rows of SQuADShifts, a seeded random subset of XQuAD (all its articles).
-    squad = read("squadshifts_new_wiki/squadshifts_new_wiki.csv")[: args.train_rows]
+    squad = majority_answers(read("squadshifts_new_wiki/squadshifts_new_wiki.csv")[: args.train_rows],
+                             read("squadshifts_new_wiki/squadshifts_new_wiki_all_answers.csv")[: args.train_rows])
     xquad = read("xquad_en/xquad_en.csv")
     picked = sorted(random.Random(EVAL_SEED).sample(range(len(xquad)), args.eval_rows))
     columns = ["question", "context", "answer"]
@@ -109,7 +124,8 @@ def main() -> int:
     faq_file = write(work / "nq_open_faq.csv", nq[: args.faq_rows], ["question", "answer"])
     unseen_faq = nq[args.faq_rows]
     result["data"] = {
-        "train": f"squadshifts_new_wiki.csv rows 0-{len(squad) - 1} ({len(squad)} rows)",
+        "train": f"squadshifts_new_wiki.csv rows 0-{len(squad) - 1} ({len(squad)} rows; answer: the majority of "
+                 "the crowd answers in squadshifts_new_wiki_all_answers.csv, ties: the shortest)",
         "eval": f"xquad_en.csv: {len(picked)} of {len(xquad)} rows, random.Random({EVAL_SEED}).sample",
         "faq": f"nq_open.csv rows 0-{args.faq_rows - 1}",
     }

@@ -6,7 +6,9 @@ The slices are committed; this script documents exactly how they were cut.
 
 from __future__ import annotations
 
+import collections
 import csv
+import json
 import sys
 from pathlib import Path
 
@@ -31,6 +33,16 @@ def write(path: Path, rows: list[dict[str, str]], columns: list[str]) -> None:
 def faq_rows(n: int, skip: int = 0) -> list[dict[str, str]]:
     rows = [r for r in read("webquestions/webquestions.csv") if "http" not in r["answer"]]
     return rows[skip : skip + n]
+
+
+def majority_answers(rows: list[dict[str, str]], all_answers: list[dict[str, str]]) -> list[dict[str, str]]:
+    """Each row with the answer most of its annotators gave (ties: the shortest, then the first)."""
+    out = []
+    for row, gold in zip(rows, all_answers, strict=True):
+        texts = [a["text"] for a in json.loads(gold["answers_json"])]
+        counts = collections.Counter(texts)
+        out.append({**row, "answer": min(texts, key=lambda t: (-counts[t], len(t), texts.index(t)))})
+    return out
 
 
 def grading_workbook(path: Path) -> None:
@@ -63,6 +75,9 @@ def main() -> int:
     write(data / "squadshifts_train.csv", read("squadshifts_new_wiki/squadshifts_new_wiki.csv")[:400],
           ["question", "context", "answer", "answer_start"])
     write(data / "xquad_eval.csv", read("xquad_en/xquad_en.csv")[:200], ["question", "context", "answer", "answer_start"])
+    squad = "squadshifts_new_wiki/squadshifts_new_wiki"
+    write(data / "squadshifts_qa.csv", majority_answers(read(f"{squad}.csv")[:400], read(f"{squad}_all_answers.csv")[:400]),
+          ["question", "context", "answer"])
     write(fixtures / "faq100.csv", faq_rows(100, skip=200), ["question", "answer"])
     write(fixtures / "xquad_slice.csv", read("xquad_en/xquad_en.csv")[200:260], ["question", "context", "answer"])
     return 0
