@@ -14,6 +14,7 @@ template's end-of-turn token.
 
 from __future__ import annotations
 
+import logging
 import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -28,6 +29,7 @@ from qatune.errors import ConfigError, DataError
 if TYPE_CHECKING:
     from qatune.config import DataConfig
 
+log = logging.getLogger("qatune")
 
 DEFAULT_TEMPLATE = "Question: {question}\nAnswer:"
 DEFAULT_CONTEXT_TEMPLATE = "Context: {context}\nQuestion: {question}\nAnswer:"
@@ -93,6 +95,9 @@ def resolve_template(data: DataConfig, tokenizer: Any = None, model_name: str = 
         user = data.user_template or (DEFAULT_CONTEXT_USER_MESSAGE if data.context_column else DEFAULT_USER_MESSAGE)
         return chat_template(tokenizer, _canonical(user, columns), data.system_prompt, model_name)
     if setting == "auto":
+        if tokenizer is not None and (data.user_template is not None or data.system_prompt is not None):
+            log.warning("data.user_template and data.system_prompt are not used: the tokenizer of %s has no chat "
+                        "template, so data.prompt_template auto is the plain question/answer template", model_name)
         return PromptTemplate(DEFAULT_CONTEXT_TEMPLATE if data.context_column else DEFAULT_TEMPLATE)
     return PromptTemplate(_canonical(setting, columns))
 
