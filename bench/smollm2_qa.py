@@ -181,8 +181,8 @@ def main() -> int:
     print(f"unseen (smollm2-qa): {UNSEEN_QA['question']!r} -> {qa_answer!r}")
     print(f"unseen (smollm2-faq): {unseen_faq['question']!r} -> {faq_answer!r} (gold {unseen_faq['answer']!r})")
     result["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
-    result["note"] = ("wall times on a machine shared with other work; compare F1 and EM, and treat the times as "
-                      "upper bounds for an idle machine")
+    result["note"] = ("wall times move with what else runs on the machine: the load averages at start and end say "
+                      "how busy it was (2 cores: a load of about 2 is this benchmark alone)")
     Path(args.output).write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     print(f"wrote {args.output}")
     return 0
