@@ -148,3 +148,41 @@ def test_generate_precision_bf16_runs_inference_under_bf16_autocast(tiny_gpt2):
     answers = answer_questions(model, tokenizer, info, ["what is item 1?", "x"], generate=GenerateConfig(
         precision="bf16", max_new_tokens=4))
     assert len(answers) == 2
+
+
+def test_scratch_gpt2_uses_the_fused_kernel_of_its_own_gelu(tiny_gpt2):
+    from transformers.activations import ACT2FN
+
+    model, _ = tiny_gpt2
+    assert model.config.activation_function == "gelu_pytorch_tanh"
+    x = torch.linspace(-6, 6, 1001)
+    # The same function as GPT-2's gelu_new (the tanh approximation), as one kernel.
+    torch.testing.assert_close(model.transformer.h[0].mlp.act(x), ACT2FN["gelu_new"](x), atol=1e-6, rtol=1e-5)
+
+
+def test_eager_attention_only_for_short_rows_under_bf16_on_cpu(tmp_path):
+    from qatune.model import EAGER_ATTENTION_MAX_TOKENS, attention_for_training
+
+    def fresh():
+        torch.manual_seed(0)
+        tokenizer = train_scratch_tokenizer("generative", TEXTS, 400)
+        return build_scratch(ScratchModel(n_layer=1, n_embd=32, n_head=2, n_positions=64), "generative",
+                             tokenizer).eval(), tokenizer
+
+    for precision, device, longest in [("fp32", "cpu", 20), ("bf16", "cuda", 20),
+                                       ("bf16", "cpu", EAGER_ATTENTION_MAX_TOKENS + 1)]:
+        model, _ = fresh()
+        assert attention_for_training(model, precision, device, longest) is None
+        assert model.config._attn_implementation == "sdpa"
+    model, tokenizer = fresh()
+    ids = torch.tensor([[5, 6, 7, 8, 9, 10]])
+    with torch.no_grad():
+        before = model(input_ids=ids).logits
+    assert attention_for_training(model, "bf16", "cpu", EAGER_ATTENTION_MAX_TOKENS) == "eager"
+    assert model.config._attn_implementation == "eager"
+    with torch.no_grad():
+        torch.testing.assert_close(model(input_ids=ids).logits, before, atol=1e-5, rtol=1e-5)
+    # A run-time choice: the saved model does not carry it.
+    folder = save_model(tmp_path / "final", model, tokenizer, load_config(ROOT / "configs" / "tiny-gpt2.yaml"),
+                        ModelInfo(task="generative", max_length=32))
+    assert "eager" not in (folder / "config.json").read_text()

@@ -23,7 +23,7 @@ from tqdm.auto import tqdm
 from qatune import rundir
 from qatune.checkpoint import TrainState, restore, save_checkpoint
 from qatune.errors import TrainingError, row_list
-from qatune.model import save_model
+from qatune.model import attention_for_training, save_model
 from qatune.objectives import count_items, count_tokens, model_inputs, objective_for
 from qatune.train.device import GPU_PAD_MULTIPLE, make_accelerator
 from qatune.train.guard import NonFiniteGuard
@@ -144,6 +144,9 @@ class Loop:
         if accelerator.device.type == "cuda" and hasattr(prepared.collator, "pad_to_multiple_of"):
             prepared.collator.pad_to_multiple_of = GPU_PAD_MULTIPLE
         objective = objective_for(config.task, prepared.model, prepared.precision)
+        longest = max(prepared.dataset.lengths, default=0)
+        if attention_for_training(prepared.model, prepared.precision, accelerator.device.type, longest):
+            log.info("attention: eager (rows of at most %d tokens under bf16 on CPU, where it beats SDPA)", longest)
         if hasattr(objective, "describe"):
             log.info("loss: %s", objective.describe())
         optimizer = build_optimizer(objective, train_cfg.learning_rate, train_cfg.weight_decay)
