@@ -1,5 +1,5 @@
 # make demo: create .venv, install qatune, train -> eval -> generate on the offline example.
-# make smollm2-demo: fine-tune the packaged SmolLM2-135M-Instruct offline, evaluated on held-out rows (~10 min).
+# make smollm2-demo: fine-tune the packaged SmolLM2-135M-Instruct offline, evaluated on held-out rows (~6 min on 2 cores).
 # make test: create .venv, install qatune with test extras, run the test suite.
 PYTHON ?= python3
 VENV ?= .venv

@@ -29,6 +29,7 @@ import argparse
 import csv
 import json
 import os
+import platform
 import resource
 import statistics
 import subprocess
@@ -145,7 +146,8 @@ def arm_qatune(args, paths) -> dict:
     fit(prepared, None, progress=False)
     seconds = time.perf_counter() - start
     result = _result(seconds, counter, _training_set_loss(prepared.model, prepared.tokenizer, prepared.train_records))
-    result["lean_path"] = bool(getattr(prepared.model, "_qatune_lean_path", False))
+    # The lean path is taken in fp32 only (objectives.objective_for); the attribute says it matches the model.
+    result["lean_path"] = prepared.precision == "fp32" and bool(getattr(prepared.model, "_qatune_lean_path", False))
     result["shared_prefix_mean"] = counter.shared / max(counter.batches, 1)
     result["row_tokens_mean"] = counter.real / max(counter.rows, 1)
     return result
@@ -225,6 +227,12 @@ def main() -> int:
     if not SHARED.exists():
         print(f"needs the shared datasets at {SHARED}", file=sys.stderr)
         return 1
+    text = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    cpu = {"cpu": next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("model name")),
+                       platform.processor()),
+           "cores": os.cpu_count(), "avx512_bf16": "avx512_bf16" in text, "amx_bf16": "amx_bf16" in text}
+    print(f"CPU: {cpu['cpu']} ({cpu['cores']} cores; avx512_bf16={cpu['avx512_bf16']}, amx_bf16={cpu['amx_bf16']})",
+          flush=True)
     peaks = {"fp32": matmul_peak(torch.float32), "bf16": matmul_peak(torch.bfloat16)}
     with tempfile.TemporaryDirectory() as tmp:
         paths = setup(args, Path(tmp))
@@ -291,9 +299,9 @@ def main() -> int:
           f"{'bf16' if args.bf16 else 'fp32'} matmul peak; against the bf16 peak it would be "
           f"{100 * summary['qatune']['mfu_vs_bf16_peak']:.0f}% (bf16 {'native' if args.bf16 else 'emulated'} here)")
     if args.json:
-        args.json.write_text(json.dumps({"peaks": peaks, "runs": runs, "summary": summary, "ratio": ratio,
+        args.json.write_text(json.dumps({"machine": cpu, "peaks": peaks, "runs": runs, "summary": summary, "ratio": ratio,
                                          "args": {k: v for k, v in vars(args).items() if k != "paths"}},
-                                        indent=2, default=str))
+                                        indent=2, default=str) + "\n")
     return 0
 
 
