@@ -212,11 +212,13 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=5, help="Alternating rounds (qatune, Trainer) to run.")
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--json", type=Path, default=None, help="Also write the results here.")
+    parser.add_argument("--fp32", action="store_true",
+                        help="Both arms in fp32 even where bf16 is native (as on a CPU without it).")
     parser.add_argument("--arm", choices=["qatune", "trainer"], help=argparse.SUPPRESS)
     parser.add_argument("--paths", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    args.bf16 = torch.cuda.is_available() and torch.cuda.is_bf16_supported() or (
-        not torch.cuda.is_available() and cpu_has_native_bf16())
+    args.bf16 = not args.fp32 and (torch.cuda.is_available() and torch.cuda.is_bf16_supported() or (
+        not torch.cuda.is_available() and cpu_has_native_bf16()))
 
     if args.arm:  # child process: run one arm, print its JSON
         paths = json.loads(args.paths)
@@ -247,7 +249,7 @@ def main() -> int:
                 # batch order by about +-0.1 here, so losses are compared as means over the rounds.
                 command = [sys.executable, __file__, "--arm", arm, "--paths", json.dumps(paths),
                            f"--rows={args.rows}", f"--batch-size={args.batch_size}", f"--lr={args.lr}",
-                           f"--seed={args.seed + round_}"]
+                           f"--seed={args.seed + round_}"] + (["--fp32"] if args.fp32 else [])
                 done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
                 line = next((x for x in done.stdout.splitlines() if x.startswith("RESULT ")), None)
                 if line is None:
@@ -297,7 +299,7 @@ def main() -> int:
           f"computed ones")
     print(f"MFU = 6 x {paths['params'] / 1e6:.1f}M parameters x non-padding tokens/s / "
           f"{'bf16' if args.bf16 else 'fp32'} matmul peak; against the bf16 peak it would be "
-          f"{100 * summary['qatune']['mfu_vs_bf16_peak']:.0f}% (bf16 {'native' if args.bf16 else 'emulated'} here)")
+          f"{100 * summary['qatune']['mfu_vs_bf16_peak']:.0f}% (bf16 {'native' if cpu_has_native_bf16() else 'emulated'} here)")
     if args.json:
         args.json.write_text(json.dumps({"machine": cpu, "peaks": peaks, "runs": runs, "summary": summary, "ratio": ratio,
                                          "args": {k: v for k, v in vars(args).items() if k != "paths"}},
