@@ -17,13 +17,14 @@ import argparse
 import csv
 import json
 import os
-import platform
 import re
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from bench_machine import describe, headline  # bench/ is on sys.path
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = Path(os.environ.get("QATUNE_SHARED_DATA", ROOT.parent / "shared" / "data"))
@@ -59,14 +60,6 @@ else:
 """
 
 
-def cpu_description() -> dict:
-    flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    model = next((line.split(":", 1)[1].strip() for line in flags.splitlines() if line.startswith("model name")),
-                 platform.processor())
-    return {"cpu": model, "cores": os.cpu_count(), "avx512_bf16": "avx512_bf16" in flags,
-            "amx_bf16": "amx_bf16" in flags}
-
-
 def make_sheet(rows: int, path: Path) -> None:
     with open(SHARED / "nq_open" / "nq_open.csv", encoding="utf-8", newline="") as f:
         base = [(r["question"], r["answer"]) for r in csv.DictReader(f)]
@@ -95,9 +88,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, nargs="+", default=[20_000, 50_000, 100_000, 200_000])
     args = parser.parse_args()
-    machine = cpu_description()
-    print(f"CPU: {machine['cpu']} ({machine['cores']} cores; avx512_bf16={machine['avx512_bf16']}, "
-          f"amx_bf16={machine['amx_bf16']})")
+    machine = describe()
+    print(headline(machine))
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         for rows in args.rows:

@@ -12,27 +12,19 @@ bench/cpu_attention.json with the CPU it ran on.
 
 from __future__ import annotations
 
+import argparse
 import json
-import os
-import platform
 import statistics
 import sys
 import time
 from pathlib import Path
 
 import torch
+from bench_machine import describe, headline  # noqa: E402  (bench/ is on sys.path)
 
 OUT = Path(__file__).with_suffix(".json")
 SHAPES = [(16, 32), (8, 128), (4, 256)]  # (rows, tokens): same tokens per step at W1's batch size, wider rows
 VARIANTS = [("sdpa", "gelu_new"), ("eager", "gelu_new"), ("sdpa", "gelu_pytorch_tanh"), ("eager", "gelu_pytorch_tanh")]
-
-
-def machine() -> dict:
-    text = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    model = next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("model name")),
-                 platform.processor())
-    return {"cpu": model, "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-            "avx512_bf16": "avx512_bf16" in text, "amx_bf16": "amx_bf16" in text, "torch": torch.__version__}
 
 
 def build(attention: str, activation: str) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
@@ -61,9 +53,9 @@ def ms_per_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, ids: t
 
 
 def main() -> int:
-    info = machine()
-    print(f"CPU: {info['cpu']} ({info['cores']} cores; avx512_bf16={info['avx512_bf16']}, amx_bf16={info['amx_bf16']})",
-          flush=True)
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
+    info = {**describe(), "torch_threads": torch.get_num_threads(), "torch": torch.__version__}
+    print(headline(info), flush=True)
     models = {variant: build(*variant) for variant in VARIANTS}
     results = []
     for precision in ("bf16", "fp32"):

@@ -29,7 +29,6 @@ import argparse
 import csv
 import json
 import os
-import platform
 import resource
 import statistics
 import subprocess
@@ -42,23 +41,16 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import torch  # noqa: E402
+from bench_machine import describe, headline, native_bf16  # noqa: E402  (bench/ is on sys.path)
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = Path(os.environ.get("QATUNE_SHARED_DATA", ROOT.parent / "shared" / "data"))
 
 
-def cpu_has_native_bf16() -> bool:
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
-
-
 def matmul_peak(dtype: torch.dtype, n: int = 2048, repeats: int = 10) -> float:
     """FLOP/s of an n x n x n matrix product (median of ``repeats`` after warm-up)."""
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    if dtype == torch.bfloat16 and device == "cpu" and not cpu_has_native_bf16():
+    if dtype == torch.bfloat16 and device == "cpu" and not native_bf16():
         n = 256  # emulated bf16 is ~100x slower: a small product measures it in seconds
     if device == "cuda":
         n = 8192  # large enough to reach a GPU's peak
@@ -67,7 +59,7 @@ def matmul_peak(dtype: torch.dtype, n: int = 2048, repeats: int = 10) -> float:
     for _ in range(2):
         a @ b
     times = []
-    for _ in range(repeats if dtype == torch.float32 or device == "cuda" or cpu_has_native_bf16() else 2):
+    for _ in range(repeats if dtype == torch.float32 or device == "cuda" or native_bf16() else 2):
         if device == "cuda":
             torch.cuda.synchronize()
         start = time.perf_counter()
@@ -218,7 +210,7 @@ def main() -> int:
     parser.add_argument("--paths", help=argparse.SUPPRESS)
     args = parser.parse_args()
     args.bf16 = not args.fp32 and (torch.cuda.is_available() and torch.cuda.is_bf16_supported() or (
-        not torch.cuda.is_available() and cpu_has_native_bf16()))
+        not torch.cuda.is_available() and native_bf16()))
 
     if args.arm:  # child process: run one arm, print its JSON
         paths = json.loads(args.paths)
@@ -229,12 +221,8 @@ def main() -> int:
     if not SHARED.exists():
         print(f"needs the shared datasets at {SHARED}", file=sys.stderr)
         return 1
-    text = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    cpu = {"cpu": next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("model name")),
-                       platform.processor()),
-           "cores": os.cpu_count(), "avx512_bf16": "avx512_bf16" in text, "amx_bf16": "amx_bf16" in text}
-    print(f"CPU: {cpu['cpu']} ({cpu['cores']} cores; avx512_bf16={cpu['avx512_bf16']}, amx_bf16={cpu['amx_bf16']})",
-          flush=True)
+    cpu = describe()
+    print(headline(cpu), flush=True)
     peaks = {"fp32": matmul_peak(torch.float32), "bf16": matmul_peak(torch.bfloat16)}
     with tempfile.TemporaryDirectory() as tmp:
         paths = setup(args, Path(tmp))
@@ -299,7 +287,7 @@ def main() -> int:
           f"computed ones")
     print(f"MFU = 6 x {paths['params'] / 1e6:.1f}M parameters x non-padding tokens/s / "
           f"{'bf16' if args.bf16 else 'fp32'} matmul peak; against the bf16 peak it would be "
-          f"{100 * summary['qatune']['mfu_vs_bf16_peak']:.0f}% (bf16 {'native' if cpu_has_native_bf16() else 'emulated'} here)")
+          f"{100 * summary['qatune']['mfu_vs_bf16_peak']:.0f}% (bf16 {'native' if native_bf16() else 'emulated'} here)")
     if args.json:
         args.json.write_text(json.dumps({"machine": cpu, "peaks": peaks, "runs": runs, "summary": summary, "ratio": ratio,
                                          "args": {k: v for k, v in vars(args).items() if k != "paths"}},

@@ -7,16 +7,16 @@ work with the lean path on and off, in fp32 and in bf16 autocast, alternating in
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from bench_machine import describe, headline, write_nq_rows  # bench/ is on sys.path
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = Path(os.environ.get("QATUNE_SHARED_DATA", ROOT.parent / "shared" / "data"))
@@ -48,20 +48,11 @@ def main() -> int:
     parser.add_argument("--rows", type=int, default=320)
     parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args()
-    flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    cpu = next((x.split(":", 1)[1].strip() for x in flags.splitlines() if x.startswith("model name")),
-               platform.processor())
-    native = "avx512_bf16" in flags or "amx_bf16" in flags
-    print(f"CPU: {cpu} ({os.cpu_count()} cores; native bf16: {native})", flush=True)
+    machine = describe()
+    print(headline(machine), flush=True)
     times: dict[str, list[float]] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        data = Path(tmp) / "nq.csv"
-        with open(SHARED / "nq_open" / "nq_open.csv", encoding="utf-8", newline="") as f:
-            rows = list(csv.DictReader(f))[: args.rows]
-        with open(data, "w", encoding="utf-8", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=["question", "answer"], extrasaction="ignore")
-            writer.writeheader()
-            writer.writerows(rows)
+        data = write_nq_rows(SHARED, args.rows, Path(tmp) / "nq.csv")
         for round_ in range(args.rounds):
             for precision in ("fp32", "bf16"):
                 for lean in ("on", "off") if round_ % 2 == 0 else ("off", "on"):
@@ -78,7 +69,7 @@ def main() -> int:
     for precision in ("fp32", "bf16"):
         ratio = summary[f"{precision} lean off"] / summary[f"{precision} lean on"]
         print(f"{precision}: lean path x{ratio:.2f} (loop time without it / with it, median of {args.rounds})")
-    OUT.write_text(json.dumps({"cpu": cpu, "native_bf16": native, "rows": args.rows, "times": times,
+    OUT.write_text(json.dumps({"machine": machine, "rows": args.rows, "times": times,
                                "median_seconds": summary, "measured": time.strftime("%Y-%m-%d %H:%M")}, indent=2) + "\n")
     return 0
 

@@ -14,16 +14,16 @@ in the other order. Prints per-round ratios and their median, and which CPU ran 
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from bench_machine import describe, headline, write_nq_rows  # noqa: E402  (bench/ is on sys.path)
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = Path(os.environ.get("QATUNE_SHARED_DATA", ROOT.parent / "shared" / "data"))
@@ -37,14 +37,6 @@ data: {{train_file: {data}}}
 train: {{epochs: 1, batch_size: 16, learning_rate: 5.0e-4, weight_decay: 0.0, max_grad_norm: 1.0,
         logging_steps: 10, precision: auto}}
 """
-
-
-def machine() -> dict:
-    flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    model = next((line.split(":", 1)[1].strip() for line in flags.splitlines() if line.startswith("model name")),
-                 platform.processor())
-    return {"cpu": model, "cores": os.cpu_count(), "avx512_bf16": "avx512_bf16" in flags,
-            "amx_bf16": "amx_bf16" in flags}
 
 
 def timed(command: list[str]) -> dict:
@@ -66,18 +58,11 @@ def main() -> int:
     parser.add_argument("--rows", type=int, default=1000)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
-    info = machine()
-    print(f"CPU: {info['cpu']} ({info['cores']} cores; avx512_bf16={info['avx512_bf16']}, "
-          f"amx_bf16={info['amx_bf16']})", flush=True)
+    info = describe()
+    print(headline(info), flush=True)
     runs: dict[str, list[dict]] = {"qatune": [], "trainer": []}
     with tempfile.TemporaryDirectory() as tmp:
-        data = Path(tmp) / "nq.csv"
-        with open(SHARED / "nq_open" / "nq_open.csv", encoding="utf-8", newline="") as f:
-            rows = list(csv.DictReader(f))[: args.rows]
-        with open(data, "w", encoding="utf-8", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=["question", "answer"], extrasaction="ignore")
-            writer.writeheader()
-            writer.writerows(rows)
+        data = write_nq_rows(SHARED, args.rows, Path(tmp) / "nq.csv")
         config = Path(tmp) / "w1.yaml"
         config.write_text(CONFIG.format(seed=42, data=data), encoding="utf-8")
         commands = {

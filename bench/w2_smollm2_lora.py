@@ -26,7 +26,6 @@ import argparse
 import csv
 import json
 import os
-import platform
 import resource
 import statistics
 import subprocess
@@ -34,6 +33,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from bench_machine import describe, headline, native_bf16  # noqa: E402  (bench/ is on sys.path)
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -43,21 +44,6 @@ SHARED = Path(os.environ.get("QATUNE_SHARED_DATA", ROOT.parent / "shared" / "dat
 OUT = Path(__file__).with_suffix(".json")
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 USER = "{context}\n\nQuestion: {question}"
-
-
-def machine() -> dict:
-    flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    model = next((line.split(":", 1)[1].strip() for line in flags.splitlines() if line.startswith("model name")),
-                 platform.processor())
-    return {"cpu": model, "cores": os.cpu_count(), "avx512_bf16": "avx512_bf16" in flags,
-            "amx_bf16": "amx_bf16" in flags}
-
-
-def native_bf16() -> bool:
-    info = machine()
-    return info["avx512_bf16"] or info["amx_bf16"]
-
-
 def bf16_peak(n: int = 2048) -> float:
     import torch
 
@@ -177,10 +163,9 @@ def main() -> int:
         result = arm_qatune(args, paths) if args.arm == "qatune" else arm_trl(args, paths)
         print("RESULT " + json.dumps(result), flush=True)
         return 0
-    info = machine()
+    info = describe()
     peak = bf16_peak()
-    print(f"CPU: {info['cpu']} ({info['cores']} cores; avx512_bf16={info['avx512_bf16']}, "
-          f"amx_bf16={info['amx_bf16']}); bf16 matmul peak {peak / 1e9:.0f} GFLOP/s", flush=True)
+    print(f"{headline(info)}; bf16 matmul peak {peak / 1e9:.0f} GFLOP/s", flush=True)
     runs: dict[str, list[dict]] = {"qatune": [], "trl": []}
     with tempfile.TemporaryDirectory() as tmp:
         paths = setup(args, Path(tmp))
