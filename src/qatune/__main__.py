@@ -1,5 +1,5 @@
 import sys
 
-from qatune.cli import main
+from qatune.cli import entry
 
-sys.exit(main())
+sys.exit(entry())

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import random
 import re
 import shutil
@@ -29,6 +30,8 @@ log = logging.getLogger("qatune")
 
 _NAME = re.compile(r"^step-(\d+)$")
 TRAINER_STATE = "trainer_state.json"
+RESUME_FILES = (TRAINER_STATE, "optimizer.pt", "scheduler.pt", "rng.pt")
+"""What a checkpoint holds beyond a model folder."""
 
 
 @dataclass
@@ -75,6 +78,29 @@ def save_checkpoint(run_dir: Path, state: TrainState, model: Any, tokenizer: Any
     return path
 
 
+def model_folder_from(checkpoint: Path, folder: Path) -> Path:
+    """Write ``folder`` (atomically) as the model folder of ``checkpoint``: its model files hard-linked
+    (copied where the file system refuses links), so the weights are not serialized a second time."""
+    def fill(tmp: Path) -> None:
+        for source in sorted(checkpoint.rglob("*")):
+            relative = source.relative_to(checkpoint)
+            if not source.is_file() or relative.as_posix() in (*RESUME_FILES, rundir.MANIFEST):
+                continue
+            target = tmp / relative
+            target.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                os.link(source, target)
+            except OSError:
+                shutil.copy2(source, target)
+
+    return rundir.write_folder(folder, fill)
+
+
+def checkpoint_step(checkpoint: Path) -> int | None:
+    match = _NAME.match(Path(checkpoint).name)
+    return int(match.group(1)) if match else None
+
+
 def find_checkpoint(path: Path) -> Path:
     """``path`` itself when it is a checkpoint, else the newest intact checkpoint of a run directory.
 
@@ -103,7 +129,7 @@ def find_checkpoint(path: Path) -> Path:
 
 def damage(checkpoint: Path) -> str | None:
     """What is wrong with a checkpoint (None when it can be resumed from)."""
-    for name in (TRAINER_STATE, "optimizer.pt", "scheduler.pt", "rng.pt"):
+    for name in RESUME_FILES:
         if not (checkpoint / name).is_file():
             return f"{checkpoint / name} is missing"
     if not any((checkpoint / name).is_file() for name in ("model.safetensors", "adapter_model.safetensors")):

@@ -5,6 +5,7 @@ Heavy libraries (torch, transformers, pandas) are imported inside the commands, 
 
 from __future__ import annotations
 
+import gc
 import io
 import json
 import logging
@@ -365,6 +366,18 @@ def config_command(list_keys: bool, config_path: str | None, overrides: tuple[st
     if config_path is None and not overrides:
         raise click.UsageError("pass --keys, or --config FILE (and --set KEY=VALUE) to print the resolved config")
     click.echo(load_config(config_path, overrides).to_yaml(), nl=False)
+
+
+def entry() -> int:
+    """The ``qatune`` console script: :func:`main`, then an exit without the garbage collector's last sweep.
+
+    At exit Python collects once more over every object alive, and a process that imported torch and
+    transformers holds millions: that sweep took ~0.9 s of every command's wall time (gc.freeze moves
+    them out of its reach; files are closed and atexit handlers run as before).
+    """
+    code = main()
+    gc.freeze()
+    return code
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -63,7 +63,7 @@ class CausalLMObjective(nn.Module):
             logits = self.model.get_output_embeddings()(hidden)
         elif self.selective:
             hidden = _backbone(self.model)(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-            logits = self.model.get_output_embeddings()(hidden[:, :-1][supervised])
+            logits = _head_on_rows(self.model.get_output_embeddings(), hidden[:, :-1][supervised])
         else:
             logits = self.model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1][supervised]
         loss_sum = F.cross_entropy(logits.float(), targets[supervised], reduction="sum")
@@ -181,6 +181,22 @@ def count_tokens(batch: dict[str, torch.Tensor]) -> int:
 def model_inputs(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """The tensors an objective takes (drops bookkeeping such as source row numbers)."""
     return {key: value for key, value in batch.items() if key not in _BOOKKEEPING}
+
+
+HEAD_ROWS_MULTIPLE = 64
+
+
+def _head_on_rows(head: nn.Module, rows: torch.Tensor) -> torch.Tensor:
+    """``head(rows)`` for (N, d) rows, computed over N rounded up to a multiple of HEAD_ROWS_MULTIPLE.
+
+    N, the supervised tokens of a batch, is new at almost every step, and matrix kernels are prepared
+    per shape (oneDNN on CPU builds one for each new size): a few zero rows cost less than that.
+    """
+    n = rows.shape[0]
+    extra = -n % HEAD_ROWS_MULTIPLE
+    if not extra:
+        return head(rows)
+    return head(torch.cat([rows, rows.new_zeros(extra, rows.shape[1])]))[:n]
 
 
 def _absmax(logits: torch.Tensor) -> torch.Tensor:

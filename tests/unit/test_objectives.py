@@ -195,3 +195,20 @@ def test_the_lean_path_is_taken_in_fp32_only():
     assert "lean path runs in fp32 only" in in_bf16.describe()
     batch = qa_batch()
     torch.testing.assert_close(in_bf16(**batch)["loss_sum"], reference_loss(in_bf16.model, batch))
+
+
+def test_lm_head_runs_on_a_row_count_rounded_up_to_64_and_returns_the_real_rows():
+    from qatune.objectives import HEAD_ROWS_MULTIPLE, _head_on_rows
+
+    torch.manual_seed(0)
+    head = torch.nn.Linear(8, 11, bias=False)
+    seen = []
+    head.register_forward_hook(lambda _m, args, _out: seen.append(args[0].shape[0]))
+    for n in (1, 63, 64, 65):
+        rows = torch.randn(n, 8, requires_grad=True)
+        logits = _head_on_rows(head, rows)
+        assert logits.shape == (n, 11)
+        torch.testing.assert_close(logits, rows @ head.weight.T)
+        logits.sum().backward()                                   # the padding rows get no gradient path
+        torch.testing.assert_close(rows.grad, head.weight.sum(0).expand(n, 8))
+    assert seen == [64, 64, 64, 128] and HEAD_ROWS_MULTIPLE == 64

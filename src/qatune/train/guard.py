@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+from collections.abc import Iterable
 from pathlib import Path
 
 import torch
@@ -45,11 +46,11 @@ class NonFiniteGuard:
         return self.scale_skips < MAX_SCALE_SKIPS
 
     def record(self, step: int, epoch: int, loss: float, grad_norm: float, rows: list[int], lr: float,
-               model: torch.nn.Module, logit_absmax: float) -> None:
+               grads: Iterable[tuple[str, torch.Tensor]], logit_absmax: float) -> None:
+        """A bad step: ``grads`` are the step's (parameter name, gradient) pairs."""
         self.bad_steps.append(step)
         self.in_a_row += 1
-        norms = {name: float(p.grad.detach().float().norm()) for name, p in model.named_parameters()
-                 if p.grad is not None}
+        norms = {name: float(grad.detach().float().norm()) for name, grad in grads}
         worst = sorted(norms.items(), key=lambda kv: -kv[1] if math.isfinite(kv[1]) else -math.inf)
         non_finite_layers = [name for name, value in norms.items() if not math.isfinite(value)]
         diagnosis = {

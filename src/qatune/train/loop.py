@@ -21,13 +21,15 @@ import torch
 from tqdm.auto import tqdm
 
 from qatune import rundir
-from qatune.checkpoint import TrainState, restore, save_checkpoint
+from qatune.checkpoint import TrainState, checkpoint_step, model_folder_from, restore, save_checkpoint
 from qatune.errors import TrainingError, row_list
 from qatune.model import attention_for_training, save_model
 from qatune.objectives import count_items, count_tokens, model_inputs, objective_for
 from qatune.train.device import GPU_PAD_MULTIPLE, make_accelerator
 from qatune.train.guard import NonFiniteGuard
 from qatune.train.logs import LogWindow, MetricsLog
+from qatune.train.master import MasterWeights
+from qatune.train.master import wanted as master_weights_wanted
 from qatune.train.optim import build_optimizer, build_schedulers, gradient_clipper
 from qatune.train.preparation import Prepared
 from qatune.train.sampler import LengthGroupedBatches
@@ -85,6 +87,8 @@ def train_step(loop: Loop, window: list[dict[str, torch.Tensor]]) -> dict[str, A
         with accelerator.no_sync(objective) if i < len(window) - 1 else nullcontext():
             out = objective(**model_inputs(batch))
             accelerator.backward(out["loss_sum"] * accelerator.num_processes / items)
+        if loop.masters is not None:
+            loop.masters.accumulate()
         loss_sum += out["loss_sum"].detach()
         logit_absmax = torch.maximum(logit_absmax, out["logit_absmax"].float())
     grad_norm = loop.clip()
@@ -104,13 +108,16 @@ def train_step(loop: Loop, window: list[dict[str, torch.Tensor]]) -> dict[str, A
             return None
     if not (math.isfinite(loss) and math.isfinite(grad_norm)):
         optimizer.zero_grad(set_to_none=True)
-        guard.record(state.step + 1, state.epoch + 1, loss, grad_norm, _batch_rows(window), lr, loop.model(), absmax)
+        guard.record(state.step + 1, state.epoch + 1, loss, grad_norm, _batch_rows(window), lr, loop.named_grads(),
+                     absmax)
         if guard.should_stop():
             raise TrainingError(guard.stop_message())
         return None
     guard.ok()
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
+    if loop.masters is not None:
+        loop.masters.refresh()
     state.step += 1
     state.last_loss = loss
     if state.step == 1:
@@ -134,6 +141,7 @@ class Loop:
     state: TrainState
     guard: NonFiniteGuard
     metrics_log: MetricsLog
+    masters: MasterWeights | None = None
     logged: LogWindow = field(default_factory=LogWindow)
     last_checkpoint: Path | None = None
 
@@ -149,7 +157,12 @@ class Loop:
             log.info("attention: eager (rows of at most %d tokens under bf16 on CPU, where it beats SDPA)", longest)
         if hasattr(objective, "describe"):
             log.info("loss: %s", objective.describe())
-        optimizer = build_optimizer(objective, train_cfg.learning_rate, train_cfg.weight_decay)
+        masters = None
+        if master_weights_wanted(prepared.precision, accelerator.device.type, accelerator.num_processes):
+            masters = MasterWeights(prepared.model)
+            log.info("bf16: weights held in bf16, the optimizer updates fp32 master copies")
+        optimizer = build_optimizer(masters.masters if masters else objective, train_cfg.learning_rate,
+                                    train_cfg.weight_decay)
         sampler = LengthGroupedBatches(prepared.dataset.lengths, train_cfg.batch_size, config.seed,
                                        group=train_cfg.group_by_length)
         # Its own generator: starting an epoch must not draw from the global RNG that dropout uses, so a
@@ -169,9 +182,10 @@ class Loop:
             log.info("resuming from %s (step %d, epoch %d)", resume_from, state.step, state.epoch + 1)
         guard = NonFiniteGuard(run_dir if main else None, train_cfg.on_nonfinite, train_cfg.max_nonfinite_steps,
                                prepared.precision, state.bad_steps)
-        clip = gradient_clipper(accelerator, objective, optimizer, train_cfg.max_grad_norm)
+        clip = gradient_clipper(accelerator, objective, optimizer, train_cfg.max_grad_norm,
+                                masters.masters if masters else None)
         return cls(prepared, run_dir, accelerator, objective, optimizer, loader, sampler, clip, schedulers, state,
-                   guard, metrics_log)
+                   guard, metrics_log, masters)
 
     @property
     def main(self) -> bool:
@@ -183,6 +197,15 @@ class Loop:
 
     def model(self) -> torch.nn.Module:
         return self.accelerator.unwrap_model(self.objective).model
+
+    def full_precision(self) -> Any:
+        """The model with its fp32 weights while this is entered (bf16 training on CPU holds bf16 ones)."""
+        return self.masters.full_precision() if self.masters is not None else nullcontext()
+
+    def named_grads(self) -> Iterator[tuple[str, torch.Tensor]]:
+        if self.masters is not None:
+            return self.masters.named_grads()
+        return ((name, p.grad) for name, p in self.model().named_parameters() if p.grad is not None)
 
     def total_steps(self) -> int:
         train_cfg = self.prepared.config.train
@@ -221,7 +244,10 @@ class Loop:
         self.state.epoch, self.state.consumed = self.state.epoch + 1, 0
         if self.prepared.eval_records:
             run_dir = self.run_dir if self.main else None
-            if evaluate_epoch(self.prepared, self.model(), run_dir, self.state, self.metrics_log, self.accelerator):
+            with self.full_precision():
+                improved = evaluate_epoch(self.prepared, self.model(), run_dir, self.state, self.metrics_log,
+                                          self.accelerator)
+            if improved:
                 self.state.best_checkpoint = f"step-{self.state.step:07d}"
         self.checkpoint()
         self.accelerator.wait_for_everyone()
@@ -239,17 +265,23 @@ class Loop:
         if self.run_dir is None or not self.main:
             return None
         prepared = self.prepared
-        self.last_checkpoint = save_checkpoint(self.run_dir, self.state, self.model(), prepared.tokenizer,
-                                               prepared.config, prepared.info, self.optimizer, self.schedulers,
-                                               prepared.config.train.keep_checkpoints)
+        with self.full_precision():
+            self.last_checkpoint = save_checkpoint(self.run_dir, self.state, self.model(), prepared.tokenizer,
+                                                   prepared.config, prepared.info, self.optimizer, self.schedulers,
+                                                   prepared.config.train.keep_checkpoints)
         return self.last_checkpoint
 
     def finish(self) -> dict[str, Any]:
         """final/ (by the main process) and the result summary."""
         self.metrics_log.close()
+        if self.masters is not None:
+            self.masters.release()
         if self.run_dir is not None and self.main:
-            prepared = self.prepared
-            save_model(self.run_dir / rundir.FINAL, self.model(), prepared.tokenizer, prepared.config, prepared.info)
+            prepared, final = self.prepared, self.run_dir / rundir.FINAL
+            if self.last_checkpoint is not None and checkpoint_step(self.last_checkpoint) == self.state.step:
+                model_folder_from(self.last_checkpoint, final)  # the same weights, just written
+            else:
+                save_model(final, self.model(), prepared.tokenizer, prepared.config, prepared.info)
         self.accelerator.wait_for_everyone()
         state = self.state
         return {"steps": state.step, "first_train_loss": state.first_loss, "final_train_loss": state.last_loss,

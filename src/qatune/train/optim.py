@@ -11,10 +11,12 @@ import torch
 from qatune.config import Config
 
 
-def build_optimizer(model: torch.nn.Module, lr: float, weight_decay: float) -> torch.optim.AdamW:
-    """AdamW; biases and normalisation weights (all 1-D parameters) get no weight decay."""
-    decay = [p for p in model.parameters() if p.requires_grad and p.ndim >= 2]
-    no_decay = [p for p in model.parameters() if p.requires_grad and p.ndim < 2]
+def build_optimizer(model: torch.nn.Module | list[torch.Tensor], lr: float, weight_decay: float) -> torch.optim.AdamW:
+    """AdamW over a model's trainable parameters (or the given tensors: fp32 masters); biases and
+    normalisation weights (all 1-D parameters) get no weight decay."""
+    params = [p for p in model.parameters() if p.requires_grad] if isinstance(model, torch.nn.Module) else model
+    decay = [p for p in params if p.ndim >= 2]
+    no_decay = [p for p in params if p.ndim < 2]
     groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     try:
         # One fused kernel over all parameters (CPU and CUDA, torch >= 2.4): about 3x faster steps.
@@ -39,8 +41,8 @@ def build_schedulers(optimizer: torch.optim.Optimizer, config: Config) -> tuple[
     return warmup, decay
 
 
-def gradient_clipper(accelerator: Any, objective: torch.nn.Module, optimizer: Any, max_norm: float | None
-                     ) -> Callable[[], torch.Tensor | float]:
+def gradient_clipper(accelerator: Any, objective: torch.nn.Module, optimizer: Any, max_norm: float | None,
+                     masters: list[torch.Tensor] | None = None) -> Callable[[], torch.Tensor | float]:
     """A function that clips the gradients to ``max_norm`` and returns their total norm before clipping
     (a tensor: no host sync). Which way to clip is decided once, here.
 
@@ -53,7 +55,8 @@ def gradient_clipper(accelerator: Any, objective: torch.nn.Module, optimizer: An
     inner = getattr(optimizer, "optimizer", optimizer)
     if not (inner.defaults.get("fused") and accelerator.scaler is None and accelerator.distributed_type in
             (DistributedType.NO, DistributedType.MULTI_CPU, DistributedType.MULTI_GPU)):
-        return lambda: accelerator.clip_grad_norm_(objective.parameters(), max_norm or math.inf)
+        return lambda: accelerator.clip_grad_norm_(masters if masters is not None else objective.parameters(),
+                                                   max_norm or math.inf)
     params = [p for group in inner.param_groups for p in group["params"]]
 
     def folded() -> torch.Tensor:

@@ -46,6 +46,7 @@ def _resume_locked(config: Config, path: Path, run_dir: Path, progress: bool) ->
         raise DataError(f"the training data changed since {run_dir} was started; an exact resume needs the same "
                         "rows (start a new run to train on the new data)")
     prepared.model = load_weights(prepared.model, checkpoint)
+    prepared.base_model = None  # RUN/base is already saved
     if is_main_process():
         rundir.write_config(run_dir, config.to_yaml())
         rundir.write_status(run_dir, status="running", resumed_from=str(checkpoint))

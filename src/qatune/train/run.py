@@ -53,6 +53,7 @@ def train(config: Config, output_dir: str | Path | None = None, overwrite: bool 
             if prepared.base_model is not None:
                 save_model(run_dir / rundir.BASE, prepared.base_model, prepared.tokenizer, config,
                            ModelInfo(task=config.task, max_length=prepared.info.max_length))
+                prepared.base_model = None  # a full copy of the model: training does not need it in memory
             rundir.write_status(run_dir, status="running", qatune_version=__version__,
                                 started=time.strftime("%Y-%m-%d %H:%M:%S"), task=config.task,
                                 precision=prepared.precision,
