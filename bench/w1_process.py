@@ -9,6 +9,7 @@ in the other order. Prints per-round ratios and their median, and which CPU ran 
 
     python bench/w1_process.py               # 3 rounds, ~3 minutes on 2 CPU cores with native bf16
     python bench/w1_process.py --rounds 5 --rows 1000
+    python bench/w1_process.py --fp32        # both arms in fp32 (as on a CPU without native bf16): w1_process_fp32.json
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ model:
   scratch: {{n_layer: 6, n_embd: 512, n_head: 8, vocab_size: 4096, n_positions: 256}}
 data: {{train_file: {data}}}
 train: {{epochs: 1, batch_size: 16, learning_rate: 5.0e-4, weight_decay: 0.0, max_grad_norm: 1.0,
-        logging_steps: 10, precision: auto}}
+        logging_steps: 10, precision: {precision}}}
 """
 
 
@@ -57,19 +58,22 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, default=1000)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--fp32", action="store_true", help="both arms in fp32 (precision auto picks it on CPUs "
+                        "without native bf16); writes w1_process_fp32.json")
     args = parser.parse_args()
+    out = OUT.with_name(OUT.stem + "_fp32.json") if args.fp32 else OUT
     info = describe()
     print(headline(info), flush=True)
     runs: dict[str, list[dict]] = {"qatune": [], "trainer": []}
     with tempfile.TemporaryDirectory() as tmp:
         data = write_nq_rows(SHARED, args.rows, Path(tmp) / "nq.csv")
         config = Path(tmp) / "w1.yaml"
-        config.write_text(CONFIG.format(seed=42, data=data), encoding="utf-8")
+        config.write_text(CONFIG.format(seed=42, data=data, precision="fp32" if args.fp32 else "auto"), encoding="utf-8")
         commands = {
             "qatune": [sys.executable, "-m", "qatune", "train", "--config", str(config), "--output-dir",
                        str(Path(tmp) / "qatune-run"), "--overwrite", "--quiet"],
             "trainer": [sys.executable, str(ROOT / "bench" / "w1_trainer_best.py"), str(data),
-                        str(Path(tmp) / "trainer-run")],
+                        str(Path(tmp) / "trainer-run"), *(["--fp32"] if args.fp32 else [])],
         }
         for round_ in range(args.rounds):
             order = ("qatune", "trainer") if round_ % 2 == 0 else ("trainer", "qatune")
@@ -87,10 +91,10 @@ def main() -> int:
     print(f"\nqatune is x{statistics.median(ratios):.2f} faster as a whole process (median of "
           f"{', '.join(f'x{r:.2f}' for r in ratios)}); precision {status.get('precision')}; peak RSS qatune "
           f"{summary['qatune']['peak_rss_mb']:.0f} MB, Trainer {summary['trainer']['peak_rss_mb']:.0f} MB")
-    OUT.write_text(json.dumps({"machine": info, "rows": args.rows, "precision": status.get("precision"),
+    out.write_text(json.dumps({"machine": info, "rows": args.rows, "precision": status.get("precision"),
                                "runs": runs, "ratios": ratios, "median_ratio": statistics.median(ratios),
                                "summary": summary, "measured": time.strftime("%Y-%m-%d %H:%M")}, indent=2) + "\n")
-    print(f"wrote {OUT}")
+    print(f"wrote {out}")
     return 0
 
 

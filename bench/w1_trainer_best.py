@@ -6,7 +6,7 @@ BPE of 4,096 tokens trained on the rows, a GPT-2 6x512x8 from config, batch 16, 
 decay, clipping at 1.0, length-grouped batches with dynamic padding, bf16 autocast where the CPU has
 native bf16 (else fp32), no checkpoints, no evaluation, the final model saved as safetensors.
 
-    python bench/w1_trainer_best.py DATA.csv OUTPUT_DIR [--seed 42]
+    python bench/w1_trainer_best.py DATA.csv OUTPUT_DIR [--seed 42] [--fp32]
 """
 
 import csv
@@ -26,7 +26,7 @@ def native_bf16() -> bool:
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
-def main(data: str, output: str, seed: int) -> None:
+def main(data: str, output: str, seed: int, fp32: bool = False) -> None:
     with open(data, encoding="utf-8", newline="") as f:
         rows = [(r["question"].strip(), r["answer"].strip()) for r in csv.DictReader(f)]
     prompts = [f"Question: {q}\nAnswer:" for q, _ in rows]
@@ -54,7 +54,7 @@ def main(data: str, output: str, seed: int) -> None:
         output_dir=output, per_device_train_batch_size=16, learning_rate=5e-4, num_train_epochs=1, weight_decay=0.0,
         warmup_steps=0, lr_scheduler_type="constant", max_grad_norm=1.0, seed=seed, report_to=[],
         save_strategy="no", logging_steps=10, disable_tqdm=True, dataloader_num_workers=0,
-        train_sampling_strategy="group_by_length", bf16=native_bf16(), use_cpu=not torch.cuda.is_available())
+        train_sampling_strategy="group_by_length", bf16=native_bf16() and not fp32, use_cpu=not torch.cuda.is_available())
     collator = DataCollatorForSeq2Seq(tokenizer, padding=True, label_pad_token_id=-100, return_tensors="pt")
     trainer = Trainer(model=model, args=args, train_dataset=features, data_collator=collator,
                       processing_class=tokenizer)
@@ -64,4 +64,4 @@ def main(data: str, output: str, seed: int) -> None:
 
 if __name__ == "__main__":
     seed = int(sys.argv[sys.argv.index("--seed") + 1]) if "--seed" in sys.argv else 42
-    main(sys.argv[1], sys.argv[2], seed)
+    main(sys.argv[1], sys.argv[2], seed, fp32="--fp32" in sys.argv)

@@ -13,7 +13,9 @@ a prompt-completion conversational dataset (so completion_only_loss applies), gr
 padding-free off (on CPU it makes one long row), gradient checkpointing off (TRL's default is on; off is
 faster with this much memory). The figure is the loop's tokens/s (non-padding tokens of
 the epoch over the training time, set-up excluded in both arms), the final training loss each arm logs (mean
-over its last logged window), and MFU against the measured bf16 peak (6 x trainable-path parameters is not
+over its last logged window: each arm shuffles its own way, so those windows hold different rows), the
+trained model's loss over all its training rows afterwards (mean cross-entropy per answer token, the same
+code for both arms, each on the sequences it trained on: the like-for-like loss), and MFU against the measured bf16 peak (6 x trainable-path parameters is not
 used: LoRA's backward still runs through the frozen base, so MFU counts 6 x all parameters).
 
     python bench/w2_smollm2_lora.py                  # 2 rounds of 500 rows: ~25 minutes on 2 cores, bf16
@@ -57,6 +59,33 @@ def bf16_peak(n: int = 2048) -> float:
         a @ b
         times.append(time.perf_counter() - start)
     return 2 * n**3 / sorted(times)[len(times) // 2]
+
+
+def answer_loss(model, examples: list[tuple[list[int], list[int]]], batch: int = 8) -> float:
+    """Mean cross-entropy per supervised token of ``model`` over ``examples`` ((input ids, 0/1 per token: is it
+    supervised), the same code for both arms), under bf16 autocast where native, as training ran."""
+    import torch
+    import torch.nn.functional as F
+
+    model.eval()
+    order = sorted(range(len(examples)), key=lambda i: len(examples[i][0]))
+    total, count = 0.0, 0
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=native_bf16()):
+        for start in range(0, len(order), batch):
+            chunk = [examples[i] for i in order[start:start + batch]]
+            width = max(len(ids) for ids, _ in chunk)
+            ids = torch.zeros(len(chunk), width, dtype=torch.long)
+            mask = torch.zeros_like(ids)
+            supervised = torch.zeros_like(ids, dtype=torch.bool)
+            for row, (tokens, marks) in enumerate(chunk):
+                ids[row, :len(tokens)] = torch.tensor(tokens)
+                mask[row, :len(tokens)] = 1
+                supervised[row, :len(marks)] = torch.tensor(marks, dtype=torch.bool)
+            logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1]
+            targets, picked = ids[:, 1:], supervised[:, 1:]
+            total += F.cross_entropy(logits[picked].float(), targets[picked], reduction="sum").item()
+            count += int(picked.sum())
+    return total / count
 
 
 def setup(args, workdir: Path) -> dict:
@@ -104,8 +133,11 @@ def arm_qatune(args, paths) -> dict:
     start = time.perf_counter()
     fit(prepared, None, progress=False)
     seconds = time.perf_counter() - start
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    examples = [(item.input_ids, [0] * item.prompt_length + [1] * (len(item) - item.prompt_length))
+                for item in prepared.dataset.items]
     return {"seconds": seconds, "tokens": tokens, "supervised_tokens": supervised, "final_loss": losses[-1],
-            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+            "peak_rss_mb": peak, "train_set_loss": answer_loss(prepared.model, examples)}
 
 
 def arm_trl(args, paths) -> dict:
@@ -146,8 +178,11 @@ def arm_trl(args, paths) -> dict:
         start = time.perf_counter()
         trainer.train()
         seconds = time.perf_counter() - start
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        examples = list(zip(trainer.train_dataset["input_ids"], trainer.train_dataset["completion_mask"]))
+        train_set_loss = answer_loss(trainer.model, examples)
     return {"seconds": seconds, "tokens": tokens, "final_loss": losses[-1] if losses else float("nan"),
-            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+            "peak_rss_mb": peak, "train_set_loss": train_set_loss}
 
 
 def main() -> int:
@@ -187,7 +222,8 @@ def main() -> int:
                 result["mfu"] = 6 * paths["params"] * result["tokens_per_s"] / peak
                 runs[arm].append(result)
                 print(f"round {round_ + 1} {arm:7} {result['seconds']:7.1f} s  {result['tokens_per_s']:6.1f} tokens/s  "
-                      f"final loss {result['final_loss']:.3f}  MFU {100 * result['mfu']:.1f}%  "
+                      f"final loss {result['final_loss']:.3f}  loss over its training rows "
+                      f"{result['train_set_loss']:.3f}  MFU {100 * result['mfu']:.1f}%  "
                       f"peak RSS {result['peak_rss_mb']:.0f} MB", flush=True)
             ratio = runs["qatune"][-1]["tokens_per_s"] / runs["trl"][-1]["tokens_per_s"]
             print(f"round {round_ + 1} qatune / TRL tokens/s: x{ratio:.2f}", flush=True)
@@ -195,7 +231,9 @@ def main() -> int:
     print(f"\nqatune / TRL SFTTrainer tokens/s: median x{statistics.median(ratios):.2f} "
           f"({', '.join(f'x{r:.2f}' for r in ratios)}); final loss qatune "
           f"{statistics.mean(r['final_loss'] for r in runs['qatune']):.3f}, TRL "
-          f"{statistics.mean(r['final_loss'] for r in runs['trl']):.3f}")
+          f"{statistics.mean(r['final_loss'] for r in runs['trl']):.3f}; over all training rows afterwards qatune "
+          f"{statistics.mean(r['train_set_loss'] for r in runs['qatune']):.3f}, TRL "
+          f"{statistics.mean(r['train_set_loss'] for r in runs['trl']):.3f}")
     OUT.write_text(json.dumps({"machine": info, "bf16_peak_flops": peak, "rows": args.rows, "runs": runs,
                                "ratios": ratios, "median_ratio": statistics.median(ratios),
                                "measured": time.strftime("%Y-%m-%d %H:%M")}, indent=2) + "\n")

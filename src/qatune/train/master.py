@@ -2,12 +2,13 @@
 
 Under bf16 autocast every linear layer casts its fp32 weight to bf16 in each forward and its bf16
 weight gradient back to fp32 in each backward, and norms, residual adds and activations stay in fp32.
-On a CPU with native bf16 that was a third of a small GPT-2's step (bench/cpu_master_weights.json).
 Here the weights themselves are bf16, so the forward and backward cast nothing; what keeps training
 as exact as under autocast is that the optimizer updates fp32 copies ("masters"): the bf16 gradients
 of each micro-batch are added into fp32 master gradients, and after each update the bf16 weights are
 refreshed from the masters (an update smaller than a bf16 step is kept, not rounded away).
 Checkpoints, best/ and final/ are written from the masters; evaluation runs on them too.
+Measured: W1 steps x1.05 (bench/cpu_master_weights.json); SmolLM2 LoRA, where 135M frozen weights
+were cast in every forward, see bench/w2_smollm2_lora.json.
 
 Frozen weights (a LoRA base) are kept in bf16 alone: they never change, and a bf16 copy is what
 autocast multiplies with anyway. The run's saved base/ is written before they are cast.
