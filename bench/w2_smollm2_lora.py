@@ -88,6 +88,16 @@ def answer_loss(model, examples: list[tuple[list[int], list[int]]], batch: int =
     return total / count
 
 
+def supervised_up_to_end_of_turn(ids: list[int], labels: list[int], end_of_turn: int) -> list[int]:
+    """TRL's supervised positions (labels != -100) up to the end-of-turn token: TRL also trains on the newline
+    after it, which qatune does not; the like-for-like loss counts the answer and its end-of-turn in both."""
+    marks = [int(label != -100) for label in labels]
+    for i, (token, mark) in enumerate(zip(ids, marks)):
+        if mark and token == end_of_turn:
+            return marks[:i + 1] + [0] * (len(marks) - i - 1)
+    return marks
+
+
 def setup(args, workdir: Path) -> dict:
     from qatune.config import ModelConfig
     from qatune.model import load_pretrained, load_tokenizer
@@ -179,7 +189,8 @@ def arm_trl(args, paths) -> dict:
         trainer.train()
         seconds = time.perf_counter() - start
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-        examples = list(zip(trainer.train_dataset["input_ids"], trainer.train_dataset["completion_mask"]))
+        examples = [(ids, supervised_up_to_end_of_turn(ids, labels, tokenizer.eos_token_id))
+                    for ids, labels in zip(trainer.train_dataset["input_ids"], trainer.train_dataset["labels"])]
         train_set_loss = answer_loss(trainer.model, examples)
     return {"seconds": seconds, "tokens": tokens, "final_loss": losses[-1] if losses else float("nan"),
             "peak_rss_mb": peak, "train_set_loss": train_set_loss}

@@ -10,6 +10,7 @@ under a valid name.
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -30,6 +31,8 @@ log = logging.getLogger("qatune")
 
 _NAME = re.compile(r"^step-(\d+)$")
 TRAINER_STATE = "trainer_state.json"
+_LINK_REFUSED = (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EACCES)
+"""os.link errors that mean "copy instead" (another file system, no hard links); a full disk is not one."""
 RESUME_FILES = (TRAINER_STATE, "optimizer.pt", "scheduler.pt", "rng.pt")
 """What a checkpoint holds beyond a model folder."""
 
@@ -90,7 +93,9 @@ def model_folder_from(checkpoint: Path, folder: Path) -> Path:
             target.parent.mkdir(parents=True, exist_ok=True)
             try:
                 os.link(source, target)
-            except OSError:
+            except OSError as exc:
+                if exc.errno not in _LINK_REFUSED:
+                    raise
                 shutil.copy2(source, target)
 
     return rundir.write_folder(folder, fill)

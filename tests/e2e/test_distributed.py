@@ -23,10 +23,11 @@ def test_two_processes_match_one_with_accumulation(tmp_path):
     held = tmp_path / "held.csv"
     held.write_text("question,answer\n" + "".join(f"what is item {i}?,thing {i * 7}\n" for i in range(0, 32, 3)))
     config = tmp_path / "c.yaml"
+    # fp32: under bf16 one CPU process trains bf16 weights with fp32 masters, two processes use autocast.
     config.write_text(f"""
 model: {{scratch: {{n_layer: 1, n_embd: 32, n_head: 2, vocab_size: 300}}}}
 data: {{train_file: {data}, eval_file: {held}}}
-train: {{epochs: 2, batch_size: 4, logging_steps: 1, learning_rate: 3.0e-3}}
+train: {{epochs: 2, batch_size: 4, logging_steps: 1, learning_rate: 3.0e-3, precision: fp32}}
 """)
     two = CliRunner().invoke(cli, ["train", "--config", str(config), "--output-dir", str(tmp_path / "two"),
                                    "--num-processes", "2", "--quiet"])

@@ -168,9 +168,8 @@ def test_a_full_disk_during_a_checkpoint_keeps_the_previous_one(tmp_path, monkey
 
 
 def test_a_full_disk_while_writing_final_leaves_no_final_and_a_resumable_run(tmp_path, monkeypatch):
-    from qatune import model as model_module
-
-    fail_with_enospc_on(monkeypatch, model_module, "write_model_files", when=lambda tmp: tmp.name.startswith(".final-"))
+    # final/ is linked from the last checkpoint; the folder's manifest is written either way.
+    fail_with_enospc_on(monkeypatch, rundir, "write_manifest", when=lambda tmp: tmp.name.startswith(".final-"))
     run = tmp_path / "run"
     with pytest.raises(rundir.DiskFullError) as err:
         train(config_for(tmp_path), output_dir=run, progress=False)
@@ -180,6 +179,19 @@ def test_a_full_disk_while_writing_final_leaves_no_final_and_a_resumable_run(tmp
     train(config_for(tmp_path), output_dir=run, resume="", progress=False)
     assert (run / "final" / "model.safetensors").is_file()
     assert json.loads((run / "run.json").read_text())["status"] == "complete"
+
+
+def test_final_is_copied_where_the_file_system_refuses_hard_links(tmp_path, monkeypatch):
+    from qatune import checkpoint
+
+    def refuse(*_args):
+        raise OSError(errno.EXDEV, "Invalid cross-device link")
+
+    monkeypatch.setattr(checkpoint.os, "link", refuse)
+    run = train(config_for(tmp_path, "train.epochs=1"), output_dir=tmp_path / "run", progress=False)
+    final, last = run / "final" / "model.safetensors", checkpoint.list_checkpoints(run)[-1] / "model.safetensors"
+    assert final.read_bytes() == last.read_bytes() and os.stat(final).st_ino != os.stat(last).st_ino
+    assert rundir.damage(run / "final") is None
 
 
 def test_a_full_disk_while_writing_the_report_does_not_fail_the_run(tmp_path, monkeypatch, caplog):

@@ -2,7 +2,9 @@
 
 One step: forward and backward over the window's micro-batches (the loss summed, divided by the
 supervised items of the whole window), clip (the norm is logged before clipping), check that loss
-and norm are finite, optimizer step, scheduler step. Checkpoints, logging and validation are calls
+and norm are finite, optimizer step, scheduler step. bf16 on CPU (see :mod:`qatune.train.master`):
+the weights are bf16, each micro-batch's gradients are added into fp32 masters, the optimizer
+updates the masters and the bf16 weights are refreshed from them. Checkpoints, logging and validation are calls
 out of the loop.
 """
 

@@ -7,7 +7,7 @@ as exact as under autocast is that the optimizer updates fp32 copies ("masters")
 of each micro-batch are added into fp32 master gradients, and after each update the bf16 weights are
 refreshed from the masters (an update smaller than a bf16 step is kept, not rounded away).
 Checkpoints, best/ and final/ are written from the masters; evaluation runs on them too.
-Measured: W1 steps x1.05 (bench/cpu_master_weights.json); SmolLM2 LoRA, where 135M frozen weights
+Measured: W1 steps x1.09 (bench/cpu_master_weights.json); SmolLM2 LoRA, where 135M frozen weights
 were cast in every forward, see bench/w2_smollm2_lora.json.
 
 Frozen weights (a LoRA base) are kept in bf16 alone: they never change, and a bf16 copy is what

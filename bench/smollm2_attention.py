@@ -1,0 +1,107 @@
+"""SmolLM2-135M LoRA training steps on CPU under bf16: SDPA or eager attention, on short and on the longest rows.
+
+What model.EAGER_ATTENTION_MAX_TOKENS rests on beyond GPT-2 (bench/cpu_attention.py). The W2 setting
+(bench/w2_smollm2_lora.py: chat template, context + question -> answer, LoRA r=16 on all projections,
+batch 8, bf16) runs 7 timed optimizer steps after one warm-up step, in a fresh process per arm, on two
+slices of the 500 W2 rows: the first 64 (rows of 75-375 tokens) and the 64 with the longest context
+(up to 523 tokens). Prints non-padding tokens/s and peak RSS per arm.
+
+    python bench/smollm2_attention.py          # ~5 minutes on 2 cores with native bf16
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bench_machine import describe, headline
+
+ROOT = Path(__file__).resolve().parent.parent
+SHARED = Path(os.environ.get("QATUNE_SHARED_DATA", ROOT.parent / "shared" / "data"))
+OUT = Path(__file__).with_suffix(".json")
+
+
+def arm(attention: str, model: str, data: str) -> dict:
+    import qatune.model
+    import w2_smollm2_lora as w2
+    from qatune.config import load_config
+    from qatune.train.loop import Loop, train_step, windows
+    from qatune.train.run import prepare_checked
+
+    qatune.model.EAGER_ATTENTION_MAX_TOKENS = 4096 if attention == "eager" else 0
+    config = load_config(None, [
+        f"model.name_or_path={model}", f"data.train_file={data}", "data.context_column=context",
+        "data.prompt_template=chat", f"data.user_template={w2.USER}", "train.epochs=1", "train.batch_size=8",
+        "train.learning_rate=3e-4", "train.max_grad_norm=1.0", "train.precision=bf16", "model.lora.r=16",
+        "model.lora.alpha=32", "model.lora.dropout=0.0", f"model.lora.target_modules={json.dumps(w2.TARGETS)}"])
+    prepared = prepare_checked(config)
+    loop = Loop.setup(prepared, None, None)
+    loop.start_epoch(0)
+    batches = list(windows(loop.loader, 1))
+    train_step(loop, batches[0])
+    start, tokens = time.perf_counter(), 0
+    for window in batches[1:8]:
+        train_step(loop, window)
+        tokens += int(window[0]["attention_mask"].sum())
+    return {"attention": prepared.model.config._attn_implementation, "tokens_per_s": tokens / (time.perf_counter() - start),
+            "longest_row": max(prepared.dataset.lengths), "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--arm", nargs=3, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.arm:
+        print("RESULT " + json.dumps(arm(*args.arm)), flush=True)
+        return 0
+    import w2_smollm2_lora as w2
+
+    info = describe()
+    print(headline(info), flush=True)
+    results: dict[str, dict[str, dict]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        class Args:
+            rows = 500
+
+        paths = w2.setup(Args, Path(tmp))
+        with open(paths["data"], encoding="utf-8", newline="") as f:
+            rows = list(csv.DictReader(f))
+        slices = {"first 64 rows": rows[:64],
+                  "64 longest rows": sorted(rows, key=lambda r: len(r["context"]) + len(r["question"]))[-64:]}
+        for name, picked in slices.items():
+            data = Path(tmp) / f"{name.replace(' ', '_')}.csv"
+            with open(data, "w", encoding="utf-8", newline="") as f:
+                writer = csv.DictWriter(f, fieldnames=list(picked[0]))
+                writer.writeheader()
+                writer.writerows(picked)
+            results[name] = {}
+            for attention in ("sdpa", "eager"):
+                done = subprocess.run([sys.executable, __file__, "--arm", attention, paths["model"], str(data)],
+                                      capture_output=True, text=True, check=False, cwd=ROOT,
+                                      env={**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"})
+                line = next((x for x in done.stdout.splitlines() if x.startswith("RESULT ")), None)
+                if line is None:
+                    print(done.stderr[-3000:], file=sys.stderr)
+                    return 1
+                results[name][attention] = json.loads(line[len("RESULT "):])
+                r = results[name][attention]
+                print(f"{name:16} {r['attention']:6} {r['tokens_per_s']:6.1f} tokens/s  longest row {r['longest_row']}  "
+                      f"peak RSS {r['peak_rss_mb']:.0f} MB", flush=True)
+            print(f"{name:16} eager / sdpa: x{results[name]['eager']['tokens_per_s'] / results[name]['sdpa']['tokens_per_s']:.2f}",
+                  flush=True)
+    OUT.write_text(json.dumps({"machine": info, "results": results, "measured": time.strftime("%Y-%m-%d %H:%M")},
+                              indent=2) + "\n")
+    print(f"wrote {OUT}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
