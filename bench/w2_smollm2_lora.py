@@ -18,7 +18,7 @@ trained model's loss over all its training rows afterwards (mean cross-entropy p
 code for both arms, each on the sequences it trained on: the like-for-like loss), and MFU against the measured bf16 peak (6 x trainable-path parameters is not
 used: LoRA's backward still runs through the frozen base, so MFU counts 6 x all parameters).
 
-    python bench/w2_smollm2_lora.py                  # 2 rounds of 500 rows: ~25 minutes on 2 cores, bf16
+    python bench/w2_smollm2_lora.py                  # 2 rounds of 500 rows: ~35 minutes on 2 cores, bf16
     python bench/w2_smollm2_lora.py --rows 200 --rounds 3
 """
 
