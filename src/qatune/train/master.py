@@ -49,18 +49,17 @@ class MasterWeights:
         kept from step to step: a fresh 4-byte copy of every gradient each step costs page faults)."""
         if self._buffers is None:
             self._buffers = [torch.empty_like(m) for m in self.masters]
-        fresh = all(m.grad is None for m in self.masters)  # the optimizer's zero_grad(set_to_none) ran
         pairs = [(m, buffer, p.grad) for p, m, buffer in zip(self.params, self.masters, self._buffers)
                  if p.grad is not None]
-        if pairs:
-            first = [(m, buffer, grad) for m, buffer, grad in pairs if fresh or m.grad is None]
-            if first:
-                torch._foreach_copy_([buffer for _, buffer, _ in first], [grad for _, _, grad in first])
-            later = [(buffer, grad) for m, buffer, grad in pairs if not (fresh or m.grad is None)]
-            if later:
-                torch._foreach_add_([buffer for buffer, _ in later], [grad.float() for _, grad in later])
-            for m, buffer, _ in pairs:
-                m.grad = buffer
+        # A master without a gradient (the optimizer's zero_grad set it to None) starts this window afresh.
+        first = [(buffer, grad) for m, buffer, grad in pairs if m.grad is None]
+        later = [(buffer, grad.float()) for m, buffer, grad in pairs if m.grad is not None]
+        if first:
+            torch._foreach_copy_([buffer for buffer, _ in first], [grad for _, grad in first])
+        if later:
+            torch._foreach_add_([buffer for buffer, _ in later], [grad for _, grad in later])
+        for m, buffer, _ in pairs:
+            m.grad = buffer
         for p in self.params:
             p.grad = None
 
