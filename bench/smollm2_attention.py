@@ -30,19 +30,15 @@ OUT = Path(__file__).with_suffix(".json")
 
 
 def arm(attention: str, model: str, data: str) -> dict:
-    import qatune.model
     import w2_smollm2_lora as w2
+
+    import qatune.model
     from qatune.config import load_config
     from qatune.train.loop import Loop, train_step, windows
     from qatune.train.run import prepare_checked
 
     qatune.model.EAGER_ATTENTION_MAX_TOKENS = 4096 if attention == "eager" else 0
-    config = load_config(None, [
-        f"model.name_or_path={model}", f"data.train_file={data}", "data.context_column=context",
-        "data.prompt_template=chat", f"data.user_template={w2.USER}", "train.epochs=1", "train.batch_size=8",
-        "train.learning_rate=3e-4", "train.max_grad_norm=1.0", "train.precision=bf16", "model.lora.r=16",
-        "model.lora.alpha=32", "model.lora.dropout=0.0", f"model.lora.target_modules={json.dumps(w2.TARGETS)}"])
-    prepared = prepare_checked(config)
+    prepared = prepare_checked(load_config(None, [*w2.qatune_overrides(model, data), "train.precision=bf16"]))
     loop = Loop.setup(prepared, None, None)
     loop.start_epoch(0)
     batches = list(windows(loop.loader, 1))

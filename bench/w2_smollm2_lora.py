@@ -120,18 +120,22 @@ def setup(args, workdir: Path) -> dict:
     return {"data": str(data), "model": str(folder), "params": sum(p.numel() for p in model.parameters())}
 
 
+def qatune_overrides(model: str, data: str, seed: int = 42) -> list[str]:
+    """The W2 workload as qatune config overrides (also used by bench/smollm2_attention.py)."""
+    return [
+        f"model.name_or_path={model}", f"data.train_file={data}", "data.context_column=context",
+        "data.prompt_template=chat", f"data.user_template={USER}", "train.epochs=1", "train.batch_size=8",
+        "train.learning_rate=3e-4", "train.weight_decay=0.0", "train.max_grad_norm=1.0", "train.logging_steps=5",
+        f"train.precision={'bf16' if native_bf16() else 'fp32'}", f"seed={seed}", "model.lora.r=16",
+        "model.lora.alpha=32", "model.lora.dropout=0.0", f"model.lora.target_modules={json.dumps(TARGETS)}",
+    ]
+
+
 def arm_qatune(args, paths) -> dict:
     from qatune.config import load_config
     from qatune.train import fit, prepare
 
-    config = load_config(None, [
-        f"model.name_or_path={paths['model']}", f"data.train_file={paths['data']}", "data.context_column=context",
-        "data.prompt_template=chat", f"data.user_template={USER}", "train.epochs=1", "train.batch_size=8",
-        "train.learning_rate=3e-4", "train.weight_decay=0.0", "train.max_grad_norm=1.0", "train.logging_steps=5",
-        f"train.precision={'bf16' if native_bf16() else 'fp32'}", f"seed={args.seed}", "model.lora.r=16",
-        "model.lora.alpha=32", "model.lora.dropout=0.0", f"model.lora.target_modules={json.dumps(TARGETS)}",
-    ])
-    prepared = prepare(config)
+    prepared = prepare(load_config(None, qatune_overrides(paths["model"], paths["data"], args.seed)))
     tokens = sum(len(item) for item in prepared.dataset.items)
     supervised = sum(len(item) - item.prompt_length for item in prepared.dataset.items)
     losses: list[float] = []
