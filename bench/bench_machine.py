@@ -38,3 +38,14 @@ def write_nq_rows(shared: Path, rows: int, path: Path) -> Path:
         writer.writeheader()
         writer.writerows(picked)
     return path
+
+
+W1_CONFIG = """
+seed: {seed}
+model:
+  scratch: {{n_layer: 6, n_embd: 512, n_head: 8, vocab_size: 4096, n_positions: 256}}
+data: {{train_file: {data}}}
+train: {{epochs: 1, batch_size: 16, learning_rate: 5.0e-4, weight_decay: 0.0, max_grad_norm: 1.0,
+        logging_steps: 10, precision: {precision}}}
+"""
+"""W1 as a qatune config (GPT-2 6x512x8 from scratch, batch 16, one epoch): format with seed, data, precision."""

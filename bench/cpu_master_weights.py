@@ -26,19 +26,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench_machine import describe, headline, native_bf16, write_nq_rows  # noqa: E402  (bench/ is on sys.path)
+from bench_machine import W1_CONFIG, describe, headline, native_bf16, write_nq_rows  # noqa: E402  (bench/ is on sys.path)
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = Path(os.environ.get("QATUNE_SHARED_DATA", ROOT.parent / "shared" / "data"))
 OUT = Path(__file__).with_suffix(".json")
 ARMS = ["autocast", "masters", "unpadded"]
-CONFIG = """
-seed: 42
-model:
-  scratch: {{n_layer: 6, n_embd: 512, n_head: 8, vocab_size: 4096, n_positions: 256}}
-data: {{train_file: {data}}}
-train: {{epochs: 1, batch_size: 16, learning_rate: 5.0e-4, weight_decay: 0.0, max_grad_norm: 1.0, precision: bf16}}
-"""
 
 
 def arm(name: str, config_path: str) -> dict:
@@ -82,7 +75,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         data = write_nq_rows(SHARED, 1000, Path(tmp) / "nq.csv")
         config = Path(tmp) / "w1.yaml"
-        config.write_text(CONFIG.format(data=data), encoding="utf-8")
+        config.write_text(W1_CONFIG.format(seed=42, data=data, precision="bf16"), encoding="utf-8")
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
         for round_ in range(args.rounds):
             for name in (ARMS if round_ % 2 == 0 else ARMS[::-1]):

@@ -24,20 +24,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench_machine import describe, headline, write_nq_rows  # noqa: E402  (bench/ is on sys.path)
+from bench_machine import W1_CONFIG, describe, headline, write_nq_rows  # noqa: E402  (bench/ is on sys.path)
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = Path(os.environ.get("QATUNE_SHARED_DATA", ROOT.parent / "shared" / "data"))
 OUT = Path(__file__).with_suffix(".json")
 
-CONFIG = """
-seed: {seed}
-model:
-  scratch: {{n_layer: 6, n_embd: 512, n_head: 8, vocab_size: 4096, n_positions: 256}}
-data: {{train_file: {data}}}
-train: {{epochs: 1, batch_size: 16, learning_rate: 5.0e-4, weight_decay: 0.0, max_grad_norm: 1.0,
-        logging_steps: 10, precision: {precision}}}
-"""
 
 
 def timed(command: list[str]) -> dict:
@@ -68,7 +60,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         data = write_nq_rows(SHARED, args.rows, Path(tmp) / "nq.csv")
         config = Path(tmp) / "w1.yaml"
-        config.write_text(CONFIG.format(seed=42, data=data, precision="fp32" if args.fp32 else "auto"), encoding="utf-8")
+        config.write_text(W1_CONFIG.format(seed=42, data=data, precision="fp32" if args.fp32 else "auto"), encoding="utf-8")
         commands = {
             "qatune": [sys.executable, "-m", "qatune", "train", "--config", str(config), "--output-dir",
                        str(Path(tmp) / "qatune-run"), "--overwrite", "--quiet"],
