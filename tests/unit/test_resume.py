@@ -81,6 +81,15 @@ def test_checkpoints_keep_the_last_k(tmp_path):
         assert (checkpoint / name).is_file(), name
     state = json.loads((checkpoint / "trainer_state.json").read_text())
     assert (state["step"], state["epoch"], state["consumed"]) == (9, 3, 0)
+    # The optimizer state is written without zip CRC-32s (torch.load never checks them), reads back
+    # whole, and torch.save's global setting is left as it was.
+    import zipfile
+
+    with zipfile.ZipFile(checkpoint / "optimizer.pt") as archive:
+        assert {info.CRC for info in archive.infolist() if "/data/" in info.filename} == {0}
+    optimizer_state = torch.load(checkpoint / "optimizer.pt", weights_only=True)
+    assert all(torch.isfinite(s["exp_avg_sq"]).all() for s in optimizer_state["state"].values())
+    assert torch.serialization.get_crc32_options()
 
 
 def test_a_failed_checkpoint_write_leaves_the_previous_one(tmp_path, monkeypatch):
@@ -101,6 +110,7 @@ def test_a_failed_checkpoint_write_leaves_the_previous_one(tmp_path, monkeypatch
     names = [p.name for p in (tmp_path / "run" / "checkpoints").iterdir()]
     assert names == ["step-0000002"]                      # no half-written step-0000004, no temporary folder
     assert find_checkpoint(tmp_path / "run").name == "step-0000002"
+    assert torch.serialization.get_crc32_options()         # restored after the failure too
 
 
 def test_resume_ignores_a_temporary_folder_left_by_a_kill(tmp_path, monkeypatch):

@@ -115,6 +115,22 @@ def test_clipping_folded_into_fused_adamw_gives_torchs_clipped_update(max_norm):
         torch.testing.assert_close(p.grad, q.grad)  # the gradients the update used, clipped
 
 
+def test_total_norm_on_cpu_is_the_float64_norm_and_keeps_inf_and_nan():
+    from qatune.train.optim import total_norm
+
+    torch.manual_seed(0)
+    grads = [torch.randn(300, 700), torch.randn(5), torch.randn(64, 64).t()]  # one not contiguous
+    exact = math.sqrt(sum(g.double().pow(2).sum().item() for g in grads))
+    assert total_norm(grads).dtype == torch.float32
+    assert total_norm(grads).item() == pytest.approx(exact, rel=1e-6)
+    assert total_norm([]).item() == 0.0
+    assert total_norm([torch.ones(3), torch.tensor([1.0, math.inf])]).item() == math.inf
+    assert math.isnan(total_norm([torch.ones(3), torch.tensor([math.nan])]).item())
+    # Other dtypes keep torch's norm kernels.
+    half = [g.bfloat16() for g in grads]
+    assert total_norm(half).item() == pytest.approx(exact, rel=1e-2)
+
+
 def test_step_lr_after_warmup(tmp_path):
     config = tiny_config(tmp_path, ROWS, "train.learning_rate=0.1", "train.warmup_steps=4",
                          "train.scheduler.step_size=3", "train.scheduler.gamma=0.5", "train.scheduler.interval=step")
