@@ -1,13 +1,16 @@
-"""What every benchmark records about the machine it ran on, and shared data slices.
+"""What every benchmark records about the machine it ran on, how it writes its JSON, and shared data slices.
 
 Imported by the scripts beside it (``python bench/NAME.py`` puts this folder on sys.path).
 """
 
 from __future__ import annotations
 
+import argparse
 import csv
+import json
 import os
 import platform
+import time
 from pathlib import Path
 
 
@@ -19,6 +22,14 @@ def describe() -> dict:
     return {"cpu": model, "cores": os.cpu_count(), "avx512_bf16": "avx512_bf16" in text, "amx_bf16": "amx_bf16" in text}
 
 
+def describe_torch() -> dict:
+    """describe() plus torch's version and thread count, and the CUDA GPU's name (None without one)."""
+    import torch
+
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else None
+    return {**describe(), "torch": torch.__version__, "torch_threads": torch.get_num_threads(), "gpu": gpu}
+
+
 def native_bf16() -> bool:
     info = describe()
     return info["avx512_bf16"] or info["amx_bf16"]
@@ -26,7 +37,20 @@ def native_bf16() -> bool:
 
 def headline(info: dict) -> str:
     return (f"CPU: {info['cpu']} ({info['cores']} cores; avx512_bf16={info['avx512_bf16']}, "
-            f"amx_bf16={info['amx_bf16']})")
+            f"amx_bf16={info['amx_bf16']})" + (f"; GPU: {info['gpu']}" if info.get("gpu") else ""))
+
+
+def json_option(parser: argparse.ArgumentParser, script: str) -> None:
+    """``--json PATH``, by default the script's own path with .json (the file the README may quote)."""
+    parser.add_argument("--json", type=Path, default=Path(script).with_suffix(".json"), metavar="PATH",
+                        help="where to write the results (default: %(default)s)")
+
+
+def write_json(path: Path, results: dict) -> None:
+    """``results`` and when they were measured, as indented JSON."""
+    path.write_text(json.dumps({**results, "measured": time.strftime("%Y-%m-%d %H:%M")}, indent=2) + "\n",
+                    encoding="utf-8")
+    print(f"wrote {path}")
 
 
 def write_nq_rows(shared: Path, rows: int, path: Path) -> Path:

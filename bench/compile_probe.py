@@ -2,26 +2,30 @@
 
 W1's model (GPT-2 6 layers x 512 x 8 heads, vocab 4096) through qatune's training objective, batches of
 16 rows with varying lengths (28-36 tokens, as length-grouped batches have), eager and compiled
-(dynamic shapes). Prints the first compiled step (the compile cost) and the mean step time of both.
+(dynamic shapes). Prints the first compiled step (the compile cost) and the mean step time of both, and
+writes them to bench/compile_probe.json with the CPU they ran on.
 
     python bench/compile_probe.py        # ~3 minutes on 2 CPU cores
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
 import time
 
 import torch
+from bench_machine import describe_torch, headline, json_option, write_json
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from qatune.objectives import CausalLMObjective, fuse_activations
 
+ROWS = 16
 LENGTHS = (28, 30, 32, 34, 36, 28, 30, 32)
 
 
 def batch(length: int) -> dict[str, torch.Tensor]:
-    ids = torch.randint(0, 4096, (16, length))
+    ids = torch.randint(0, 4096, (ROWS, length))
     labels = ids.clone()
     labels[:, : length - 5] = -100
     return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": labels}
@@ -39,6 +43,11 @@ def mean_step(objective: torch.nn.Module) -> float:
 
 
 def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    json_option(parser, __file__)
+    args = parser.parse_args()
+    info = describe_torch()
+    print(headline(info), flush=True)
     torch.manual_seed(0)
     config = GPT2Config(vocab_size=4096, n_positions=256, n_embd=512, n_layer=6, n_head=8, resid_pdrop=0.0,
                         embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0)
@@ -54,12 +63,18 @@ def main() -> int:
     compile_s = time.perf_counter() - start
     step(compiled, batch(34))
     compiled_s = mean_step(compiled)
+    faster = 100 * (1 - compiled_s / eager_s)
     print(f"{torch.get_num_threads()} threads; eager step {eager_s:.3f} s, compiled step {compiled_s:.3f} s "
-          f"({100 * (1 - compiled_s / eager_s):.0f}% faster), first compiled step (compile) {compile_s:.0f} s")
-    if compiled_s < eager_s:
-        print(f"break-even after {compile_s / (eager_s - compiled_s):.0f} steps (W1 is 63 steps)")
+          f"({faster:.0f}% faster), first compiled step (compile) {compile_s:.0f} s")
+    break_even = compile_s / (eager_s - compiled_s) if compiled_s < eager_s else None
+    if break_even is not None:
+        print(f"break-even after {break_even:.0f} steps (W1 is 63 steps)")
     else:
         print("compiled steps are not faster here: never worth it")
+    write_json(args.json, {"machine": info, "parameters": {"model": "GPT-2 6x512x8, vocab 4096, no dropout",
+                                                           "rows": ROWS, "lengths": list(LENGTHS), "dynamic": True},
+                           "eager_step_s": eager_s, "compiled_step_s": compiled_s, "compile_s": compile_s,
+                           "compiled_faster_percent": faster, "break_even_steps": break_even})
     return 0
 
 

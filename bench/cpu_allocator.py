@@ -5,7 +5,8 @@ large ones are mmap'd and unmapped, and their pages faulted in again. Raising th
 thresholds (mallopt, what jemalloc/tcmalloc preloading is usually recommended for) keeps them in the
 heap. This runs the W1 training loop (see generative_vs_trainer.py) in fresh processes, alternating
 the setting on and off, and prints minor page faults, kernel (system) CPU time and wall time per
-optimizer step (averaged over the whole epoch, the first steps' heap growth included).
+optimizer step (averaged over the whole epoch, the first steps' heap growth included), their means
+per setting, and writes them to bench/cpu_allocator.json with the CPU they ran on.
 
     python bench/cpu_allocator.py                  # ~3 minutes on 2 CPU cores
     python bench/cpu_allocator.py --rows 200 --rounds 1
@@ -17,6 +18,7 @@ import argparse
 import ctypes
 import json
 import resource
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -24,6 +26,10 @@ import time
 from pathlib import Path
 
 import generative_vs_trainer as w1
+from bench_machine import describe_torch, headline, json_option, write_json
+
+TRAIN = ["train.epochs=1", "train.batch_size=16", "train.learning_rate=5e-4", "train.weight_decay=0.0", "seed=42"]
+METRICS = ["faults", "system_ms", "wall_ms"]
 
 
 def keep_freed_memory() -> None:
@@ -39,10 +45,7 @@ def child(args, paths: dict) -> dict:
 
     if args.keep:
         keep_freed_memory()
-    config = load_config(None, [
-        f"model.name_or_path={paths['model']}", f"data.train_file={paths['data']}", "train.epochs=1",
-        "train.batch_size=16", "train.learning_rate=5e-4", "train.weight_decay=0.0", "seed=42",
-    ])
+    config = load_config(None, [f"model.name_or_path={paths['model']}", f"data.train_file={paths['data']}", *TRAIN])
     prepared = qatune.train.prepare(config)
     before, start = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
     steps = qatune.train.fit(prepared, None, progress=False)["steps"]
@@ -57,14 +60,18 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--keep", action="store_true", help=argparse.SUPPRESS)
+    json_option(parser, __file__)
     args = parser.parse_args()
     if args.child:
         print("RESULT " + json.dumps(child(args, json.loads(args.child))), flush=True)
         return 0
+    info = describe_torch()
+    print(headline(info), flush=True)
     if not w1.SHARED.exists():
         print(f"needs the shared datasets at {w1.SHARED}", file=sys.stderr)
         return 1
     setup_args = argparse.Namespace(rows=args.rows, vocab=4096, seed=42)
+    runs: dict[str, list[dict]] = {"on": [], "off": []}
     with tempfile.TemporaryDirectory() as tmp:
         paths = w1.setup(setup_args, Path(tmp))
         for round_ in range(args.rounds):
@@ -76,9 +83,21 @@ def main() -> int:
                     print(done.stdout[-3000:], done.stderr[-3000:], file=sys.stderr)
                     return 1
                 r = json.loads(line[len("RESULT "):])
+                runs["on" if keep else "off"].append(r)
                 print(f"round {round_ + 1} glibc keeps freed memory {'on ' if keep else 'off'}: {r['faults']:8.0f} page faults"
                       f"/step  {r['system_ms']:5.1f} ms kernel CPU/step  {r['wall_ms']:6.1f} ms wall/step "
                       f"({r['steps']} steps)", flush=True)
+    means = {setting: {m: statistics.mean(r[m] for r in results) for m in METRICS} for setting, results in runs.items()}
+    print()
+    for setting, mean in means.items():
+        print(f"mean of rounds, glibc keeps freed memory {setting:3}: {mean['faults']:8.0f} page faults/step  "
+              f"{mean['system_ms']:5.1f} ms kernel CPU/step  {mean['wall_ms']:6.1f} ms wall/step")
+    ratio = means["on"]["wall_ms"] / means["off"]["wall_ms"]
+    print(f"wall time per step, on / off: x{ratio:.2f}")
+    parameters = {"rows": args.rows, "rounds": args.rounds, "vocab": setup_args.vocab, "model_params": paths["params"],
+                  "train": TRAIN}
+    write_json(args.json, {"machine": info, "parameters": parameters, "runs": runs, "means": means,
+                           "wall_ratio_on_off": ratio})
     return 0
 
 

@@ -5,7 +5,8 @@ Wiki and evaluates on XQuAD-en, once with qatune's loop and once with transforme
 the preprocessing and post-processing of transformers' examples/pytorch/question-answering/run_qa.py
 (windows padded to max_length, labels from the offset mapping, n-best post-processing). Same model,
 data, epochs, batch size, learning rate, warmup, weight decay, clipping and seed. Prints EM/F1
-(official SQuAD normalisation, max over all gold answers) and training examples/s.
+(official SQuAD normalisation, max over all gold answers) and training examples/s, and writes them to
+bench/extractive_vs_trainer.json with the CPU (and GPU) they ran on.
 
     python bench/extractive_vs_trainer.py                 # ~10 minutes on 2 CPU cores
     python bench/extractive_vs_trainer.py --train-rows 2000 --eval-rows 797 --epochs 2   # a GPU
@@ -26,6 +27,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
+from bench_machine import describe_torch, headline, json_option, write_json
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = Path(os.environ.get("QATUNE_SHARED_DATA", ROOT.parent / "shared" / "data"))
@@ -203,8 +205,10 @@ def main() -> int:
     parser.add_argument("--doc-stride", type=int, default=96)
     parser.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
     parser.add_argument("--seed", type=int, default=42)
-    parser.add_argument("--json", type=Path, default=None, help="Also write the results here.")
+    json_option(parser, __file__)
     args = parser.parse_args()
+    info = describe_torch()
+    print(headline(info), flush=True)
     if not SHARED.exists():
         print(f"needs the shared datasets at {SHARED}", file=sys.stderr)
         return 1
@@ -225,10 +229,12 @@ def main() -> int:
         print(f"{name:22} {r['em']:6.1f} {r['f1']:6.1f} {r['train_s']:8.1f} {r['examples_per_s']:11.2f} "
               f"{r['features']:8d} {r['computed_tokens']:16d}")
     ours, ref = results["qatune"], results["trainer (run_qa.py)"]
-    print(f"\nqatune / trainer: examples/s x{ours['examples_per_s'] / ref['examples_per_s']:.2f}, "
-          f"F1 {ours['f1'] - ref['f1']:+.1f}")
-    if args.json:
-        args.json.write_text(json.dumps({"args": vars(args), "results": results}, indent=2, default=str))
+    ratio, f1_difference = ours["examples_per_s"] / ref["examples_per_s"], ours["f1"] - ref["f1"]
+    print(f"\nqatune / trainer: examples/s x{ratio:.2f}, F1 {f1_difference:+.1f}")
+    parameters = {key: value for key, value in vars(args).items() if key != "json"}
+    write_json(args.json, {"machine": info, "device": "cuda" if torch.cuda.is_available() else "cpu",
+                           "parameters": {**parameters, "train_rows": len(train_rows), "eval_rows": len(eval_rows)},
+                           "results": results, "examples_per_s_ratio": ratio, "f1_difference": f1_difference})
     return 0
 
 

@@ -9,6 +9,8 @@ qatune's batched, length-sorted, left-padded generation (batch 32) and once one 
 Start-up: wall time of ``qatune --help`` in a fresh process (median of 5): torch and transformers
 must not be imported for it.
 
+Writes both to bench/generate_and_startup.json with the CPU they ran on.
+
     python bench/generate_and_startup.py              # ~3 minutes on 2 CPU cores
 """
 
@@ -27,18 +29,19 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import torch  # noqa: E402
+from bench_machine import describe_torch, headline, json_option, write_json
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = Path(os.environ.get("QATUNE_SHARED_DATA", ROOT.parent / "shared" / "data"))
 
 
-def startup_seconds(repeats: int = 5) -> float:
+def startup_seconds(repeats: int = 5) -> list[float]:
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
         subprocess.run([sys.executable, "-m", "qatune", "--help"], check=True, capture_output=True)
         times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return times
 
 
 def main() -> int:
@@ -46,14 +49,18 @@ def main() -> int:
     parser.add_argument("--questions", type=int, default=500)
     parser.add_argument("--new-tokens", type=int, default=8)
     parser.add_argument("--batch-size", type=int, default=32)
+    json_option(parser, __file__)
     args = parser.parse_args()
+    info = describe_torch()
+    print(headline(info), flush=True)
 
     from qatune.config import GenerateConfig, ScratchModel
     from qatune.data.generative import PromptTemplate
     from qatune.generate import answer_questions
     from qatune.model import ModelInfo, build_scratch, train_scratch_tokenizer
 
-    print(f"qatune --help: {startup_seconds():.3f} s (median of 5 fresh processes)", flush=True)
+    startup = startup_seconds()
+    print(f"qatune --help: {statistics.median(startup):.3f} s (median of {len(startup)} fresh processes)", flush=True)
     if not SHARED.exists():
         print(f"generation benchmark needs the shared datasets at {SHARED}", file=sys.stderr)
         return 1
@@ -80,6 +87,14 @@ def main() -> int:
     print(f"batched (batch {args.batch_size}): {batched_s:7.1f} s  {len(questions) / batched_s:7.1f} questions/s")
     print(f"one at a time:       {single_s:7.1f} s  {len(questions) / single_s:7.1f} questions/s")
     print(f"speed-up x{single_s / batched_s:.1f}; identical answers: {same}/{len(questions)}")
+    parameters = {"questions": len(questions), "new_tokens": args.new_tokens, "batch_size": args.batch_size,
+                  "model": "GPT-2 6x512x8 from config, vocab 4096, random weights"}
+    generation = {"batched_s": batched_s, "batched_questions_per_s": len(questions) / batched_s, "single_s": single_s,
+                  "single_questions_per_s": len(questions) / single_s, "speedup": single_s / batched_s,
+                  "identical_answers": same}
+    write_json(args.json, {"machine": info, "parameters": parameters,
+                           "startup": {"runs_s": startup, "median_s": statistics.median(startup)},
+                           "generation": generation})
     return 0
 
 

