@@ -169,17 +169,17 @@ def render_report(report: dict[str, Any]) -> str:
                  (f" (e.g. {leak['examples'][0]!r})" if leak["count"] else ""))
     lengths = report["lengths"]
     lines += ["", "Tokens",
-              f"  {lengths['what']}: min {lengths['min']}, median {lengths['median']}, p95 {lengths['p95']}, "
-              f"max {lengths['max']}",
+              (f"  {lengths['what']}: min {lengths['min']}, median {lengths['median']}, p95 {lengths['p95']}, "
+               f"max {lengths['max']}"),
               f"  max_length: {report['max_length']}"]
     if report["task"] == "generative":
         lines.append(f"  rows truncated (question shortened): {len(report['truncated_rows'])}; "
                      f"dropped (answer does not fit): {len(report['dropped_rows'])}")
         sup = report["supervision"]
         lines += ["", "What is trained",
-                  f"  supervised tokens per example: min {sup['min']}, mean {sup['mean']:.1f}; "
-                  f"EOS supervised: {'yes' if sup['eos_supervised'] else 'NO'} ({sup['end_token']!r}); "
-                  f"prompt trained: {'yes' if sup['train_on_prompt'] else 'no'}",
+                  (f"  supervised tokens per example: min {sup['min']}, mean {sup['mean']:.1f}; "
+                   f"EOS supervised: {'yes' if sup['eos_supervised'] else 'NO'} ({sup['end_token']!r}); "
+                   f"prompt trained: {'yes' if sup['train_on_prompt'] else 'no'}"),
                   f"  prompt template: {report['prompt_template']!r}",
                   "  examples (trained tokens inside ⟦ ⟧):"]
     else:
@@ -187,9 +187,9 @@ def render_report(report: dict[str, Any]) -> str:
         lines.append(f"  windows: {windows['total']} ({windows['without_answer']} without the answer -> CLS; "
                      f"at most {windows['max_per_row']} per row)")
         lines += ["", "Span audit",
-                  f"  labelled spans that decode to the answer: {audit['matched']}/{audit['checked']} "
-                  f"({100 * audit['share']:.1f}%); answer ends inside a token: {audit['token_boundary']}; "
-                  f"mismatches: {len(audit['mismatches'])}",
+                  (f"  labelled spans that decode to the answer: {audit['matched']}/{audit['checked']} "
+                   f"({100 * audit['share']:.1f}%); answer ends inside a token: {audit['token_boundary']}; "
+                   f"mismatches: {len(audit['mismatches'])}"),
                   f"  answers not found in their context: {len(report['answer_not_in_context_rows'])}",
                   "  examples (labelled span inside ⟦ ⟧):"]
     for example in report["examples"]:

@@ -175,7 +175,7 @@ def list_checkpoints(run_dir: Path) -> list[Path]:
 def load_state(checkpoint: Path) -> TrainState:
     data = json.loads((checkpoint / TRAINER_STATE).read_text(encoding="utf-8"))
     if not isinstance(data, dict):
-        raise ValueError("not a JSON object")
+        raise TypeError("not a JSON object")
     state = TrainState(**{k: v for k, v in data.items() if k in TrainState.__dataclass_fields__})
     for name in ("step", "epoch", "consumed", "stale_evals"):
         value = getattr(state, name)

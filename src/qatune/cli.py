@@ -57,7 +57,7 @@ class QatuneGroup(click.Group):
             ctx.exit(0)
         except (click.ClickException, click.exceptions.Exit, click.exceptions.Abort):
             raise
-        except Exception as exc:  # a bug in qatune: say so, and keep the traceback behind -v
+        except Exception as exc:  # noqa: BLE001 - a bug in qatune: say so, and keep the traceback behind -v
             if ctx.meta.get("qatune.verbose"):
                 traceback.print_exc()
                 ctx.exit(2)

@@ -119,7 +119,8 @@ class DataConfig(Section):
         if value == "auto":
             return value
         if isinstance(value, bool) or not isinstance(value, int | float | str):
-            raise ValueError(f"must be 'auto' or a whole number of tokens (got {value!r})")
+            # ValueError, not TypeError: pydantic turns only ValueError/AssertionError into a ValidationError
+            raise ValueError(f"must be 'auto' or a whole number of tokens (got {value!r})")  # noqa: TRY004
         try:
             number = int(value) if float(value) == int(float(value)) else None
         except (TypeError, ValueError):

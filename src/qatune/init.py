@@ -104,8 +104,9 @@ def _given(header: list[str], name: str, role: str, path: Path) -> Guess:
 
 
 def _cannot_tell(what: str, path: Path, columns: dict[str, list[str | None]]) -> str:
-    lines = [f"cannot tell which column of {path.name} holds the {what}; pass the columns, e.g. "
-             f"qatune init {path} --question COLUMN --answer COLUMN (and --context COLUMN for passages). Its columns:"]
+    lines = [(f"cannot tell which column of {path.name} holds the {what}; pass the columns, e.g. "
+              f"qatune init {path} --question COLUMN --answer COLUMN (and --context COLUMN for passages). "
+              "Its columns:")]
     for name, values in columns.items():
         sample = next((v for v in values if v), "")
         sample = sample if len(sample) <= 60 else sample[:57] + "..."

@@ -26,8 +26,8 @@ def write_report(run_dir: str | Path) -> Path:
     evals = [x for x in lines if x.get("event") == "eval"]
     plot = _plot(run_dir / rundir.LOSS_PLOT, train, evals)
     text = [f"# qatune run: {run_dir.name}", ""]
-    text += [f"- status: **{status.get('status', 'unknown')}**, task: {status.get('task', '?')}, "
-             f"qatune {status.get('qatune_version', '?')}",
+    text += [(f"- status: **{status.get('status', 'unknown')}**, task: {status.get('task', '?')}, "
+              f"qatune {status.get('qatune_version', '?')}"),
              f"- started {status.get('started', '?')}, finished {status.get('finished', '-')}", ""]
     text += ["## Data", ""] + _data_section(status.get("data", {}), status.get("max_length")) + [""]
     result = status.get("result", {})
@@ -73,7 +73,7 @@ def _data_section(data: dict[str, Any], max_length: Any) -> list[str]:
     encoding = data.get("encoding", {})
     if max_length is not None:
         lines.append(f"- max_length: {max_length}")
-    if "lengths" in encoding and encoding["lengths"]:
+    if encoding.get("lengths"):
         n = encoding["lengths"]
         lines.append(f"- tokens per example: min {n['min']}, median {n['median']}, p95 {n['p95']}, max {n['max']}; "
                      f"questions shortened: {len(encoding.get('truncated_rows', []))}, "

@@ -30,9 +30,12 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from qatune.errors import RunDirError
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 log = logging.getLogger("qatune")
 
@@ -384,7 +387,7 @@ class RunLock:
         self.path = folder.parent / f".{folder.name}.qatune-lock"
         self.held = False
 
-    def __enter__(self) -> RunLock:
+    def __enter__(self) -> Self:
         self.acquire()
         return self
 

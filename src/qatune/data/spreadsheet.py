@@ -339,7 +339,7 @@ def _read_excel(path: Path, sheet: str | int | None) -> pd.DataFrame:
         raise DataError(f"{path} is not an Excel workbook (it looks like plain text); rename it to .csv")
     try:
         book = pd.ExcelFile(path, engine="openpyxl")
-    except Exception as exc:  # openpyxl raises many kinds on a corrupt workbook
+    except Exception as exc:  # noqa: BLE001 - openpyxl raises many kinds on a corrupt workbook
         raise DataError(f"{path} cannot be opened as an Excel workbook: {exc}") from None
     with book:
         names = book.sheet_names
@@ -413,7 +413,7 @@ def _read_parquet(path: Path) -> pd.DataFrame:
         return pd.read_parquet(path)
     except ImportError:
         raise DataError("reading .parquet needs pyarrow: pip install 'qatune[parquet]'") from None
-    except Exception as exc:  # pyarrow raises its own error kinds on a corrupt file
+    except Exception as exc:  # noqa: BLE001 - pyarrow raises its own error kinds on a corrupt file
         raise DataError(f"{path} cannot be read as parquet: {exc}") from None
 
 

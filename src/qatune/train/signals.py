@@ -6,10 +6,13 @@ import logging
 import signal
 import threading
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from qatune.checkpoint import TrainState
 from qatune.errors import TrainingError
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 log = logging.getLogger("qatune")
 
@@ -22,13 +25,13 @@ class StopSignals:
         self.requested: str | None = None
         self._previous: dict[int, Any] = {}
 
-    def __enter__(self) -> StopSignals:
+    def __enter__(self) -> Self:
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGINT, signal.SIGTERM):
                 self._previous[sig] = signal.signal(sig, self._handle)
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
 
