@@ -51,8 +51,8 @@ def main() -> int:
     parser.add_argument("--batch-size", type=int, default=32)
     json_option(parser, __file__)
     args = parser.parse_args()
-    info = describe_torch()
-    print(headline(info), flush=True)
+    machine = describe_torch()
+    print(headline(machine), flush=True)
 
     from qatune.config import GenerateConfig, ScratchModel
     from qatune.data.generative import PromptTemplate
@@ -92,7 +92,7 @@ def main() -> int:
     generation = {"batched_s": batched_s, "batched_questions_per_s": len(questions) / batched_s, "single_s": single_s,
                   "single_questions_per_s": len(questions) / single_s, "speedup": single_s / batched_s,
                   "identical_answers": same}
-    write_json(args.json, {"machine": info, "parameters": parameters,
+    write_json(args.json, {"machine": machine, "parameters": parameters,
                            "startup": {"runs_s": startup, "median_s": statistics.median(startup)},
                            "generation": generation})
     return 0

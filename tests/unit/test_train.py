@@ -1,6 +1,7 @@
 import copy
 import json
 import math
+import os
 
 import pytest
 import torch
@@ -213,3 +214,29 @@ def test_precision_auto_is_logged_and_saved_in_run_json(tmp_path, monkeypatch):
     import yaml
 
     assert yaml.safe_load((run / "config.yaml").read_text())["train"]["precision"] == "auto"   # as asked
+
+
+GLIBC = (os.confstr("CS_GNU_LIBC_VERSION") or "").startswith("glibc") if hasattr(os, "confstr") else False
+
+
+@pytest.mark.skipif(not GLIBC, reason="glibc's malloc only")
+@pytest.mark.parametrize(("env", "expected"), [
+    ({}, "True"),
+    ({"MALLOC_TRIM_THRESHOLD_": "131072"}, "False"),                  # the user's own setting wins
+    ({"GLIBC_TUNABLES": "glibc.malloc.mmap_threshold=65536"}, "False"),
+])
+def test_glibc_is_told_to_keep_freed_memory_unless_the_user_set_it(env, expected):
+    import subprocess
+    import sys
+
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "GLIBC_TUNABLES"}
+    done = subprocess.run([sys.executable, "-c", "from qatune.train.device import keep_freed_memory as k; print(k())"],
+                          env={**clean, **env}, capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == expected
+
+
+def test_cpu_training_asks_for_freed_memory_to_be_kept(tmp_path, monkeypatch):
+    calls = []
+    monkeypatch.setattr("qatune.train.loop.keep_freed_memory", lambda: calls.append(1) or True)
+    fit(prepare(tiny_config(tmp_path, ROWS)), None, progress=False)
+    assert calls == [1]

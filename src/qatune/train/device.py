@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import os
 from pathlib import Path
 from typing import Any
@@ -60,6 +61,39 @@ def bf16_native(device: str, unknown: bool = True) -> bool:
     except OSError:
         return unknown
     return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's malloc.h
+_USER_MALLOC_SETTINGS = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_")
+
+
+def keep_freed_memory() -> bool:
+    """Have glibc's malloc keep freed memory for the next allocation instead of handing it back to the
+    kernel; returns whether it was set.
+
+    A CPU training step allocates and frees hundreds of activation and gradient tensors. By default glibc
+    maps large ones afresh and unmaps them when freed, and trims the heap, so every step faults their
+    pages in again. Raising the mmap threshold to its maximum (32 MiB) and the trim threshold to 1 GiB keeps
+    them in the heap: W1 steps 5-6% faster in bf16 and fp32, 2.5-4x fewer page faults
+    (bench/cpu_allocator.json, bench/cpu_allocator_fp32.json). Not done off glibc, nor when the user set
+    glibc's malloc tunables; a training process's peak memory is set by what is alive, not by this.
+    """
+    user_set = (any(name in os.environ for name in _USER_MALLOC_SETTINGS)
+                or "glibc.malloc" in os.environ.get("GLIBC_TUNABLES", ""))
+    if user_set or not _glibc():
+        return False
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return False
+    return bool(libc.mallopt(_M_MMAP_THRESHOLD, 32 << 20)) and bool(libc.mallopt(_M_TRIM_THRESHOLD, 1 << 30))
+
+
+def _glibc() -> bool:
+    try:
+        return (os.confstr("CS_GNU_LIBC_VERSION") or "").startswith("glibc")
+    except (ValueError, OSError):  # not a name this system knows
+        return False
 
 
 def seed_everything(seed: int) -> None:
