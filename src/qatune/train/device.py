@@ -13,8 +13,8 @@ from qatune.config import Config
 from qatune.errors import ConfigError
 
 GPU_PAD_MULTIPLE = 32
-"""On a GPU, batch widths are rounded up to this: every new shape costs kernel warm-up (measured on an
-H200: 48 MiniLM steps took 7.1 s with fresh shapes, 1.6 s once they were seen)."""
+"""On a GPU, batch widths are rounded up to this: every new shape costs kernel warm-up
+(bench/gpu_shape_warmup.py measures it on a CUDA machine)."""
 
 
 def is_main_process() -> bool:
