@@ -74,7 +74,7 @@ def keep_freed_memory() -> bool:
     A CPU training step allocates and frees hundreds of activation and gradient tensors. By default glibc
     maps large ones afresh and unmaps them when freed, and trims the heap, so every step faults their
     pages in again. Raising the mmap threshold to its maximum (32 MiB) and the trim threshold to 1 GiB keeps
-    them in the heap: W1 steps 5-6% faster in bf16 and fp32, 2.5-4x fewer page faults
+    them in the heap: W1 steps ~5% faster in bf16 and fp32, 2.5-3.8x fewer page faults
     (bench/cpu_allocator.json, bench/cpu_allocator_fp32.json). Not done off glibc, nor when the user set
     glibc's malloc tunables; a training process's peak memory is set by what is alive, not by this.
     """
