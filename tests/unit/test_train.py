@@ -203,6 +203,24 @@ def test_precision_auto_is_bf16_only_where_it_is_native(monkeypatch, native, exp
     assert device.resolve_precision("fp32", "cpu") == "fp32"      # an explicit choice is kept
 
 
+@pytest.mark.parametrize(("variable", "cap", "allowed"), [
+    ("ONEDNN_MAX_CPU_ISA", "AVX2", False), ("ONEDNN_MAX_CPU_ISA", "avx512_core", False),
+    ("DNNL_MAX_CPU_ISA", "AVX512_CORE_VNNI", False), ("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_AMX", True),
+    ("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_BF16", True), ("ONEDNN_MAX_CPU_ISA", "ALL", True)])
+def test_bf16_is_not_native_where_onednn_is_capped_below_it(monkeypatch, variable, cap, allowed):
+    # Capped below AVX512-BF16, oneDNN emulates bf16 whatever the CPU's flags say (hundreds of times slower).
+    from qatune.train import device
+
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
+    monkeypatch.delenv("DNNL_MAX_CPU_ISA", raising=False)
+    uncapped = device.bf16_native("cpu", unknown=True)
+    monkeypatch.setenv(variable, cap)
+    assert device.onednn_may_use_bf16() is allowed
+    assert device.bf16_native("cpu", unknown=True) is (uncapped and allowed)
+    if not allowed:
+        assert device.resolve_precision("auto", "cpu") == "fp32"
+
+
 def test_precision_auto_is_logged_and_saved_in_run_json(tmp_path, monkeypatch):
     from qatune.train import device, train
 

@@ -53,14 +53,31 @@ def make_accelerator(config: Config, precision: str) -> Any:
 
 def bf16_native(device: str, unknown: bool = True) -> bool:
     """Whether bf16 matrix products run natively where training will run (``unknown``: the answer when
-    the CPU's flags cannot be read, e.g. not on Linux)."""
+    the CPU's flags cannot be read, e.g. not on Linux).
+
+    On CPU that takes the flags (AVX512-BF16 or AMX) and oneDNN, which runs torch's bf16 matrix
+    products there, being allowed to use them: ``ONEDNN_MAX_CPU_ISA=AVX2`` (or AVX512_CORE) makes it
+    emulate bf16, hundreds of times slower than fp32.
+    """
     if device != "cpu" and torch.cuda.is_available():
         return torch.cuda.is_bf16_supported()
+    if not onednn_may_use_bf16():
+        return False
     try:
         flags = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
     except OSError:
         return unknown
     return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+_ONEDNN_ISAS_WITHOUT_BF16 = ("SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE", "AVX512_CORE_VNNI")
+
+
+def onednn_may_use_bf16() -> bool:
+    """False when oneDNN's instruction set is capped below AVX512-BF16 (``ONEDNN_MAX_CPU_ISA``, or its
+    older name ``DNNL_MAX_CPU_ISA``, which oneDNN reads when the first is unset)."""
+    cap = os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA") or ""
+    return cap.strip().upper() not in _ONEDNN_ISAS_WITHOUT_BF16
 
 
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's malloc.h
