@@ -19,7 +19,15 @@ def describe() -> dict:
     text = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
     model = next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("model name")),
                  platform.processor())
-    return {"cpu": model, "cores": os.cpu_count(), "avx512_bf16": "avx512_bf16" in text, "amx_bf16": "amx_bf16" in text}
+    info = {"cpu": model, "cores": os.cpu_count(), "avx512_bf16": "avx512_bf16" in text, "amx_bf16": "amx_bf16" in text}
+    caps = {name: os.environ[name] for name in ISA_CAPS if name in os.environ}
+    return {**info, "isa_caps": caps} if caps else info
+
+
+AVX2_ONLY = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"}
+"""Environment that keeps torch's kernels (ATen, oneDNN, MKL) to AVX2: this CPU as an fp32-only one (an AVX2
+machine's fp32 matmul speed, bf16 emulated) for the "CPU without native bf16" measurements."""
+ISA_CAPS = tuple(AVX2_ONLY)
 
 
 def describe_torch() -> dict:
@@ -32,12 +40,42 @@ def describe_torch() -> dict:
 
 def native_bf16() -> bool:
     info = describe()
-    return info["avx512_bf16"] or info["amx_bf16"]
+    capped = os.environ.get("ONEDNN_MAX_CPU_ISA", "").upper() in ("AVX2", "AVX512_CORE")
+    return (info["avx512_bf16"] or info["amx_bf16"]) and not capped
+
+
+def matmul_peak(dtype, n: int = 2048, repeats: int = 10) -> float:
+    """FLOP/s of an n x n x n matrix product in ``dtype`` (median of ``repeats`` after warm-up): the peak
+    MFU figures divide by. 8192 on a GPU; 256 for emulated bf16 on CPU (it would take minutes)."""
+    import torch
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    slow = dtype == torch.bfloat16 and device == "cpu" and not native_bf16()
+    if slow:
+        n = 256
+    if device == "cuda":
+        n = 8192
+    a = torch.randn(n, n, dtype=dtype, device=device)
+    b = torch.randn(n, n, dtype=dtype, device=device)
+    for _ in range(2):
+        a @ b
+    times = []
+    for _ in range(2 if slow else repeats):
+        if device == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        a @ b
+        if device == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    times.sort()
+    return 2 * n**3 / times[len(times) // 2]
 
 
 def headline(info: dict) -> str:
     return (f"CPU: {info['cpu']} ({info['cores']} cores; avx512_bf16={info['avx512_bf16']}, "
-            f"amx_bf16={info['amx_bf16']})" + (f"; GPU: {info['gpu']}" if info.get("gpu") else ""))
+            f"amx_bf16={info['amx_bf16']})" + (f"; GPU: {info['gpu']}" if info.get("gpu") else "")
+            + (f"; kernels capped: {info['isa_caps']}" if info.get("isa_caps") else ""))
 
 
 def json_option(parser: argparse.ArgumentParser, script: str) -> None:

@@ -41,34 +41,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import torch  # noqa: E402
-from bench_machine import describe, headline, native_bf16  # noqa: E402  (bench/ is on sys.path)
+from bench_machine import describe, headline, matmul_peak, native_bf16  # noqa: E402  (bench/ is on sys.path)
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = Path(os.environ.get("QATUNE_SHARED_DATA", ROOT.parent / "shared" / "data"))
-
-
-def matmul_peak(dtype: torch.dtype, n: int = 2048, repeats: int = 10) -> float:
-    """FLOP/s of an n x n x n matrix product (median of ``repeats`` after warm-up)."""
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    if dtype == torch.bfloat16 and device == "cpu" and not native_bf16():
-        n = 256  # emulated bf16 is ~100x slower: a small product measures it in seconds
-    if device == "cuda":
-        n = 8192  # large enough to reach a GPU's peak
-    a = torch.randn(n, n, dtype=dtype, device=device)
-    b = torch.randn(n, n, dtype=dtype, device=device)
-    for _ in range(2):
-        a @ b
-    times = []
-    for _ in range(repeats if dtype == torch.float32 or device == "cuda" or native_bf16() else 2):
-        if device == "cuda":
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        a @ b
-        if device == "cuda":
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - start)
-    times.sort()
-    return 2 * n**3 / times[len(times) // 2]
 
 
 # ----------------------------------------------------------------------------------------- setup

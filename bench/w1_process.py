@@ -10,6 +10,7 @@ in the other order. Prints per-round ratios and their median, and which CPU ran 
     python bench/w1_process.py               # 3 rounds, ~3 minutes on 2 CPU cores with native bf16
     python bench/w1_process.py --rounds 5 --rows 1000
     python bench/w1_process.py --fp32        # both arms in fp32 (as on a CPU without native bf16): w1_process_fp32.json
+    python bench/w1_process.py --avx2-only   # torch kept to AVX2 (an fp32-only CPU; precision auto): w1_process_avx2.json
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench_machine import W1_CONFIG, describe, headline, write_nq_rows  # noqa: E402  (bench/ is on sys.path)
+from bench_machine import AVX2_ONLY, W1_CONFIG, describe, headline, write_nq_rows  # bench/ is on sys.path
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = Path(os.environ.get("QATUNE_SHARED_DATA", ROOT.parent / "shared" / "data"))
@@ -52,8 +53,14 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--fp32", action="store_true", help="both arms in fp32 (precision auto picks it on CPUs "
                         "without native bf16); writes w1_process_fp32.json")
+    parser.add_argument("--avx2-only", action="store_true", help="both arms with torch's kernels kept to AVX2 "
+                        "(this CPU as one without native bf16; both arms choose their precision as they would "
+                        "there); writes w1_process_avx2.json")
     args = parser.parse_args()
     out = OUT.with_name(OUT.stem + "_fp32.json") if args.fp32 else OUT
+    if args.avx2_only:
+        os.environ.update(AVX2_ONLY)  # read by torch in each child process (and recorded by describe())
+        out = OUT.with_name(OUT.stem + "_avx2.json")
     info = describe()
     print(headline(info), flush=True)
     runs: dict[str, list[dict]] = {"qatune": [], "trainer": []}

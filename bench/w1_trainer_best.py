@@ -10,6 +10,7 @@ native bf16 (else fp32), no checkpoints, no evaluation, the final model saved as
 """
 
 import csv
+import os
 import sys
 from pathlib import Path
 
@@ -22,8 +23,10 @@ EOS = "<|endoftext|>"
 
 
 def native_bf16() -> bool:
+    """The CPU's bf16 flags, unless oneDNN is kept below them (bench_machine.AVX2_ONLY): bf16 is then emulated."""
     flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    return "avx512_bf16" in flags or "amx_bf16" in flags
+    capped = os.environ.get("ONEDNN_MAX_CPU_ISA", "").upper() in ("AVX2", "AVX512_CORE")
+    return ("avx512_bf16" in flags or "amx_bf16" in flags) and not capped
 
 
 def main(data: str, output: str, seed: int, fp32: bool = False) -> None:

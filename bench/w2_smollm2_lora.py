@@ -36,7 +36,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench_machine import describe, headline, native_bf16  # noqa: E402  (bench/ is on sys.path)
+from bench_machine import describe, headline, matmul_peak, native_bf16  # noqa: E402  (bench/ is on sys.path)
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -46,21 +46,6 @@ SHARED = Path(os.environ.get("QATUNE_SHARED_DATA", ROOT.parent / "shared" / "dat
 OUT = Path(__file__).with_suffix(".json")
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 USER = "{context}\n\nQuestion: {question}"
-def bf16_peak(n: int = 2048) -> float:
-    import torch
-
-    a = torch.randn(n, n, dtype=torch.bfloat16)
-    b = torch.randn(n, n, dtype=torch.bfloat16)
-    for _ in range(2):
-        a @ b
-    times = []
-    for _ in range(5 if native_bf16() else 1):
-        start = time.perf_counter()
-        a @ b
-        times.append(time.perf_counter() - start)
-    return 2 * n**3 / sorted(times)[len(times) // 2]
-
-
 def answer_loss(model, examples: list[tuple[list[int], list[int]]], batch: int = 8) -> float:
     """Mean cross-entropy per supervised token of ``model`` over ``examples`` ((input ids, 0/1 per token: is it
     supervised), the same code for both arms), under bf16 autocast where native, as training ran."""
@@ -214,7 +199,9 @@ def main() -> int:
         print("RESULT " + json.dumps(result), flush=True)
         return 0
     info = describe()
-    peak = bf16_peak()
+    import torch
+
+    peak = matmul_peak(torch.bfloat16, repeats=5)
     print(f"{headline(info)}; bf16 matmul peak {peak / 1e9:.0f} GFLOP/s", flush=True)
     runs: dict[str, list[dict]] = {"qatune": [], "trl": []}
     with tempfile.TemporaryDirectory() as tmp:
