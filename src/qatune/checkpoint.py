@@ -65,7 +65,7 @@ def checkpoint_dir(run_dir: Path) -> Path:
 def save_checkpoint(run_dir: Path, state: TrainState, model: Any, tokenizer: Any, config: Any, info: Any,
                     optimizer: torch.optim.Optimizer, schedulers: dict[str, Any], keep: int) -> Path:
     """Write a checkpoint atomically, then prune all but the last ``keep`` (and the best)."""
-    from qatune.model import write_model_files
+    from qatune.model_folder import write_model_files
 
     def fill(folder: Path) -> None:
         write_model_files(folder, model, tokenizer, config, info)

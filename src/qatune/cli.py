@@ -250,7 +250,7 @@ def check(config_path: str, overrides: tuple[str, ...], as_json: bool, overfit: 
 @verbose_option
 def export(run_dir: str, output: str, which: str) -> None:
     """Write a run's model as one plain transformers folder (LoRA adapters merged into the weights)."""
-    from qatune.model import export_merged
+    from qatune.model_folder import export_merged
 
     click.echo(str(export_merged(run_dir, output, which)))
 

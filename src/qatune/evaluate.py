@@ -30,11 +30,11 @@ from qatune.metrics import best_scores, corpus_scores
 from qatune.model import (
     ModelInfo,
     load_model_config,
-    load_model_folder,
     load_pretrained,
     load_tokenizer,
     model_max_positions,
 )
+from qatune.model_folder import load_model_folder
 from qatune.objectives import CausalLMObjective, Seq2SeqObjective, model_inputs
 
 

@@ -147,7 +147,7 @@ def answer_one(run_dir: str | Path, question: str, context: str | None = None, c
     """The answer of a trained run to one question (the ``qatune generate RUN "question"`` command).
 
     ``fields``: values of the other columns the run's prompt names (``--field 'Total Marks=3'``)."""
-    from qatune.model import load_model_folder
+    from qatune.model_folder import load_model_folder
 
     if context_file is not None:
         context = _read_context(context_file)
@@ -164,7 +164,7 @@ def answer_file(run_dir: str | Path, data_file: str | Path, output: str | Path |
                 options: dict[str, Any] | None = None, seed: int | None = None) -> Path:
     """Answer every row of a spreadsheet; writes a CSV (row, question, answer) and returns its path."""
     from qatune.data.spreadsheet import load_from_config
-    from qatune.model import load_model_folder
+    from qatune.model_folder import load_model_folder
 
     loaded = load_model_folder(run_dir, which)
     needs_context = loaded.info.task == "extractive" or PromptTemplate(loaded.info.prompt_template).uses_context

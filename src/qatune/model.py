@@ -1,8 +1,7 @@
-"""Build or load models and tokenizers; save and load the model folders of a run.
+"""Build or load models and tokenizers: from the hub, a local folder, a packaged model or scratch.
 
-A model folder (RUN/final, RUN/best, a checkpoint) is a save_pretrained folder plus config.yaml and
-``qatune.json`` (:class:`ModelInfo`: the task, the prompt template, max_length and doc_stride), so
-eval and generate need nothing else. Where folders live in a run directory is :mod:`qatune.rundir`'s.
+Also LoRA, the attention used in training and a model's longest sequence. :class:`ModelInfo` is what a
+model folder's ``qatune.json`` holds; writing and reading model folders is :mod:`qatune.model_folder`'s.
 """
 
 from __future__ import annotations
@@ -18,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from qatune import rundir
-from qatune.config import Config, ModelConfig, ScratchModel, validate_config
-from qatune.errors import ModelError, RunDirError
+from qatune.config import ModelConfig, ScratchModel
+from qatune.errors import ModelError
 
 log = logging.getLogger("qatune")
 
@@ -441,115 +440,3 @@ def model_max_positions(config: Any, tokenizer: Any = None) -> int | None:
             return value
     limit = getattr(tokenizer, "model_max_length", None)
     return limit if isinstance(limit, int) and limit < 1_000_000 else None
-
-
-def save_model(folder: Path, model: Any, tokenizer: Any, config: Config, info: ModelInfo) -> Path:
-    """Write a self-contained model folder atomically: a crash never leaves a half-written one."""
-    size = sum(t.numel() * t.element_size() for t in model.state_dict().values())
-    return rundir.write_folder(Path(folder), lambda tmp: write_model_files(tmp, model, tokenizer, config, info),
-                               size_hint=size)
-
-
-def write_model_files(folder: Path, model: Any, tokenizer: Any, config: Config, info: ModelInfo) -> None:
-    """Weights (safetensors), tokenizer, the resolved config and qatune.json into ``folder``."""
-    model.save_pretrained(folder, safe_serialization=True)
-    tokenizer.save_pretrained(folder)
-    (folder / rundir.CONFIG).write_text(config.to_yaml(), encoding="utf-8")
-    info.save(folder)
-
-
-@dataclass
-class LoadedModel:
-    model: Any
-    tokenizer: Any
-    config: Config
-    info: ModelInfo
-    folder: Path
-
-
-def load_model_folder(path: str | Path, which: str = rundir.FINAL, device: str | None = None) -> LoadedModel:
-    """Load a trained model with its tokenizer, config and prompt info, ready for inference."""
-    import torch
-    from transformers import AutoTokenizer
-
-    folder = rundir.find_model_folder(path, which)
-    problem = rundir.damage(folder)
-    if problem:
-        raise RunDirError(f"the model in {folder} is damaged: {problem}; train again, or use another of the run's "
-                          "model folders (--model best, or a checkpoint)")
-    config, info = _read_model_folder(folder)
-    auto = auto_class(info.task, info.seq2seq)
-    quiet_transformers()
-    trust = config.model.trust_remote_code
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=trust)
-        if (folder / "adapter_config.json").is_file():
-            model = _load_lora(folder, info, auto, trust)
-        else:
-            model = auto.from_pretrained(folder, trust_remote_code=trust, use_safetensors=True)
-    except (OSError, ValueError) as exc:
-        raise RunDirError(f"cannot load the model in {folder}: {str(exc).splitlines()[0]}") from None
-    tokenizer = prepare_tokenizer(tokenizer, info.task, str(folder))
-    from qatune.objectives import fuse_activations
-
-    fuse_activations(model)
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    model.to(device).eval()
-    return LoadedModel(model=model, tokenizer=tokenizer, config=config, info=info, folder=folder)
-
-
-def _read_model_folder(folder: Path) -> tuple[Config, ModelInfo]:
-    """The resolved config and qatune.json of a model folder, each failure naming its file."""
-    import yaml
-
-    try:
-        raw = yaml.safe_load((folder / rundir.CONFIG).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
-        raise RunDirError(f"cannot read {folder / rundir.CONFIG}: {str(exc).splitlines()[0]}") from None
-    if not isinstance(raw, dict):
-        raise RunDirError(f"{folder / rundir.CONFIG} does not hold a qatune config")
-    config = validate_config(raw, str(folder / rundir.CONFIG))
-    try:
-        info = ModelInfo.load(folder)
-    except (OSError, ValueError, TypeError) as exc:
-        raise RunDirError(f"cannot read {folder / rundir.MODEL_INFO}: {exc}") from None
-    return config, info
-
-
-def _load_lora(folder: Path, info: ModelInfo, auto: Any, trust: bool) -> Any:
-    """Base model + the folder's adapter, merged into plain weights for fast inference."""
-    try:
-        from peft import PeftModel
-    except ImportError:
-        raise ModelError("this run holds LoRA adapters; loading them needs: pip install 'qatune[lora]'") from None
-    if not (folder / "adapter_model.safetensors").is_file():
-        raise RunDirError(f"{folder} has LoRA adapters but no adapter_model.safetensors; qatune loads safetensors only")
-    base = lora_base_path(folder, info)
-    model = auto.from_pretrained(resolve_model_path(base), trust_remote_code=trust, use_safetensors=True)
-    # The adapter file was checked above: peft reads adapter_model.safetensors when it exists.
-    return PeftModel.from_pretrained(model, folder).merge_and_unload()
-
-
-def lora_base_path(folder: Path, info: ModelInfo) -> str:
-    if info.lora_base != rundir.BASE:
-        return info.lora_base or ""
-    base = rundir.find_lora_base(folder)
-    if base is None:
-        raise RunDirError(f"{folder} holds LoRA adapters, but their base model ({rundir.BASE}/) is not in its run "
-                          "directory; copy the whole run directory, not only the model folder")
-    return str(base)
-
-
-def export_merged(run_dir: str | Path, output: str | Path, which: str = rundir.FINAL) -> Path:
-    """A run's model as a plain transformers folder, LoRA adapters merged in."""
-    output = Path(output)
-    with rundir.RunLock(output, "export folder"):
-        if output.exists() and (not output.is_dir() or any(output.iterdir())):
-            raise RunDirError(f"{output} already exists and is not an empty folder; choose another output folder")
-        loaded = load_model_folder(run_dir, which, device="cpu")
-        config = loaded.config.model_copy(deep=True)
-        config.model.lora = None
-        info = ModelInfo(**{**asdict(loaded.info), "lora_base": None})
-        output.parent.mkdir(parents=True, exist_ok=True)
-        save_model(output, loaded.model, loaded.tokenizer, config, info)
-    return output

@@ -9,7 +9,7 @@ from tests.conftest import tiny_config
 from qatune.cli import cli
 from qatune.errors import ModelError
 from qatune.generate import answer_questions
-from qatune.model import load_model_folder
+from qatune.model_folder import load_model_folder
 from qatune.train import prepare, train
 
 pytest.importorskip("peft")

@@ -13,9 +13,9 @@ from qatune.model import (
     load_pretrained,
     load_tokenizer,
     resolve_model_path,
-    save_model,
     train_scratch_tokenizer,
 )
+from qatune.model_folder import save_model
 from qatune.rundir import find_model_folder
 from qatune.train import fit, prepare
 

@@ -32,7 +32,7 @@ def test_every_from_pretrained_model_load_asks_for_safetensors_and_passes_trust_
         keywords = {k.arg for k in node.keywords}
         target = ast.unparse(node.func)
         if target == "PeftModel.from_pretrained":
-            continue  # adapters: model.py checks that adapter_model.safetensors exists (tested below)
+            continue  # adapters: model_folder.py checks that adapter_model.safetensors exists (tested below)
         if "Tokenizer" in target or "tokenizer" in target or "AutoConfig" in target:
             assert "trust_remote_code" in keywords, f"{where}: {ast.unparse(node)}"
         else:
@@ -77,7 +77,8 @@ def test_spreadsheet_formulas_and_dde_payloads_stay_text(tmp_path):
 def test_lora_adapters_are_loaded_from_safetensors_only(tmp_path):
     pytest.importorskip("peft")
     from qatune.errors import RunDirError
-    from qatune.model import ModelInfo, _load_lora
+    from qatune.model import ModelInfo
+    from qatune.model_folder import _load_lora
 
     (tmp_path / "adapter_config.json").write_text("{}")
     (tmp_path / "adapter_model.bin").write_bytes(b"pickle")

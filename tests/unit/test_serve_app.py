@@ -15,7 +15,7 @@ pytestmark = pytest.mark.slow
 from fastapi.testclient import TestClient
 
 from qatune.generate import answer_questions
-from qatune.model import load_model_folder
+from qatune.model_folder import load_model_folder
 from qatune.serve.app import Limits, Settings, create_app
 
 

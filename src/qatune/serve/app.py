@@ -26,7 +26,8 @@ from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 
 from qatune.data.generative import PromptEncoder, PromptTemplate, Seq2SeqEncoder
-from qatune.model import LoadedModel, model_max_positions
+from qatune.model import model_max_positions
+from qatune.model_folder import LoadedModel
 from qatune.rundir import read_status
 from qatune.serve.batching import Batcher, Delta, Extracted, Extraction, Failed, Finished, Generation, Job, Sampling
 from qatune.serve.schemas import ApiError, ChatRequest, CompletionRequest, ExtractRequest, error_body

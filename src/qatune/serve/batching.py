@@ -28,7 +28,7 @@ from qatune.data.extractive import best_span_offsets, prepare_features
 from qatune.data.padding import left_pad, right_pad
 from qatune.data.spreadsheet import QARecord
 from qatune.generate import score_windows
-from qatune.model import LoadedModel
+from qatune.model_folder import LoadedModel
 
 log = logging.getLogger("qatune")
 

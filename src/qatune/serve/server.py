@@ -20,7 +20,7 @@ from pathlib import Path
 import uvicorn
 
 from qatune.errors import QatuneError
-from qatune.model import load_model_folder
+from qatune.model_folder import load_model_folder
 from qatune.rundir import find_model_folder
 from qatune.serve.app import Settings, create_app
 

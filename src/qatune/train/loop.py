@@ -25,7 +25,8 @@ from tqdm.auto import tqdm
 from qatune import rundir
 from qatune.checkpoint import TrainState, checkpoint_step, model_folder_from, restore, save_checkpoint
 from qatune.errors import TrainingError, row_list
-from qatune.model import attention_for_training, save_model
+from qatune.model import attention_for_training
+from qatune.model_folder import save_model
 from qatune.objectives import count_items, count_tokens, model_inputs, objective_for
 from qatune.train.device import GPU_PAD_MULTIPLE, keep_freed_memory, make_accelerator
 from qatune.train.guard import NonFiniteGuard

@@ -11,7 +11,7 @@ import torch
 from qatune import rundir
 from qatune.checkpoint import TrainState
 from qatune.evaluate import evaluation_parts, metrics_from, write_predictions
-from qatune.model import save_model
+from qatune.model_folder import save_model
 from qatune.train.logs import MetricsLog
 from qatune.train.preparation import Prepared
 
