@@ -253,6 +253,32 @@ def test_glibc_is_told_to_keep_freed_memory_unless_the_user_set_it(env, expected
     assert done.stdout.strip() == expected
 
 
+@pytest.mark.parametrize(("device_type", "precision", "expected"), [
+    ("cpu", "bf16", 2), ("cpu", "fp32", 1), ("cuda", "fp32", 32), ("cuda", "bf16", 32), ("mps", "fp32", 1)])
+def test_batch_widths_are_rounded_where_new_shapes_cost_a_kernel_build(device_type, precision, expected):
+    from qatune.train.device import pad_multiple
+
+    assert pad_multiple(device_type, precision) == expected
+
+
+@pytest.mark.parametrize(("precision", "multiple"), [("bf16", 2), ("fp32", 1)])
+def test_training_batches_have_widths_rounded_for_the_precision(tmp_path, precision, multiple):
+    prepared = prepare(tiny_config(tmp_path, ROWS, f"train.precision={precision}", "train.batch_size=3"))
+    collate, widths = prepared.collator, []
+
+    def recording(items):
+        batch = collate(items)
+        widths.append((max(len(item) for item in items), batch["input_ids"].shape[1]))
+        return batch
+
+    fit(prepared, None, progress=False)  # sets the multiple on the run's collator
+    assert collate.pad_to_multiple_of == multiple
+    prepared.collator = recording  # a plain function: the second fit leaves the collator as the first set it
+    fit(prepared, None, progress=False)
+    assert any(longest % 2 for longest, _ in widths)  # some batch has an odd longest row
+    assert all(width == -(-longest // multiple) * multiple for longest, width in widths)
+
+
 def test_cpu_training_asks_for_freed_memory_to_be_kept(tmp_path, monkeypatch):
     calls = []
     monkeypatch.setattr("qatune.train.loop.keep_freed_memory", lambda: calls.append(1) or True)

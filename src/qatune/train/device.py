@@ -15,6 +15,17 @@ from qatune.errors import ConfigError
 GPU_PAD_MULTIPLE = 32
 """On a GPU, batch widths are rounded up to this: every new shape costs kernel warm-up
 (bench/gpu_shape_warmup.py measures it on a CUDA machine)."""
+CPU_BF16_PAD_MULTIPLE = 2
+"""bf16 on CPU: oneDNN builds a matrix kernel for each new shape it meets. On W1 (bench/cpu_pad_multiple.json)
+2 beat 1, 4 and 8; in fp32 (MKL) rounding only added work (cpu_pad_multiple_fp32.json)."""
+
+
+def pad_multiple(device_type: str, precision: str) -> int:
+    """What the batch widths of a run are rounded up to: fewer distinct shapes where each new one costs
+    a kernel build (GPU; bf16 on CPU), none added in fp32 on CPU (MKL prepares nothing per shape)."""
+    if device_type == "cuda":
+        return GPU_PAD_MULTIPLE
+    return CPU_BF16_PAD_MULTIPLE if device_type == "cpu" and precision == "bf16" else 1
 
 
 def is_main_process() -> bool:

@@ -28,7 +28,7 @@ from qatune.errors import TrainingError, row_list
 from qatune.model import attention_for_training
 from qatune.model_folder import save_model
 from qatune.objectives import count_items, count_tokens, model_inputs, objective_for
-from qatune.train.device import GPU_PAD_MULTIPLE, keep_freed_memory, make_accelerator
+from qatune.train.device import keep_freed_memory, make_accelerator, pad_multiple
 from qatune.train.guard import NonFiniteGuard
 from qatune.train.logs import LogWindow, MetricsLog
 from qatune.train.master import MasterWeights
@@ -154,8 +154,8 @@ class Loop:
         accelerator = make_accelerator(config, prepared.precision)
         if accelerator.device.type == "cpu" and keep_freed_memory():
             log.debug("malloc: glibc keeps freed memory for reuse (fewer page faults per step)")
-        if accelerator.device.type == "cuda" and hasattr(prepared.collator, "pad_to_multiple_of"):
-            prepared.collator.pad_to_multiple_of = GPU_PAD_MULTIPLE
+        if hasattr(prepared.collator, "pad_to_multiple_of"):
+            prepared.collator.pad_to_multiple_of = pad_multiple(accelerator.device.type, prepared.precision)
         objective = objective_for(config.task, prepared.model, prepared.precision)
         longest = max(prepared.dataset.lengths, default=0)
         if attention_for_training(prepared.model, prepared.precision, accelerator.device.type, longest):
