@@ -82,6 +82,15 @@ class CountingCollator:
         self.collate = collate
         self.computed = self.real = self.supervised = self.batches = self.shared = self.rows = 0
 
+    @property
+    def pad_to_multiple_of(self) -> int:
+        """The wrapped collator's: qatune's loop sets it (bf16 on CPU, CUDA), and must reach the real one."""
+        return self.collate.pad_to_multiple_of
+
+    @pad_to_multiple_of.setter
+    def pad_to_multiple_of(self, value: int) -> None:
+        self.collate.pad_to_multiple_of = value
+
     def __call__(self, items):
         batch = self.collate(items)
         self.computed += batch["input_ids"].numel()
