@@ -132,8 +132,9 @@ def validate_settings(*, learning_rate: float, max_grad_norm: float | None, warm
     """Settings that lead to NaN or to no learning, each with its fix."""
     findings = []
     if precision == "bf16" and not bf16_native:
-        findings.append(warning("bf16-emulated", "train.precision bf16 on a CPU without native bf16 (AVX512-BF16/AMX) "
-                                                 "is emulated and can be 100x slower than fp32; use fp32 here"))
+        findings.append(warning("bf16-emulated", "train.precision bf16 on a CPU without native bf16 (AVX512-BF16/AMX, "
+                                                 "or with ONEDNN_MAX_CPU_ISA below them) is emulated, far slower "
+                                                 "than fp32; use fp32 or auto here"))
     if learning_rate >= 1e-2 and max_grad_norm is None:
         findings.append(warning("lr-high-no-clipping",
                                 f"learning rate {learning_rate:g} is far too high without gradient clipping: the loss "

@@ -215,10 +215,21 @@ def test_bf16_is_not_native_where_onednn_is_capped_below_it(monkeypatch, variabl
     monkeypatch.delenv("DNNL_MAX_CPU_ISA", raising=False)
     uncapped = device.bf16_native("cpu", unknown=True)
     monkeypatch.setenv(variable, cap)
-    assert device.onednn_may_use_bf16() is allowed
+    assert device.onednn_cap() == (None if allowed else f"{variable}={cap}")
     assert device.bf16_native("cpu", unknown=True) is (uncapped and allowed)
     if not allowed:
         assert device.resolve_precision("auto", "cpu") == "fp32"
+
+
+def test_precision_auto_names_the_onednn_cap_that_ruled_bf16_out(tmp_path, monkeypatch, caplog):
+    import logging
+
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    with caplog.at_level(logging.INFO, logger="qatune"):
+        prepared = prepare(tiny_config(tmp_path, ROWS, "train.precision=auto", "train.device=cpu"))
+    assert prepared.precision == "fp32"
+    assert ("precision: fp32 (train.precision auto: bf16 is not native: ONEDNN_MAX_CPU_ISA=AVX2 holds oneDNN "
+            "below AVX512-BF16)") in caplog.messages
 
 
 def test_precision_auto_is_logged_and_saved_in_run_json(tmp_path, monkeypatch):
@@ -263,7 +274,8 @@ def test_batch_widths_are_rounded_where_new_shapes_cost_a_kernel_build(device_ty
 
 @pytest.mark.parametrize(("precision", "multiple"), [("bf16", 2), ("fp32", 1)])
 def test_training_batches_have_widths_rounded_for_the_precision(tmp_path, precision, multiple):
-    prepared = prepare(tiny_config(tmp_path, ROWS, f"train.precision={precision}", "train.batch_size=3"))
+    prepared = prepare(tiny_config(tmp_path, ROWS, f"train.precision={precision}", "train.batch_size=3",
+                                   "train.device=cpu"))
     collate, widths = prepared.collator, []
 
     def recording(items):
@@ -277,6 +289,61 @@ def test_training_batches_have_widths_rounded_for_the_precision(tmp_path, precis
     fit(prepared, None, progress=False)
     assert any(longest % 2 for longest, _ in widths)  # some batch has an odd longest row
     assert all(width == -(-longest // multiple) * multiple for longest, width in widths)
+
+
+@pytest.mark.parametrize(("longest", "multiple", "limit", "width"), [
+    (9, 8, None, 16), (9, 8, 10, 10), (9, 8, 16, 16), (17, 2, 17, 17), (16, 2, 17, 16), (9, 1, 9, 9)])
+def test_a_rounded_width_stops_at_the_models_positions(longest, multiple, limit, width):
+    from qatune.data.padding import batch_width
+
+    assert batch_width(longest, multiple, limit) == width
+
+
+def test_bf16_training_with_rows_as_long_as_an_odd_position_count(tmp_path):
+    # Rounded to even, a 17-token batch would index position 17 of a model that has 17 (0..16).
+    rows = [(" ".join(f"word{j}" for j in range(i, i + 12)), "yes") for i in range(6)]
+    config = tiny_config(tmp_path, rows, "model.scratch.n_positions=17", "data.max_length=17",
+                         "train.precision=bf16", "train.device=cpu", "train.batch_size=3")
+    prepared = prepare(config)
+    assert max(prepared.dataset.lengths) == 17
+    result = fit(prepared, None, progress=False)
+    assert prepared.collator.pad_to_multiple_of == 2
+    assert math.isfinite(result["final_train_loss"])
+
+
+SPAN_ROWS = [(f"what colour is thing {i}?", f"thing {i} is {c} and round.", c)
+             for i, c in enumerate(["red", "blue", "green", "black", "white"])]
+
+
+@pytest.mark.parametrize(("rows", "overrides"), [
+    (ROWS, ()), (ROWS, ("model.scratch.architecture=t5",)),
+    (SPAN_ROWS, ("task=extractive", "data.context_column=context", "data.max_length=64", "data.doc_stride=16"))],
+    ids=["causal", "seq2seq", "extractive"])
+def test_rounded_widths_leave_loss_and_gradients_unchanged(tmp_path, rows, overrides):
+    # The padding a rounded width adds is masked like any other: the same rows give the same loss and gradients.
+    from qatune.objectives import model_inputs, objective_for
+
+    prepared = prepare(tiny_config(tmp_path, rows, *overrides))
+    model = prepared.model.eval()  # no dropout: both passes see the same function
+    objective = objective_for(prepared.config.task, model, "fp32")
+    items = [prepared.dataset[i] for i in range(min(5, len(prepared.dataset)))]
+
+    def run(multiple):
+        prepared.collator.pad_to_multiple_of = multiple
+        batch = prepared.collator(items)
+        model.zero_grad(set_to_none=True)
+        out = objective(**model_inputs(batch))
+        out["loss_sum"].backward()
+        return batch["input_ids"].shape[1], out["loss_sum"].detach(), {
+            name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+
+    width, loss, grads = run(1)
+    wider, rounded_loss, rounded_grads = run(width + 5)
+    assert wider == width + 5
+    torch.testing.assert_close(rounded_loss, loss)
+    assert rounded_grads.keys() == grads.keys()
+    for name, grad in grads.items():
+        torch.testing.assert_close(rounded_grads[name], grad, msg=name)
 
 
 def test_cpu_training_asks_for_freed_memory_to_be_kept(tmp_path, monkeypatch):

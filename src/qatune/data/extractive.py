@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from qatune.data.padding import IGNORE_INDEX, round_up
+from qatune.data.padding import IGNORE_INDEX, batch_width
 from qatune.data.spreadsheet import QARecord
 from qatune.errors import DataError, ModelError
 
@@ -267,9 +267,11 @@ class SpanCollator:
 
     pad_token_id: int
     pad_to_multiple_of: int = 1
+    max_width: int | None = None
+    """The model's positions: no width past them (None: no limit known)."""
 
     def __call__(self, batch: list[Feature]) -> dict[str, torch.Tensor]:
-        width = round_up(max(len(feature) for feature in batch), self.pad_to_multiple_of)
+        width = batch_width(max(len(feature) for feature in batch), self.pad_to_multiple_of, self.max_width)
         input_ids = torch.full((len(batch), width), self.pad_token_id, dtype=torch.long)
         attention_mask = torch.zeros((len(batch), width), dtype=torch.long)
         with_types = batch[0].token_type_ids is not None

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from qatune.config import PLACEHOLDER, template_fields
-from qatune.data.padding import IGNORE_INDEX, round_up
+from qatune.data.padding import IGNORE_INDEX, batch_width, round_up
 from qatune.data.spreadsheet import QARecord, column_key
 from qatune.errors import ConfigError, DataError
 
@@ -348,9 +348,11 @@ class Seq2SeqCollator:
 
     pad_token_id: int
     pad_to_multiple_of: int = 1
+    max_width: int | None = None
+    """The encoder's positions (None: no limit known)."""
 
     def __call__(self, batch: list[Seq2SeqExample]) -> dict[str, Any]:
-        width = round_up(max(len(e.input_ids) for e in batch), self.pad_to_multiple_of)
+        width = batch_width(max(len(e.input_ids) for e in batch), self.pad_to_multiple_of, self.max_width)
         target_width = round_up(max(len(e.target_ids) for e in batch), self.pad_to_multiple_of)
         input_ids = torch.full((len(batch), width), self.pad_token_id, dtype=torch.long)
         attention_mask = torch.zeros((len(batch), width), dtype=torch.long)
@@ -418,10 +420,13 @@ class CausalCollator:
     pad_token_id: int
     train_on_prompt: bool = False
     pad_to_multiple_of: int = 1
-    """Round the batch width up (on a GPU a few distinct shapes beat many: each new one costs warm-up)."""
+    """Round the batch width up (a few distinct shapes beat many where each new one costs kernel builds or
+    warm-up: bf16 on CPU, GPUs; see train.device.pad_multiple)."""
+    max_width: int | None = None
+    """The model's positions: no width past them (None: no limit known)."""
 
     def __call__(self, batch: list[Example]) -> dict[str, torch.Tensor]:
-        width = round_up(max(len(example) for example in batch), self.pad_to_multiple_of)
+        width = batch_width(max(len(example) for example in batch), self.pad_to_multiple_of, self.max_width)
         input_ids = torch.full((len(batch), width), self.pad_token_id, dtype=torch.long)
         attention_mask = torch.zeros((len(batch), width), dtype=torch.long)
         labels = torch.full((len(batch), width), IGNORE_INDEX, dtype=torch.long)

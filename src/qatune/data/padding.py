@@ -14,6 +14,13 @@ def round_up(width: int, multiple: int) -> int:
     return -(-width // multiple) * multiple
 
 
+def batch_width(longest: int, multiple: int, limit: int | None) -> int:
+    """What a batch is padded to: its longest row rounded up to ``multiple``, but not past ``limit`` (the
+    model's positions: a model with position embeddings cannot read a wider batch, even of padding)."""
+    width = round_up(longest, multiple)
+    return max(longest, min(width, limit)) if limit else width
+
+
 def left_pad(prompts: list[list[int]], pad_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Left-padded ids and attention mask for batched generation."""
     width = max(len(p) for p in prompts)

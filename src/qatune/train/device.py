@@ -17,7 +17,8 @@ GPU_PAD_MULTIPLE = 32
 (bench/gpu_shape_warmup.py measures it on a CUDA machine)."""
 CPU_BF16_PAD_MULTIPLE = 2
 """bf16 on CPU: oneDNN builds a matrix kernel for each new shape it meets. On W1 (bench/cpu_pad_multiple.json)
-2 beat 1, 4 and 8; in fp32 (MKL) rounding only added work (cpu_pad_multiple_fp32.json)."""
+2 and 4 were ~8% faster than 1 (2 by the median, 4 in one round of three), 8 no faster; in fp32 (MKL) 2 gained
+nothing and 4 was slower (cpu_pad_multiple_fp32.json)."""
 
 
 def pad_multiple(device_type: str, precision: str) -> int:
@@ -67,12 +68,12 @@ def bf16_native(device: str, unknown: bool = True) -> bool:
     the CPU's flags cannot be read, e.g. not on Linux).
 
     On CPU that takes the flags (AVX512-BF16 or AMX) and oneDNN, which runs torch's bf16 matrix
-    products there, being allowed to use them: ``ONEDNN_MAX_CPU_ISA=AVX2`` (or AVX512_CORE) makes it
-    emulate bf16, hundreds of times slower than fp32.
+    products there, being allowed to use them: under ``ONEDNN_MAX_CPU_ISA=AVX2`` it emulates bf16 (a
+    2048-wide bf16 product ran at 1 GFLOP/s against 221 in fp32 on an AMX CPU held to AVX2).
     """
     if device != "cpu" and torch.cuda.is_available():
         return torch.cuda.is_bf16_supported()
-    if not onednn_may_use_bf16():
+    if onednn_cap():
         return False
     try:
         flags = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
@@ -84,11 +85,15 @@ def bf16_native(device: str, unknown: bool = True) -> bool:
 _ONEDNN_ISAS_WITHOUT_BF16 = ("SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE", "AVX512_CORE_VNNI")
 
 
-def onednn_may_use_bf16() -> bool:
-    """False when oneDNN's instruction set is capped below AVX512-BF16 (``ONEDNN_MAX_CPU_ISA``, or its
-    older name ``DNNL_MAX_CPU_ISA``, which oneDNN reads when the first is unset)."""
-    cap = os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA") or ""
-    return cap.strip().upper() not in _ONEDNN_ISAS_WITHOUT_BF16
+def onednn_cap() -> str | None:
+    """``NAME=VALUE`` of the variable that holds oneDNN's instruction set below AVX512-BF16, if one does
+    (``ONEDNN_MAX_CPU_ISA``, or its older name ``DNNL_MAX_CPU_ISA``, which oneDNN reads when the first is
+    unset); None when oneDNN may use bf16 instructions."""
+    for name in ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA"):
+        value = os.environ.get(name, "").strip()
+        if value:
+            return f"{name}={value}" if value.upper() in _ONEDNN_ISAS_WITHOUT_BF16 else None
+    return None
 
 
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's malloc.h

@@ -154,8 +154,12 @@ class Loop:
         accelerator = make_accelerator(config, prepared.precision)
         if accelerator.device.type == "cpu" and keep_freed_memory():
             log.debug("malloc: glibc keeps freed memory for reuse (fewer page faults per step)")
+        multiple = pad_multiple(accelerator.device.type, prepared.precision)
         if hasattr(prepared.collator, "pad_to_multiple_of"):
-            prepared.collator.pad_to_multiple_of = pad_multiple(accelerator.device.type, prepared.precision)
+            prepared.collator.pad_to_multiple_of = multiple
+        elif multiple > 1:
+            log.debug("batch widths not rounded up to %d: the collator (%s) has no pad_to_multiple_of", multiple,
+                      type(prepared.collator).__name__)
         objective = objective_for(config.task, prepared.model, prepared.precision)
         longest = max(prepared.dataset.lengths, default=0)
         if attention_for_training(prepared.model, prepared.precision, accelerator.device.type, longest):

@@ -42,7 +42,7 @@ from qatune.model import (
     quiet_transformers,
     train_scratch_tokenizer,
 )
-from qatune.train.device import bf16_native, resolve_precision, seed_everything
+from qatune.train.device import bf16_native, onednn_cap, resolve_precision, seed_everything
 from qatune.train.sampler import LengthGroupedBatches
 from qatune.validate import Finding, error, validate_batch, validate_dataset, validate_settings, warning
 
@@ -114,8 +114,10 @@ def prepare(config: Config, train_records: list[QARecord] | None = None,
     dataset = ExampleDataset(encoded.items)
     precision = resolve_precision(config.train.precision, config.train.device)
     if config.train.precision == "auto":
-        log.info("precision: %s (train.precision auto: bf16 %s here)", precision,
-                 "is native" if precision == "bf16" else "is not native")
+        cap = onednn_cap() if config.train.device != "cuda" else None
+        log.info("precision: %s (train.precision auto: bf16 %s)", precision,
+                 "is native here" if precision == "bf16" else
+                 f"is not native: {cap} holds oneDNN below AVX512-BF16" if cap else "is not native here")
     findings = encoded.findings + validate_first_batches(config, dataset, encoded.collator, built.tokenizer,
                                                          len(encoded.train_records), precision)
     model, base_model = _setup_lora(config, built.model, encoded.info)
@@ -191,8 +193,8 @@ def _encode_generative(config: Config, built: _Model, records: list[QARecord], r
                                 f"does not fit max_length={max_length} (rows {row_list(stats.too_long_rows)}); "
                                 "raise data.max_length or use auto"))
     pad_id = built.tokenizer.pad_token_id
-    collator = (Seq2SeqCollator(pad_id) if built.seq2seq
-                else CausalCollator(pad_id, config.train.train_on_prompt))
+    collator = (Seq2SeqCollator(pad_id, max_width=built.limit) if built.seq2seq
+                else CausalCollator(pad_id, config.train.train_on_prompt, max_width=built.limit))
     info = ModelInfo(task="generative", max_length=max_length, prompt_template=template.template,
                      answer_prefix=template.answer_prefix, qatune_version=__version__, seq2seq=built.seq2seq)
     return _Encoded(examples, collator, info, records, findings)
@@ -236,7 +238,7 @@ def _encode_extractive(config: Config, built: _Model, records: list[QARecord], t
                                             "please report this with the row"))
     info = ModelInfo(task="extractive", max_length=max_length, doc_stride=config.data.doc_stride,
                      qatune_version=__version__)
-    return _Encoded(features, SpanCollator(built.tokenizer.pad_token_id), info, kept, findings)
+    return _Encoded(features, SpanCollator(built.tokenizer.pad_token_id, max_width=built.limit), info, kept, findings)
 
 
 def _setup_lora(config: Config, model: Any, info: ModelInfo) -> tuple[Any, Any]:
