@@ -27,7 +27,7 @@ def describe() -> dict:
 AVX2_ONLY = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"}
 """Environment that keeps torch's kernels (ATen, oneDNN, MKL) to AVX2: this CPU as an fp32-only one (an AVX2
 machine's fp32 matmul speed, bf16 emulated) for the "CPU without native bf16" measurements."""
-ISA_CAPS = tuple(AVX2_ONLY)
+ISA_CAPS = (*AVX2_ONLY, "DNNL_MAX_CPU_ISA")
 
 
 def describe_torch() -> dict:
@@ -39,9 +39,11 @@ def describe_torch() -> dict:
 
 
 def native_bf16() -> bool:
+    """As qatune decides it (train.device.bf16_native): the CPU's flags, unless oneDNN is held below them."""
     info = describe()
-    capped = os.environ.get("ONEDNN_MAX_CPU_ISA", "").upper() in ("AVX2", "AVX512_CORE")
-    return (info["avx512_bf16"] or info["amx_bf16"]) and not capped
+    from qatune.train.device import onednn_cap
+
+    return (info["avx512_bf16"] or info["amx_bf16"]) and onednn_cap() is None
 
 
 def matmul_peak(dtype, n: int = 2048, repeats: int = 10) -> float:

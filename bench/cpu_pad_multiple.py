@@ -50,7 +50,7 @@ def arm(config: Path, multiple: int) -> dict:
     start = time.perf_counter()
     result = loop.fit(prepared, None, progress=False)
     return {"seconds": time.perf_counter() - start, "widths": len(seen["widths"]),
-            "padding_share": 1 - seen["real"] / seen["computed"], "final_loss": result.get("final_loss")}
+            "padding_share": 1 - seen["real"] / seen["computed"], "final_loss": result.get("final_train_loss")}
 
 
 def main() -> int:

@@ -10,7 +10,7 @@ in the other order. Prints per-round ratios and their median, and which CPU ran 
     python bench/w1_process.py               # 3 rounds, ~3 minutes on 2 CPU cores with native bf16
     python bench/w1_process.py --rounds 5 --rows 1000
     python bench/w1_process.py --fp32        # both arms in fp32 (as on a CPU without native bf16): w1_process_fp32.json
-    python bench/w1_process.py --avx2-only   # torch kept to AVX2 (an fp32-only CPU; precision auto): w1_process_avx2.json
+    python bench/w1_process.py --avx2-only   # torch held to AVX2 (an fp32-only CPU): w1_process_avx2.json
 """
 
 from __future__ import annotations
@@ -84,13 +84,16 @@ def main() -> int:
             print(f"round {round_ + 1} Trainer / qatune wall time: "
                   f"x{runs['trainer'][-1]['seconds'] / runs['qatune'][-1]['seconds']:.2f}", flush=True)
         status = json.loads((Path(tmp) / "qatune-run" / "run.json").read_text())
+        trainer_precision = (Path(tmp) / "trainer-run" / "precision.txt").read_text(encoding="utf-8")
     ratios = [t["seconds"] / q["seconds"] for q, t in zip(runs["qatune"], runs["trainer"])]
     summary = {arm: {"median_seconds": statistics.median(r["seconds"] for r in results),
                      "peak_rss_mb": max(r["peak_rss_mb"] for r in results)} for arm, results in runs.items()}
     print(f"\nqatune is x{statistics.median(ratios):.2f} faster as a whole process (median of "
-          f"{', '.join(f'x{r:.2f}' for r in ratios)}); precision {status.get('precision')}; peak RSS qatune "
+          f"{', '.join(f'x{r:.2f}' for r in ratios)}); precision qatune {status.get('precision')}, Trainer "
+          f"{trainer_precision}; peak RSS qatune "
           f"{summary['qatune']['peak_rss_mb']:.0f} MB, Trainer {summary['trainer']['peak_rss_mb']:.0f} MB")
     out.write_text(json.dumps({"machine": info, "rows": args.rows, "precision": status.get("precision"),
+                               "trainer_precision": trainer_precision,
                                "runs": runs, "ratios": ratios, "median_ratio": statistics.median(ratios),
                                "summary": summary, "measured": time.strftime("%Y-%m-%d %H:%M")}, indent=2) + "\n")
     print(f"wrote {out}")

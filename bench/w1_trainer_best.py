@@ -22,11 +22,14 @@ from transformers import (DataCollatorForSeq2Seq, GPT2Config, GPT2LMHeadModel, P
 EOS = "<|endoftext|>"
 
 
+ONEDNN_WITHOUT_BF16 = ("SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE", "AVX512_CORE_VNNI")
+
+
 def native_bf16() -> bool:
-    """The CPU's bf16 flags, unless oneDNN is kept below them (bench_machine.AVX2_ONLY): bf16 is then emulated."""
+    """The CPU's bf16 flags, unless oneDNN is held below them (bench_machine.AVX2_ONLY): bf16 is then emulated."""
     flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    capped = os.environ.get("ONEDNN_MAX_CPU_ISA", "").upper() in ("AVX2", "AVX512_CORE")
-    return ("avx512_bf16" in flags or "amx_bf16" in flags) and not capped
+    cap = os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA") or ""
+    return ("avx512_bf16" in flags or "amx_bf16" in flags) and cap.strip().upper() not in ONEDNN_WITHOUT_BF16
 
 
 def main(data: str, output: str, seed: int, fp32: bool = False) -> None:
@@ -63,6 +66,8 @@ def main(data: str, output: str, seed: int, fp32: bool = False) -> None:
                       processing_class=tokenizer)
     trainer.train()
     trainer.save_model(output)
+    # What it chose, for bench/w1_process.py to record (its stdout is not kept).
+    (Path(output) / "precision.txt").write_text("bf16" if args.bf16 else "fp32", encoding="utf-8")
 
 
 if __name__ == "__main__":
