@@ -17,8 +17,8 @@ GPU_PAD_MULTIPLE = 32
 (bench/gpu_shape_warmup.py measures it on a CUDA machine)."""
 CPU_BF16_PAD_MULTIPLE = 2
 """bf16 on CPU: oneDNN builds a matrix kernel for each new shape it meets. On W1 (bench/cpu_pad_multiple.json)
-2 and 4 were ~8% faster than 1 (2 by the median, 4 in one round of three), 8 no faster; in fp32 (MKL) 2 gained
-nothing and 4 was slower (cpu_pad_multiple_fp32.json)."""
+2 made the loop ~5% faster than 1 and a little faster than 4, 8 no faster; in fp32 (MKL) 2 and 4 were slower
+(cpu_pad_multiple_fp32.json), so fp32 on CPU keeps exact widths."""
 
 
 def pad_multiple(device_type: str, precision: str) -> int:
