@@ -110,8 +110,9 @@ def render_trained_tokens(prepared: Prepared, example: Any) -> str:
         target = prepared.tokenizer.decode(example.target_ids, skip_special_tokens=False)
         return f"encoder: {source}\ndecoder: ⟦{target}⟧"
     batch = prepared.collator([example])
-    ids = batch["input_ids"][0].tolist()
-    trained = [label != IGNORE_INDEX for label in batch["labels"][0].tolist()]
+    n = len(example)  # the collator may round the width up (training on bf16 CPUs, GPUs): no padding shown
+    ids = batch["input_ids"][0, :n].tolist()
+    trained = [label != IGNORE_INDEX for label in batch["labels"][0, :n].tolist()]
     trained[0] = False  # the first token is never predicted
     pieces, start = [], 0
     for i in range(1, len(ids) + 1):

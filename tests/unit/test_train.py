@@ -346,6 +346,16 @@ def test_rounded_widths_leave_loss_and_gradients_unchanged(tmp_path, rows, overr
         torch.testing.assert_close(rounded_grads[name], grad, msg=name)
 
 
+def test_check_shows_a_rows_tokens_without_the_padding_a_rounded_width_adds(tmp_path):
+    from qatune.check import render_trained_tokens
+
+    prepared = prepare(tiny_config(tmp_path, ROWS))
+    example = prepared.dataset[0]
+    plain = render_trained_tokens(prepared, example)
+    prepared.collator.pad_to_multiple_of = len(example) + 7
+    assert render_trained_tokens(prepared, example) == plain
+
+
 def test_cpu_training_asks_for_freed_memory_to_be_kept(tmp_path, monkeypatch):
     calls = []
     monkeypatch.setattr("qatune.train.loop.keep_freed_memory", lambda: calls.append(1) or True)
