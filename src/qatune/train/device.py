@@ -68,8 +68,8 @@ def bf16_native(device: str, unknown: bool = True) -> bool:
     the CPU's flags cannot be read, e.g. not on Linux).
 
     On CPU that takes the flags (AVX512-BF16 or AMX) and oneDNN, which runs torch's bf16 matrix
-    products there, being allowed to use them: under ``ONEDNN_MAX_CPU_ISA=AVX2`` it emulates bf16 (a
-    2048-wide bf16 product ran at 1 GFLOP/s against 221 in fp32 on an AMX CPU held to AVX2).
+    products there, being allowed to use them: under ``ONEDNN_MAX_CPU_ISA=AVX2`` it emulates bf16, far
+    slower than fp32 even on an AMX CPU.
     """
     if device != "cpu" and torch.cuda.is_available():
         return torch.cuda.is_bf16_supported()
