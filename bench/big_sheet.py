@@ -71,13 +71,13 @@ def make_sheet(rows: int, path: Path) -> None:
             copy = i // len(base)
             if copy:
                 question = f"{question} (#{copy})"
-                answer = re.sub(r"\d+", lambda m: str(int(m.group()) + copy), answer, count=1)
+                answer = re.sub(r"\d+", lambda m, copy=copy: str(int(m.group()) + copy), answer, count=1)
             writer.writerow([question, answer])
 
 
 def measure(mode: str, config: Path, out: Path) -> dict:
     done = subprocess.run([sys.executable, "-c", CHILD, mode, str(config), str(out)], capture_output=True,
-                          text=True, timeout=3600)
+                          text=True, timeout=3600, check=False)
     lines = [line for line in done.stderr.splitlines() if line.startswith("{\"seconds\"")]
     if not lines:
         raise SystemExit(f"{mode} failed:\n{done.stderr[-3000:]}")

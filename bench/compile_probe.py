@@ -15,7 +15,7 @@ import sys
 import time
 
 import torch
-from bench_machine import describe_torch, headline, json_option, write_json
+from bench_machine import describe_torch, headline, json_option, write_json  # bench/ is on sys.path
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from qatune.objectives import CausalLMObjective, fuse_activations

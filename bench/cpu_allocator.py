@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 import generative_vs_trainer as w1
-from bench_machine import describe_torch, headline, json_option, write_json
+from bench_machine import describe_torch, headline, json_option, write_json  # bench/ is on sys.path
 
 TRAIN = ["train.epochs=1", "train.batch_size=16", "train.learning_rate=5e-4", "train.weight_decay=0.0", "seed=42"]
 METRICS = ["faults", "system_ms", "wall_ms", "peak_rss_mb"]

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 import torch
-from bench_machine import describe, headline  # noqa: E402  (bench/ is on sys.path)
+from bench_machine import describe, headline  # bench/ is on sys.path
 
 OUT = Path(__file__).with_suffix(".json")
 SHAPES = [(16, 32), (8, 128), (4, 256)]  # (rows, tokens): same tokens per step at W1's batch size, wider rows

@@ -26,7 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench_machine import W1_CONFIG, describe, headline, native_bf16, write_nq_rows  # noqa: E402  (bench/ is on sys.path)
+from bench_machine import W1_CONFIG, describe, headline, native_bf16, write_nq_rows  # bench/ is on sys.path
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = Path(os.environ.get("QATUNE_SHARED_DATA", ROOT.parent / "shared" / "data"))

@@ -26,7 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench_machine import describe, headline
+from bench_machine import describe, headline  # bench/ is on sys.path
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = Path(__file__).with_suffix(".json")

@@ -25,9 +25,9 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-from bench_machine import describe_torch, headline, json_option, write_json
+import numpy as np
+import torch
+from bench_machine import describe_torch, headline, json_option, write_json  # bench/ is on sys.path
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = Path(os.environ.get("QATUNE_SHARED_DATA", ROOT.parent / "shared" / "data"))
@@ -79,8 +79,13 @@ def run_qatune(args, train_rows, eval_rows, workdir):
 
 
 def run_trainer(args, train_rows, eval_rows, workdir):
-    from transformers import (AutoModelForQuestionAnswering, AutoTokenizer, Trainer, TrainingArguments,
-                              default_data_collator)
+    from transformers import (
+        AutoModelForQuestionAnswering,
+        AutoTokenizer,
+        Trainer,
+        TrainingArguments,
+        default_data_collator,
+    )
 
     from qatune.metrics import corpus_scores
     from qatune.model import resolve_model_path
@@ -149,7 +154,7 @@ def prepare_train_features(tokenizer, rows, max_length, doc_stride):
             while offsets[token_end_index][1] >= end_char:
                 token_end_index -= 1
             end_position = token_end_index + 1
-        feature = {k: torch.tensor(tokenized[k][i]) for k in tokenized.keys()}
+        feature = {k: torch.tensor(tokenized[k][i]) for k in tokenized}
         feature["start_positions"] = torch.tensor(start_position)
         feature["end_positions"] = torch.tensor(end_position)
         features.append(feature)
@@ -165,7 +170,7 @@ def prepare_validation_features(tokenizer, rows, max_length, doc_stride):
         sequence_ids = tokenized.sequence_ids(i)
         meta.append({"example": sample_mapping[i],
                      "offsets": [o if sequence_ids[k] == 1 else None for k, o in enumerate(offsets)]})
-        features.append({k: torch.tensor(tokenized[k][i]) for k in tokenized.keys()})
+        features.append({k: torch.tensor(tokenized[k][i]) for k in tokenized})
     return features, meta
 
 

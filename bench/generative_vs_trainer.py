@@ -40,8 +40,8 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-import torch  # noqa: E402
-from bench_machine import describe, headline, matmul_peak, native_bf16  # noqa: E402  (bench/ is on sys.path)
+import torch
+from bench_machine import describe, headline, matmul_peak, native_bf16
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = Path(os.environ.get("QATUNE_SHARED_DATA", ROOT.parent / "shared" / "data"))
@@ -223,7 +223,7 @@ def main() -> int:
                 command = [sys.executable, __file__, "--arm", arm, "--paths", json.dumps(paths),
                            f"--rows={args.rows}", f"--batch-size={args.batch_size}", f"--lr={args.lr}",
                            f"--seed={args.seed + round_}"] + (["--fp32"] if args.fp32 else [])
-                done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
+                done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, check=False)
                 line = next((x for x in done.stdout.splitlines() if x.startswith("RESULT ")), None)
                 if line is None:
                     print(done.stdout[-3000:], done.stderr[-3000:], file=sys.stderr)

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 import torch
-from bench_machine import describe_torch, headline, json_option, write_json
+from bench_machine import describe_torch, headline, json_option, write_json  # bench/ is on sys.path
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = Path(os.environ.get("QATUNE_SHARED_DATA", ROOT.parent / "shared" / "data"))

@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench_machine import describe, headline
+from bench_machine import describe, headline  # bench/ is on sys.path
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = Path(os.environ.get("QATUNE_SHARED_DATA", ROOT.parent / "shared" / "data"))

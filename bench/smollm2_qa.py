@@ -99,12 +99,12 @@ def main() -> int:
         print(f"{SHARED} not found: this benchmark needs the shared datasets", file=sys.stderr)
         return 1
 
+    import logging
+
     from qatune.config import load_config
     from qatune.evaluate import evaluate_base, evaluate_run
     from qatune.generate import answer_one
     from qatune.train import train
-
-    import logging
 
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="smollm2-bench-"))

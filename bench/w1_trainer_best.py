@@ -16,8 +16,14 @@ from pathlib import Path
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-from transformers import (DataCollatorForSeq2Seq, GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast, Trainer,
-                          TrainingArguments)
+from transformers import (
+    DataCollatorForSeq2Seq,
+    GPT2Config,
+    GPT2LMHeadModel,
+    PreTrainedTokenizerFast,
+    Trainer,
+    TrainingArguments,
+)
 
 EOS = "<|endoftext|>"
 

@@ -36,7 +36,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench_machine import describe, headline, matmul_peak, native_bf16  # noqa: E402  (bench/ is on sys.path)
+from bench_machine import describe, headline, matmul_peak, native_bf16
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -124,7 +124,7 @@ def arm_qatune(args, paths) -> dict:
     tokens = sum(len(item) for item in prepared.dataset.items)
     supervised = sum(len(item) - item.prompt_length for item in prepared.dataset.items)
     losses: list[float] = []
-    import qatune.train.logs as logs
+    from qatune.train import logs
 
     write = logs.MetricsLog.write
     logs.MetricsLog.write = lambda self, record: (losses.append(record["loss"]) if record.get("event") == "train"
@@ -214,7 +214,7 @@ def main() -> int:
             for arm in order:
                 command = [sys.executable, __file__, "--arm", arm, "--paths", json.dumps(paths),
                            f"--rows={args.rows}", f"--seed={args.seed}"]
-                done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
+                done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, check=False)
                 line = next((x for x in done.stdout.splitlines() if x.startswith("RESULT ")), None)
                 if line is None:
                     print(done.stdout[-3000:], done.stderr[-5000:], file=sys.stderr)
