@@ -57,7 +57,8 @@ def main() -> int:
     from qatune.config import GenerateConfig, ScratchModel
     from qatune.data.generative import PromptTemplate
     from qatune.generate import answer_questions
-    from qatune.model import ModelInfo, build_scratch, train_scratch_tokenizer
+    from qatune.model import build_scratch, train_scratch_tokenizer
+    from qatune.model_folder import ModelInfo
 
     startup = startup_seconds()
     print(f"qatune --help: {statistics.median(startup):.3f} s (median of {len(startup)} fresh processes)", flush=True)

@@ -166,7 +166,7 @@ def arm_trainer(args, paths) -> dict:
 def _training_set_loss(model, tokenizer, records) -> float:
     """Loss of the final model over the whole training set, by the same code for both arms."""
     from qatune.evaluate import causal_lm_eval_loss
-    from qatune.model import ModelInfo
+    from qatune.model_folder import ModelInfo
 
     return causal_lm_eval_loss(model, tokenizer, ModelInfo(task="generative", max_length=256), records, 64)
 

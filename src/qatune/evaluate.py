@@ -28,13 +28,12 @@ from qatune.errors import ConfigError
 from qatune.generate import answer_questions, extract_answers, inference_precision, score_windows
 from qatune.metrics import best_scores, corpus_scores
 from qatune.model import (
-    ModelInfo,
     load_model_config,
     load_pretrained,
     load_tokenizer,
     model_max_positions,
 )
-from qatune.model_folder import load_model_folder
+from qatune.model_folder import ModelInfo, load_model_folder
 from qatune.objectives import CausalLMObjective, Seq2SeqObjective, model_inputs
 
 

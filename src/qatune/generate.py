@@ -22,7 +22,8 @@ from qatune.data.generative import PromptEncoder, PromptTemplate, Seq2SeqEncoder
 from qatune.data.padding import left_pad, right_pad
 from qatune.data.spreadsheet import QARecord
 from qatune.errors import ConfigError, DataError
-from qatune.model import ModelInfo, model_max_positions
+from qatune.model import model_max_positions
+from qatune.model_folder import ModelInfo
 from qatune.objectives import span_logits, span_loss_sum
 
 

@@ -1,22 +1,20 @@
 """Build or load models and tokenizers: from the hub, a local folder, a packaged model or scratch.
 
-Also LoRA, the attention used in training and a model's longest sequence. :class:`ModelInfo` is what a
-model folder's ``qatune.json`` holds; writing and reading model folders is :mod:`qatune.model_folder`'s.
+Also LoRA, the attention used in training and a model's longest sequence. Writing and reading model
+folders (and their ``qatune.json``) is :mod:`qatune.model_folder`'s.
 """
 
 from __future__ import annotations
 
 import functools
 import importlib.util
-import json
 import logging
 import os
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from qatune import rundir
 from qatune.config import ModelConfig, ScratchModel
 from qatune.errors import ModelError
 
@@ -50,31 +48,6 @@ HUB_PROBE_TIMEOUT_S = 3.0
 GPT2_SPECIAL = "<|endoftext|>"
 BERT_SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 T5_SPECIALS = ["<pad>", "</s>", "<unk>"]
-
-
-@dataclass
-class ModelInfo:
-    """What eval and generate need besides weights and tokenizer (saved as qatune.json)."""
-
-    task: str
-    max_length: int
-    prompt_template: str = "Question: {question}\nAnswer:"
-    answer_prefix: str = " "
-    doc_stride: int = 128
-    qatune_version: str = ""
-    seq2seq: bool = False
-    """Generative QA with an encoder-decoder (T5-style): prompt in, answer out."""
-    lora_base: str | None = None
-    """LoRA runs: the base model (a hub id, a folder, or "base" for RUN/base); the folder holds the adapter."""
-
-    def save(self, folder: Path) -> None:
-        (folder / rundir.MODEL_INFO).write_text(json.dumps(asdict(self), indent=2) + "\n", encoding="utf-8")
-
-    @classmethod
-    def load(cls, folder: Path) -> ModelInfo:
-        data = json.loads((folder / rundir.MODEL_INFO).read_text(encoding="utf-8"))
-        known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
-        return cls(**known)
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """A trained model's folder on disk: RUN/final, RUN/best and the model files of every checkpoint.
 
 A model folder is a save_pretrained folder (safetensors weights, tokenizer) plus config.yaml and
-``qatune.json`` (:class:`qatune.model.ModelInfo`: the task, the prompt template, max_length and doc_stride),
+``qatune.json`` (:class:`ModelInfo`: the task, the prompt template, max_length and doc_stride),
 so eval and generate need nothing else. :func:`load_model_folder` reads one back for inference, LoRA
 adapters merged into their base; :func:`export_merged` writes it out as a plain transformers folder.
 Where folders live in a run directory is :mod:`qatune.rundir`'s.
@@ -9,6 +9,7 @@ Where folders live in a run directory is :mod:`qatune.rundir`'s.
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,32 @@ from typing import Any
 from qatune import rundir
 from qatune.config import Config, validate_config
 from qatune.errors import ModelError, RunDirError
-from qatune.model import ModelInfo, auto_class, prepare_tokenizer, quiet_transformers, resolve_model_path
+from qatune.model import auto_class, prepare_tokenizer, quiet_transformers, resolve_model_path
+
+
+@dataclass
+class ModelInfo:
+    """What eval and generate need besides weights and tokenizer (saved as qatune.json)."""
+
+    task: str
+    max_length: int
+    prompt_template: str = "Question: {question}\nAnswer:"
+    answer_prefix: str = " "
+    doc_stride: int = 128
+    qatune_version: str = ""
+    seq2seq: bool = False
+    """Generative QA with an encoder-decoder (T5-style): prompt in, answer out."""
+    lora_base: str | None = None
+    """LoRA runs: the base model (a hub id, a folder, or "base" for RUN/base); the folder holds the adapter."""
+
+    def save(self, folder: Path) -> None:
+        (folder / rundir.MODEL_INFO).write_text(json.dumps(asdict(self), indent=2) + "\n", encoding="utf-8")
+
+    @classmethod
+    def load(cls, folder: Path) -> ModelInfo:
+        data = json.loads((folder / rundir.MODEL_INFO).read_text(encoding="utf-8"))
+        known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
+        return cls(**known)
 
 
 def save_model(folder: Path, model: Any, tokenizer: Any, config: Config, info: ModelInfo) -> Path:

@@ -8,14 +8,13 @@ from qatune.config import ModelConfig, ScratchModel, load_config
 from qatune.errors import ModelError, RunDirError
 from qatune.generate import answer_questions
 from qatune.model import (
-    ModelInfo,
     build_scratch,
     load_pretrained,
     load_tokenizer,
     resolve_model_path,
     train_scratch_tokenizer,
 )
-from qatune.model_folder import save_model
+from qatune.model_folder import ModelInfo, save_model
 from qatune.rundir import find_model_folder
 from qatune.train import fit, prepare
 

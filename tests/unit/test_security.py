@@ -77,8 +77,7 @@ def test_spreadsheet_formulas_and_dde_payloads_stay_text(tmp_path):
 def test_lora_adapters_are_loaded_from_safetensors_only(tmp_path):
     pytest.importorskip("peft")
     from qatune.errors import RunDirError
-    from qatune.model import ModelInfo
-    from qatune.model_folder import _load_lora
+    from qatune.model_folder import ModelInfo, _load_lora
 
     (tmp_path / "adapter_config.json").write_text("{}")
     (tmp_path / "adapter_model.bin").write_bytes(b"pickle")

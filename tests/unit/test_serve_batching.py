@@ -199,7 +199,7 @@ class Loaded:
 
     def __init__(self, model, tokenizer):
         from qatune.config import Config
-        from qatune.model import ModelInfo
+        from qatune.model_folder import ModelInfo
 
         self.model, self.tokenizer, self.config = model, tokenizer, Config()
         self.info = ModelInfo(task="generative", max_length=64)

@@ -31,7 +31,6 @@ from qatune.data.generative import (
 from qatune.data.spreadsheet import LoadReport, QARecord, load_from_config, split_validation
 from qatune.errors import ConfigError, DataError, row_list
 from qatune.model import (
-    ModelInfo,
     apply_lora,
     build_scratch,
     load_model_config,
@@ -42,6 +41,7 @@ from qatune.model import (
     quiet_transformers,
     train_scratch_tokenizer,
 )
+from qatune.model_folder import ModelInfo
 from qatune.train.device import bf16_native, onednn_cap, resolve_precision, seed_everything
 from qatune.train.sampler import LengthGroupedBatches
 from qatune.validate import Finding, error, validate_batch, validate_dataset, validate_settings, warning

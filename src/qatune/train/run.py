@@ -13,8 +13,7 @@ from typing import Any
 from qatune import __version__, rundir
 from qatune.config import Config
 from qatune.errors import RunDirError, TrainingError
-from qatune.model import ModelInfo
-from qatune.model_folder import save_model
+from qatune.model_folder import ModelInfo, save_model
 from qatune.report import write_report
 from qatune.train.device import is_main_process
 from qatune.train.loop import fit
