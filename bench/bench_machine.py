@@ -39,11 +39,10 @@ def describe_torch() -> dict:
 
 
 def native_bf16() -> bool:
-    """As qatune decides it (train.device.bf16_native): the CPU's flags, unless oneDNN is held below them."""
-    info = describe()
-    from qatune.train.device import onednn_cap
+    """As qatune decides it: the CPU's flags, unless oneDNN is held below them."""
+    from qatune.train.device import bf16_native
 
-    return (info["avx512_bf16"] or info["amx_bf16"]) and onednn_cap() is None
+    return bf16_native("cpu", unknown=False)
 
 
 def matmul_peak(dtype, n: int = 2048, repeats: int = 10) -> float:

@@ -82,6 +82,14 @@ def bf16_native(device: str, unknown: bool = True) -> bool:
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
+def bf16_verdict(device: str) -> str:
+    """What ``train.precision: auto`` found about bf16 where training runs, for its log line."""
+    if bf16_native(device, unknown=False):
+        return "bf16 is native here"
+    cap = onednn_cap() if device == "cpu" or not torch.cuda.is_available() else None
+    return f"bf16 is not native: {cap} holds oneDNN below AVX512-BF16" if cap else "bf16 is not native here"
+
+
 _ONEDNN_ISAS_WITHOUT_BF16 = ("SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE", "AVX512_CORE_VNNI")
 
 

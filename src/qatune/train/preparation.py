@@ -42,7 +42,7 @@ from qatune.model import (
     train_scratch_tokenizer,
 )
 from qatune.model_folder import ModelInfo
-from qatune.train.device import bf16_native, onednn_cap, resolve_precision, seed_everything
+from qatune.train.device import bf16_native, bf16_verdict, resolve_precision, seed_everything
 from qatune.train.sampler import LengthGroupedBatches
 from qatune.validate import Finding, error, validate_batch, validate_dataset, validate_settings, warning
 
@@ -114,10 +114,7 @@ def prepare(config: Config, train_records: list[QARecord] | None = None,
     dataset = ExampleDataset(encoded.items)
     precision = resolve_precision(config.train.precision, config.train.device)
     if config.train.precision == "auto":
-        cap = onednn_cap() if config.train.device != "cuda" else None
-        log.info("precision: %s (train.precision auto: bf16 %s)", precision,
-                 "is native here" if precision == "bf16" else
-                 f"is not native: {cap} holds oneDNN below AVX512-BF16" if cap else "is not native here")
+        log.info("precision: %s (train.precision auto: %s)", precision, bf16_verdict(config.train.device))
     findings = encoded.findings + validate_first_batches(config, dataset, encoded.collator, built.tokenizer,
                                                          len(encoded.train_records), precision)
     model, base_model = _setup_lora(config, built.model, encoded.info)
