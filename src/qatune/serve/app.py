@@ -9,31 +9,23 @@ then wait in the Batcher's queue.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
-import logging
-import time
-import uuid
 from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass
 from importlib import resources
 from typing import Any
 
 from fastapi import FastAPI
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, StreamingResponse
-from starlette.datastructures import Headers
-from starlette.exceptions import HTTPException
+from fastapi.responses import FileResponse, HTMLResponse
 
 from qatune.data.generative import PromptEncoder, PromptTemplate, Seq2SeqEncoder
 from qatune.model import model_max_positions
 from qatune.model_folder import LoadedModel
 from qatune.rundir import read_status
-from qatune.serve.batching import Batcher, Delta, Extracted, Extraction, Failed, Finished, Generation, Job, Sampling
-from qatune.serve.schemas import ApiError, ChatRequest, CompletionRequest, ExtractRequest, error_body
-
-log = logging.getLogger("qatune")
-
+from qatune.serve.batching import Batcher, Delta, Extraction, Failed, Generation, Job, Sampling
+from qatune.serve.guard import Guard, add_error_handlers
+from qatune.serve.replies import Reply, SlotStreamingResponse
+from qatune.serve.schemas import ApiError, ChatRequest, CompletionRequest, ExtractRequest
 
 CHARS_PER_TOKEN = 16
 """Prompts longer than this many characters per allowed token are refused without tokenizing them."""
@@ -78,7 +70,7 @@ def create_app(loaded: LoadedModel, settings: Settings = Settings()) -> FastAPI:
     app = FastAPI(title="qatune serve", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.service = service
     app.add_middleware(Guard, api_key=settings.api_key, max_body_bytes=settings.limits.max_body_bytes)
-    _add_error_handlers(app)
+    add_error_handlers(app)
 
     @app.get("/", include_in_schema=False)
     async def page() -> HTMLResponse:
@@ -340,200 +332,3 @@ class Service:
         if model.scratch is not None:
             return f"{architecture} from scratch ({model.scratch.n_layer} layers × {model.scratch.n_embd})"
         return f"{model.name_or_path} ({architecture})"
-
-
-class Reply:
-    """One request's answer in the OpenAI shape: a chat or text completion, whole or as server-sent events."""
-
-    def __init__(self, model_id: str, chat: bool, prompt_tokens: int, tokenizer: Any):
-        self.model_id, self.chat, self.prompt_tokens, self.tokenizer = model_id, chat, prompt_tokens, tokenizer
-        self.id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
-        self.created = int(time.time())
-        self.object = "chat.completion" if chat else "text_completion"
-
-    async def collect(self, events: AsyncIterator[Any]) -> dict[str, Any]:
-        async for event in events:
-            if isinstance(event, Failed):
-                raise ApiError(500, event.message, code="model_failed", kind="server_error")
-            if isinstance(event, (Finished, Extracted)):
-                text, reason, usage = self._final(event)
-                choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
-                           "finish_reason": reason} if self.chat else
-                          {"index": 0, "text": text, "logprobs": None, "finish_reason": reason})
-                return {"id": self.id, "object": self.object, "created": self.created, "model": self.model_id,
-                        "choices": [choice], "usage": usage}
-        raise ApiError(500, "the model gave no answer", kind="server_error")
-
-    async def stream(self, events: AsyncIterator[Any], include_usage: bool) -> AsyncIterator[str]:
-        if self.chat:
-            yield self._chunk({"role": "assistant", "content": ""})
-        async for event in events:
-            if isinstance(event, Failed):
-                yield _sse(error_body(event.message, "server_error", code="model_failed"))
-                break
-            if isinstance(event, Delta):
-                yield self._chunk({"content": event.text} if self.chat else event.text)
-                continue
-            text, reason, usage = self._final(event)
-            if isinstance(event, Extracted) and text:
-                yield self._chunk({"content": text} if self.chat else text)
-            yield self._chunk({} if self.chat else "", reason)
-            if include_usage:
-                yield _sse({"id": self.id, "object": self._chunk_object, "created": self.created,
-                            "model": self.model_id, "choices": [], "usage": usage})
-        yield "data: [DONE]\n\n"
-
-    def _final(self, event: Finished | Extracted) -> tuple[str, str, dict[str, int]]:
-        if isinstance(event, Finished):
-            text, reason, completion = event.text, event.finish_reason, event.completion_tokens
-        else:
-            text, reason = event.answer, "stop"
-            completion = len(self.tokenizer(text, add_special_tokens=False)["input_ids"]) if text else 0
-        usage = {"prompt_tokens": self.prompt_tokens, "completion_tokens": completion,
-                 "total_tokens": self.prompt_tokens + completion}
-        return text, reason, usage
-
-    @property
-    def _chunk_object(self) -> str:
-        return "chat.completion.chunk" if self.chat else "text_completion"
-
-    def _chunk(self, content: dict[str, str] | str, finish_reason: str | None = None) -> str:
-        choice = ({"index": 0, "delta": content, "logprobs": None, "finish_reason": finish_reason} if self.chat else
-                  {"index": 0, "text": content, "logprobs": None, "finish_reason": finish_reason})
-        return _sse({"id": self.id, "object": self._chunk_object, "created": self.created, "model": self.model_id,
-                     "choices": [choice]})
-
-
-def _sse(data: dict[str, Any]) -> str:
-    return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
-
-
-class SlotStreamingResponse(StreamingResponse):
-    """A streamed answer that holds its concurrency slot until the last byte is sent (or the client left)."""
-
-    def __init__(self, content: AsyncIterator[str], slot: Slot, **kwargs: Any):
-        super().__init__(content, **kwargs)
-        self.slot = slot
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            self.slot.release()
-
-
-class Guard:
-    """ASGI middleware run before any route: the API key, then the body size (read here, then replayed).
-
-    With an API key every request needs ``Authorization: Bearer KEY``, except GET / (the page itself,
-    the same static file for everyone; it asks for the key and sends it with its own requests).
-    """
-
-    def __init__(self, app: Any, api_key: str | None, max_body_bytes: int):
-        self.app = app
-        self.expected = f"Bearer {api_key}".encode() if api_key else None
-        self.max_body_bytes = max_body_bytes
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        headers = Headers(scope=scope)
-        if self.expected is not None and not (scope["path"] == "/" and scope["method"] in ("GET", "HEAD")):
-            given = headers.get("authorization", "").encode()
-            if not hmac.compare_digest(given, self.expected):
-                reason = "no API key given" if not given else "the API key is not valid"
-                await _send_error(send, ApiError(401, f"{reason}; send the header 'Authorization: Bearer KEY' with "
-                                                 "the key given to qatune serve --api-key", code="invalid_api_key"))
-                return
-        declared = headers.get("content-length")
-        if declared is not None and (not declared.isdigit() or int(declared) > self.max_body_bytes):
-            await _send_error(send, self._too_large() if declared.isdigit() else
-                              ApiError(400, "the Content-Length header is not a number", code="invalid_header"))
-            return
-        if scope["method"] not in ("POST", "PUT", "PATCH"):
-            await self.app(scope, receive, send)
-            return
-        body, more = b"", True
-        while more:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return
-            body += message.get("body", b"")
-            more = message.get("more_body", False)
-            if len(body) > self.max_body_bytes:
-                await _send_error(send, self._too_large())
-                return
-        replayed = False
-
-        async def replay() -> dict[str, Any]:
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()
-
-        await self.app(scope, replay, send)
-
-    def _too_large(self) -> ApiError:
-        return ApiError(413, f"the request body is larger than this server allows ({self.max_body_bytes} bytes)",
-                        code="request_too_large")
-
-
-async def _send_error(send: Any, error: ApiError) -> None:
-    payload = json.dumps(error.body()).encode()
-    await send({"type": "http.response.start", "status": error.status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]})
-    await send({"type": "http.response.body", "body": payload})
-
-
-def _add_error_handlers(app: FastAPI) -> None:
-    @app.exception_handler(ApiError)
-    async def api_error(_request: Any, exc: ApiError) -> JSONResponse:
-        return JSONResponse(exc.body(), status_code=exc.status)
-
-    @app.exception_handler(RequestValidationError)
-    async def invalid_request(_request: Any, exc: RequestValidationError) -> JSONResponse:
-        return JSONResponse(validation_error(exc.errors()).body(), status_code=400)
-
-    @app.exception_handler(HTTPException)
-    async def http_error(request: Any, exc: HTTPException) -> JSONResponse:
-        if exc.status_code == 404:
-            message = f"no route {request.method} {request.url.path}; the API is under /v1 (GET /v1/models)"
-        elif exc.status_code == 405:
-            message = f"{request.method} is not allowed on {request.url.path}"
-        else:
-            message = str(exc.detail)
-        return JSONResponse(error_body(message, code="not_found" if exc.status_code == 404 else None),
-                            status_code=exc.status_code, headers=getattr(exc, "headers", None))
-
-    @app.exception_handler(Exception)
-    async def internal_error(_request: Any, exc: Exception) -> JSONResponse:
-        log.error("internal error: %s: %s", type(exc).__name__, exc, exc_info=log.isEnabledFor(logging.DEBUG))
-        return JSONResponse(error_body("internal error in qatune serve (the server log has the details)",
-                                       "server_error"), status_code=500)
-
-
-JSON_TYPES = {str: "a string", int: "an integer", float: "a number", bool: "a boolean", list: "an array",
-              dict: "an object", type(None): "null"}
-
-
-def validation_error(errors: list[dict[str, Any]] | Any) -> ApiError:
-    """The first problem pydantic found, as an OpenAI-shaped 400 naming the field."""
-    first = dict(next(iter(errors), {}))
-    kind = first.get("type", "")
-    location = [str(part) for part in first.get("loc", ()) if part != "body"]
-    if kind == "json_invalid":
-        detail = (first.get("ctx") or {}).get("error", "")
-        return ApiError(400, f"the body is not valid JSON ({detail})", code="invalid_json")
-    param = ".".join(location) or None
-    message = str(first.get("msg", "invalid request")).removeprefix("Value error, ")
-    if kind == "missing":
-        message = f"'{param}' is required" if param else "the body is missing; send a JSON object"
-    elif kind in ("model_type", "model_attributes_type", "dict_type") and not location:
-        message = "the body must be a JSON object"
-    elif param:
-        message = f"{param}: {message}"
-        if "input" in first and kind.endswith("_type"):
-            message += f" (got {JSON_TYPES.get(type(first['input']), 'a value of another type')})"
-    return ApiError(400, message, param=param, code=kind or None)

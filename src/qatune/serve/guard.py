@@ -1,0 +1,140 @@
+"""What a request passes before any route, and how errors become answers.
+
+The Guard checks the API key, then the body size. The error handlers answer every error a client can
+cause with a 4xx in the OpenAI error shape ``{"error": {"message", "type", "param", "code"}}``, and
+anything else with a 500 whose details go to the server log only.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.datastructures import Headers
+from starlette.exceptions import HTTPException
+
+from qatune.serve.schemas import ApiError, error_body
+
+log = logging.getLogger("qatune")
+
+
+class Guard:
+    """ASGI middleware run before any route: the API key, then the body size (read here, then replayed).
+
+    With an API key every request needs ``Authorization: Bearer KEY``, except GET / (the page itself,
+    the same static file for everyone; it asks for the key and sends it with its own requests).
+    """
+
+    def __init__(self, app: Any, api_key: str | None, max_body_bytes: int):
+        self.app = app
+        self.expected = f"Bearer {api_key}".encode() if api_key else None
+        self.max_body_bytes = max_body_bytes
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = Headers(scope=scope)
+        if self.expected is not None and not (scope["path"] == "/" and scope["method"] in ("GET", "HEAD")):
+            given = headers.get("authorization", "").encode()
+            if not hmac.compare_digest(given, self.expected):
+                reason = "no API key given" if not given else "the API key is not valid"
+                await _send_error(send, ApiError(401, f"{reason}; send the header 'Authorization: Bearer KEY' with "
+                                                 "the key given to qatune serve --api-key", code="invalid_api_key"))
+                return
+        declared = headers.get("content-length")
+        if declared is not None and (not declared.isdigit() or int(declared) > self.max_body_bytes):
+            await _send_error(send, self._too_large() if declared.isdigit() else
+                              ApiError(400, "the Content-Length header is not a number", code="invalid_header"))
+            return
+        if scope["method"] not in ("POST", "PUT", "PATCH"):
+            await self.app(scope, receive, send)
+            return
+        body, more = b"", True
+        while more:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            body += message.get("body", b"")
+            more = message.get("more_body", False)
+            if len(body) > self.max_body_bytes:
+                await _send_error(send, self._too_large())
+                return
+        replayed = False
+
+        async def replay() -> dict[str, Any]:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+    def _too_large(self) -> ApiError:
+        return ApiError(413, f"the request body is larger than this server allows ({self.max_body_bytes} bytes)",
+                        code="request_too_large")
+
+
+async def _send_error(send: Any, error: ApiError) -> None:
+    payload = json.dumps(error.body()).encode()
+    await send({"type": "http.response.start", "status": error.status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]})
+    await send({"type": "http.response.body", "body": payload})
+
+
+def add_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(ApiError)
+    async def api_error(_request: Any, exc: ApiError) -> JSONResponse:
+        return JSONResponse(exc.body(), status_code=exc.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(_request: Any, exc: RequestValidationError) -> JSONResponse:
+        return JSONResponse(validation_error(exc.errors()).body(), status_code=400)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Any, exc: HTTPException) -> JSONResponse:
+        if exc.status_code == 404:
+            message = f"no route {request.method} {request.url.path}; the API is under /v1 (GET /v1/models)"
+        elif exc.status_code == 405:
+            message = f"{request.method} is not allowed on {request.url.path}"
+        else:
+            message = str(exc.detail)
+        return JSONResponse(error_body(message, code="not_found" if exc.status_code == 404 else None),
+                            status_code=exc.status_code, headers=getattr(exc, "headers", None))
+
+    @app.exception_handler(Exception)
+    async def internal_error(_request: Any, exc: Exception) -> JSONResponse:
+        log.error("internal error: %s: %s", type(exc).__name__, exc, exc_info=log.isEnabledFor(logging.DEBUG))
+        return JSONResponse(error_body("internal error in qatune serve (the server log has the details)",
+                                       "server_error"), status_code=500)
+
+
+JSON_TYPES = {str: "a string", int: "an integer", float: "a number", bool: "a boolean", list: "an array",
+              dict: "an object", type(None): "null"}
+
+
+def validation_error(errors: list[dict[str, Any]] | Any) -> ApiError:
+    """The first problem pydantic found, as an OpenAI-shaped 400 naming the field."""
+    first = dict(next(iter(errors), {}))
+    kind = first.get("type", "")
+    location = [str(part) for part in first.get("loc", ()) if part != "body"]
+    if kind == "json_invalid":
+        detail = (first.get("ctx") or {}).get("error", "")
+        return ApiError(400, f"the body is not valid JSON ({detail})", code="invalid_json")
+    param = ".".join(location) or None
+    message = str(first.get("msg", "invalid request")).removeprefix("Value error, ")
+    if kind == "missing":
+        message = f"'{param}' is required" if param else "the body is missing; send a JSON object"
+    elif kind in ("model_type", "model_attributes_type", "dict_type") and not location:
+        message = "the body must be a JSON object"
+    elif param:
+        message = f"{param}: {message}"
+        if "input" in first and kind.endswith("_type"):
+            message += f" (got {JSON_TYPES.get(type(first['input']), 'a value of another type')})"
+    return ApiError(400, message, param=param, code=kind or None)
