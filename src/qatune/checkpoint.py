@@ -226,5 +226,5 @@ def _prune(root: Path, keep: int, best: str | None) -> None:
     checkpoints.sort(key=lambda p: int(_NAME.match(p.name).group(1)))
     for old in checkpoints[:-keep]:
         if old.name != best:
-            shutil.rmtree(old, ignore_errors=True)
+            rundir.remove_dir(old)  # a kill during the deletion must not leave a half-deleted checkpoint
     rundir.remove_stale_temporaries(root)

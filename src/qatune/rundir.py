@@ -264,6 +264,18 @@ def remove_stale_temporaries(folder: Path) -> None:
             shutil.rmtree(stale, ignore_errors=True)
 
 
+def remove_dir(folder: Path) -> None:
+    """Delete ``folder`` without anyone ever finding it half-deleted: it is first renamed to a hidden
+    sibling, which remove_stale_temporaries clears if a kill interrupts the deletion."""
+    hidden = folder.with_name(f".{folder.name}-old-{os.getpid()}")
+    shutil.rmtree(hidden, ignore_errors=True)
+    try:
+        os.replace(folder, hidden)
+    except FileNotFoundError:
+        return
+    shutil.rmtree(hidden, ignore_errors=True)
+
+
 def replace_dir(source: Path, target: Path) -> None:
     """Move ``source`` to ``target``, replacing it; the old one stays until the new one is in place."""
     old = None

@@ -211,3 +211,31 @@ def test_sigterm_saves_a_checkpoint_and_the_cli_resumes(tmp_path):
     final = json.loads((find_checkpoint(run) / "trainer_state.json").read_text())
     assert (final["step"], final["epoch"]) == (6 * epochs, epochs)
     assert final["step"] > stopped["step"]
+
+
+def test_a_checkpoint_is_pruned_by_renaming_it_away_before_deleting_it(tmp_path, monkeypatch):
+    # A kill in the middle of deleting an old checkpoint must not leave a half-deleted step-N behind.
+    import shutil
+
+    from qatune import rundir
+
+    run = tmp_path / "run"
+    step = run / "checkpoints" / "step-0000003"
+    step.mkdir(parents=True)
+    for name in ("trainer_state.json", "model.safetensors", "optimizer.pt"):
+        (step / name).write_text("{}")
+    real_rmtree = shutil.rmtree
+
+    def killed(path, *args, **kwargs):
+        if os.path.basename(path).startswith(".step-0000003-old-") and os.path.exists(path):
+            os.remove(os.path.join(path, "model.safetensors"))
+            raise KeyboardInterrupt  # stands for the SIGKILL, after part of the folder is gone
+        return real_rmtree(path, *args, **kwargs)
+
+    monkeypatch.setattr(shutil, "rmtree", killed)
+    with pytest.raises(KeyboardInterrupt):
+        rundir.remove_dir(step)
+    assert not step.exists() and list_checkpoints(run) == []
+    monkeypatch.setattr(shutil, "rmtree", real_rmtree)
+    rundir.remove_stale_temporaries(run / "checkpoints")
+    assert list((run / "checkpoints").iterdir()) == []
