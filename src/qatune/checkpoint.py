@@ -3,7 +3,7 @@
 A checkpoint is a model folder (model.safetensors, tokenizer, config.yaml, qatune.json: eval and
 generate accept it) plus what an exact resume needs: optimizer.pt and scheduler.pt (tensors and
 numbers only, read back with ``torch.load(weights_only=True)``), rng.pt, and trainer_state.json
-(step, epoch, position in the epoch, best metrics). It is written with :func:`qatune.rundir.write_folder`,
+(step, epoch, position in the epoch, best metrics). It is written with :func:`qatune.atomic.write_folder`,
 so a process killed at any moment leaves either the new checkpoint or none, never a half-written one
 under a valid name.
 """
@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from qatune import rundir
+from qatune import atomic, rundir
 from qatune.errors import RunDirError
 
 log = logging.getLogger("qatune")
@@ -79,7 +79,7 @@ def save_checkpoint(run_dir: Path, state: TrainState, model: Any, tokenizer: Any
     root = checkpoint_dir(run_dir)
     root.mkdir(parents=True, exist_ok=True)
     size = _state_bytes(model.state_dict()) + sum(_state_bytes(s) for s in optimizer.state.values())
-    path = rundir.write_folder(root / f"step-{state.step:07d}", fill, size_hint=size)
+    path = atomic.write_folder(root / f"step-{state.step:07d}", fill, size_hint=size)
     _prune(root, keep, state.best_checkpoint)
     return path
 
@@ -102,7 +102,7 @@ def model_folder_from(checkpoint: Path, folder: Path) -> Path:
     def fill(tmp: Path) -> None:
         for source in sorted(checkpoint.rglob("*")):
             relative = source.relative_to(checkpoint)
-            if not source.is_file() or relative.as_posix() in (*RESUME_FILES, rundir.MANIFEST):
+            if not source.is_file() or relative.as_posix() in (*RESUME_FILES, atomic.MANIFEST):
                 continue
             target = tmp / relative
             target.parent.mkdir(parents=True, exist_ok=True)
@@ -113,7 +113,7 @@ def model_folder_from(checkpoint: Path, folder: Path) -> Path:
                     raise
                 shutil.copy2(source, target)
 
-    return rundir.write_folder(folder, fill)
+    return atomic.write_folder(folder, fill)
 
 
 def checkpoint_step(checkpoint: Path) -> int | None:
@@ -154,7 +154,7 @@ def damage(checkpoint: Path) -> str | None:
             return f"{checkpoint / name} is missing"
     if not any((checkpoint / name).is_file() for name in ("model.safetensors", "adapter_model.safetensors")):
         return f"{checkpoint} holds no model.safetensors"
-    problem = rundir.damage(checkpoint)
+    problem = atomic.damage(checkpoint)
     if problem:
         return problem
     try:
@@ -226,5 +226,5 @@ def _prune(root: Path, keep: int, best: str | None) -> None:
     checkpoints.sort(key=lambda p: int(_NAME.match(p.name).group(1)))
     for old in checkpoints[:-keep]:
         if old.name != best:
-            rundir.remove_dir(old)  # a kill during the deletion must not leave a half-deleted checkpoint
-    rundir.remove_stale_temporaries(root)
+            atomic.remove_dir(old)  # a kill during the deletion must not leave a half-deleted checkpoint
+    atomic.remove_stale_temporaries(root)

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from qatune import rundir
+from qatune import atomic, rundir
 from qatune.config import Config, GenerateConfig
 from qatune.data.extractive import prepare_features
 from qatune.data.generative import (
@@ -114,7 +114,7 @@ def evaluate_run(run_dir: str | Path, data_file: str | Path, which: str = rundir
     metrics["data_file"] = str(data_file)
     metrics["rows_dropped"] = report.dropped_total
     paths = rundir.eval_outputs(rundir.results_dir(Path(run_dir), loaded.folder), data_file)
-    rundir.atomic_write_text(paths["metrics"], json.dumps(metrics, indent=2) + "\n")
+    atomic.atomic_write_text(paths["metrics"], json.dumps(metrics, indent=2) + "\n")
     write_predictions(paths["predictions"], records, predictions)
     return metrics, paths
 

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from qatune import rundir
+from qatune import atomic, rundir
 from qatune.config import Config, validate_config
 from qatune.errors import ModelError, RunDirError
 from qatune.model import auto_class, prepare_tokenizer, quiet_transformers, resolve_model_path
@@ -48,7 +48,7 @@ class ModelInfo:
 def save_model(folder: Path, model: Any, tokenizer: Any, config: Config, info: ModelInfo) -> Path:
     """Write a self-contained model folder atomically: a crash never leaves a half-written one."""
     size = sum(t.numel() * t.element_size() for t in model.state_dict().values())
-    return rundir.write_folder(Path(folder), lambda tmp: write_model_files(tmp, model, tokenizer, config, info),
+    return atomic.write_folder(Path(folder), lambda tmp: write_model_files(tmp, model, tokenizer, config, info),
                                size_hint=size)
 
 
@@ -75,7 +75,7 @@ def load_model_folder(path: str | Path, which: str = rundir.FINAL, device: str |
     from transformers import AutoTokenizer
 
     folder = rundir.find_model_folder(path, which)
-    problem = rundir.damage(folder)
+    problem = atomic.damage(folder)
     if problem:
         raise RunDirError(f"the model in {folder} is damaged: {problem}; train again, or use another of the run's "
                           "model folders (--model best, or a checkpoint)")

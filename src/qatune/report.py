@@ -13,7 +13,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from qatune import rundir
+from qatune import atomic, rundir
 
 log = logging.getLogger("qatune")
 
@@ -57,7 +57,7 @@ def write_report(run_dir: str | Path) -> Path:
         text += [f"| {r['row']} | {_cell(r['question'])} | {_cell(r['gold'])} | {_cell(r['prediction'])} | "
                  f"{float(r['f1']):.0f} |" for r in worst]
     path = run_dir / rundir.REPORT
-    rundir.atomic_write_text(path, "\n".join(text) + "\n")
+    atomic.atomic_write_text(path, "\n".join(text) + "\n")
     return path
 
 

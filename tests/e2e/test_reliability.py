@@ -17,7 +17,7 @@ from click.testing import CliRunner
 from safetensors.torch import load_file
 from tests.conftest import tiny_config
 
-from qatune import rundir
+from qatune import atomic, rundir
 from qatune.checkpoint import find_checkpoint, list_checkpoints
 from qatune.cli import cli
 from qatune.errors import RunDirError
@@ -157,7 +157,7 @@ def test_a_full_disk_during_a_checkpoint_keeps_the_previous_one(tmp_path, monkey
 
     fail_with_enospc_on(monkeypatch, checkpoint_module.torch, "save", 4)   # checkpoint 2: its optimizer.pt
     run = tmp_path / "run"
-    with pytest.raises(rundir.DiskFullError) as err:
+    with pytest.raises(atomic.DiskFullError) as err:
         train(config_for(tmp_path), output_dir=run, progress=False)
     assert_stopped_by_full_disk(err, run, "step-0000002")
     assert [p.name for p in list_checkpoints(run)] == ["step-0000001"]
@@ -169,9 +169,9 @@ def test_a_full_disk_during_a_checkpoint_keeps_the_previous_one(tmp_path, monkey
 
 def test_a_full_disk_while_writing_final_leaves_no_final_and_a_resumable_run(tmp_path, monkeypatch):
     # final/ is linked from the last checkpoint; the folder's manifest is written either way.
-    fail_with_enospc_on(monkeypatch, rundir, "write_manifest", when=lambda tmp: tmp.name.startswith(".final-"))
+    fail_with_enospc_on(monkeypatch, atomic, "write_manifest", when=lambda tmp: tmp.name.startswith(".final-"))
     run = tmp_path / "run"
-    with pytest.raises(rundir.DiskFullError) as err:
+    with pytest.raises(atomic.DiskFullError) as err:
         train(config_for(tmp_path), output_dir=run, progress=False)
     assert_stopped_by_full_disk(err, run, "final")
     assert not (run / "final").exists()
@@ -191,13 +191,13 @@ def test_final_is_copied_where_the_file_system_refuses_hard_links(tmp_path, monk
     run = train(config_for(tmp_path, "train.epochs=1"), output_dir=tmp_path / "run", progress=False)
     final, last = run / "final" / "model.safetensors", checkpoint.list_checkpoints(run)[-1] / "model.safetensors"
     assert final.read_bytes() == last.read_bytes() and os.stat(final).st_ino != os.stat(last).st_ino
-    assert rundir.damage(run / "final") is None
+    assert atomic.damage(run / "final") is None
 
 
 def test_a_full_disk_while_writing_the_report_does_not_fail_the_run(tmp_path, monkeypatch, caplog):
     from qatune import report as report_module
 
-    fail_with_enospc_on(monkeypatch, report_module.rundir, "atomic_write_text", when=lambda p: p.name == "report.md")
+    fail_with_enospc_on(monkeypatch, report_module.atomic, "atomic_write_text", when=lambda p: p.name == "report.md")
     run = train(config_for(tmp_path, "train.epochs=1"), output_dir=tmp_path / "run", progress=False)
     assert json.loads((run / "run.json").read_text())["status"] == "complete"
     assert not (run / "report.md").exists() and (run / "final" / "model.safetensors").is_file()
@@ -226,7 +226,7 @@ def test_a_real_full_disk_on_a_small_tmpfs(tmp_path):
     subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(disk)], check=True)
     try:
         run = disk / "run"
-        with pytest.raises(rundir.DiskFullError) as err:
+        with pytest.raises(atomic.DiskFullError) as err:
             train(config_for(tmp_path), output_dir=run, progress=False)
         assert "no space left on the disk of" in str(err.value) and "MB free" in str(err.value)
         intact = list_checkpoints(run)
@@ -371,7 +371,7 @@ def test_ctrl_c_during_the_report_leaves_a_complete_run(tmp_path, monkeypatch):
         train(config_for(tmp_path, "train.epochs=1"), output_dir=run, progress=False)
     assert json.loads((run / "run.json").read_text())["status"] == "complete"
     assert (run / "final" / "model.safetensors").is_file()
-    assert rundir.damage(run / "final") is None
+    assert atomic.damage(run / "final") is None
 
 
 def test_a_lock_in_an_unwritable_place_is_one_line(tmp_path):

@@ -95,7 +95,7 @@ def test_updates_smaller_than_a_bf16_step_are_kept_by_the_masters():
 def test_bf16_training_on_cpu_saves_fp32_weights_and_final_links_the_last_checkpoint(tmp_path, caplog):
     from safetensors.torch import load_file
 
-    from qatune import rundir
+    from qatune import atomic, rundir
     from qatune.checkpoint import list_checkpoints
     from qatune.train import train
 
@@ -111,7 +111,7 @@ def test_bf16_training_on_cpu_saves_fp32_weights_and_final_links_the_last_checkp
     assert {t.dtype for t in load_file(final).values()} == {torch.float32}
     last = list_checkpoints(run)[-1]
     assert os.stat(final).st_ino == os.stat(last / "model.safetensors").st_ino     # written once
-    assert rundir.damage(run / rundir.FINAL) is None
+    assert atomic.damage(run / rundir.FINAL) is None
     assert not (run / rundir.FINAL / "optimizer.pt").exists()
 
 

@@ -217,7 +217,7 @@ def test_a_checkpoint_is_pruned_by_renaming_it_away_before_deleting_it(tmp_path,
     # A kill in the middle of deleting an old checkpoint must not leave a half-deleted step-N behind.
     import shutil
 
-    from qatune import rundir
+    from qatune import atomic
 
     run = tmp_path / "run"
     step = run / "checkpoints" / "step-0000003"
@@ -234,8 +234,8 @@ def test_a_checkpoint_is_pruned_by_renaming_it_away_before_deleting_it(tmp_path,
 
     monkeypatch.setattr(shutil, "rmtree", killed)
     with pytest.raises(KeyboardInterrupt):
-        rundir.remove_dir(step)
+        atomic.remove_dir(step)
     assert not step.exists() and list_checkpoints(run) == []
     monkeypatch.setattr(shutil, "rmtree", real_rmtree)
-    rundir.remove_stale_temporaries(run / "checkpoints")
+    atomic.remove_stale_temporaries(run / "checkpoints")
     assert list((run / "checkpoints").iterdir()) == []

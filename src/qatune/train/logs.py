@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from qatune import rundir
+from qatune import atomic, rundir
 
 
 class MetricsLog:
@@ -45,7 +45,7 @@ class MetricsLog:
             return
         lines = self.path.read_text(encoding="utf-8").splitlines()
         kept = [line for line in lines if json.loads(line).get("step", 0) <= step]
-        rundir.atomic_write_text(self.path, "".join(line + "\n" for line in kept))
+        atomic.atomic_write_text(self.path, "".join(line + "\n" for line in kept))
 
 
 @dataclass
