@@ -85,8 +85,9 @@ def main() -> int:
                     return 1
                 r = json.loads(line[len("RESULT "):])
                 runs["on" if keep else "off"].append(r)
-                print(f"round {round_ + 1} glibc keeps freed memory {'on ' if keep else 'off'}: {r['faults']:8.0f} page faults"
-                      f"/step  {r['system_ms']:5.1f} ms kernel CPU/step  {r['wall_ms']:6.1f} ms wall/step "
+                print(f"round {round_ + 1} glibc keeps freed memory {'on ' if keep else 'off'}: "
+                      f"{r['faults']:8.0f} page faults/step  {r['system_ms']:5.1f} ms kernel CPU/step  "
+                      f"{r['wall_ms']:6.1f} ms wall/step "
                       f"({r['steps']} steps)  peak RSS {r['peak_rss_mb']:.0f} MB", flush=True)
     means = {setting: {m: statistics.mean(r[m] for r in results) for m in METRICS} for setting, results in runs.items()}
     print()

@@ -74,8 +74,8 @@ def run_qatune(args, train_rows, eval_rows, workdir):
     metrics, _ = evaluate_records(prepared.model, prepared.tokenizer, prepared.info, eval_rows, config.generate, 64)
     tokens = sum(prepared.dataset.lengths) * args.epochs
     return {"em": metrics["exact_match"], "f1": metrics["f1"], "train_s": seconds, "features": features,
-            "examples_per_s": len(train_rows) * args.epochs / seconds, "features_per_s": features * args.epochs / seconds,
-            "computed_tokens": tokens}
+            "examples_per_s": len(train_rows) * args.epochs / seconds,
+            "features_per_s": features * args.epochs / seconds, "computed_tokens": tokens}
 
 
 def run_trainer(args, train_rows, eval_rows, workdir):

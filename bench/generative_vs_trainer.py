@@ -194,7 +194,7 @@ def main() -> int:
     parser.add_argument("--arm", choices=["qatune", "trainer"], help=argparse.SUPPRESS)
     parser.add_argument("--paths", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    args.bf16 = not args.fp32 and (torch.cuda.is_available() and torch.cuda.is_bf16_supported() or (
+    args.bf16 = not args.fp32 and ((torch.cuda.is_available() and torch.cuda.is_bf16_supported()) or (
         not torch.cuda.is_available() and native_bf16()))
 
     if args.arm:  # child process: run one arm, print its JSON
@@ -214,7 +214,8 @@ def main() -> int:
         print(f"W1: {args.rows} NQ-open rows, GPT-2 6x512x8 ({paths['params'] / 1e6:.1f}M parameters), vocab "
               f"{paths['vocab']}, batch {args.batch_size}, lr {args.lr}, 1 epoch, "
               f"{'bf16' if args.bf16 else 'fp32 (no native bf16 here)'}, {torch.get_num_threads()} threads", flush=True)
-        print(f"matmul peak: fp32 {peaks['fp32'] / 1e9:.1f} GFLOP/s, bf16 {peaks['bf16'] / 1e9:.1f} GFLOP/s", flush=True)
+        print(f"matmul peak: fp32 {peaks['fp32'] / 1e9:.1f} GFLOP/s, bf16 {peaks['bf16'] / 1e9:.1f} GFLOP/s",
+              flush=True)
         runs: dict[str, list[dict]] = {"qatune": [], "trainer": []}
         for round_ in range(args.rounds):
             for arm in ("qatune", "trainer"):
@@ -274,8 +275,8 @@ def main() -> int:
           f"{'bf16' if args.bf16 else 'fp32'} matmul peak; against the bf16 peak it would be "
           f"{100 * summary['qatune']['mfu_vs_bf16_peak']:.0f}% (bf16 {'native' if native_bf16() else 'emulated'} here)")
     if args.json:
-        args.json.write_text(json.dumps({"machine": cpu, "peaks": peaks, "runs": runs, "summary": summary, "ratio": ratio,
-                                         "args": {k: v for k, v in vars(args).items() if k != "paths"}},
+        args.json.write_text(json.dumps({"machine": cpu, "peaks": peaks, "runs": runs, "summary": summary,
+                                         "ratio": ratio, "args": {k: v for k, v in vars(args).items() if k != "paths"}},
                                         indent=2, default=str) + "\n")
     return 0
 

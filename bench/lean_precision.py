@@ -69,8 +69,8 @@ def main() -> int:
     for precision in ("fp32", "bf16"):
         ratio = summary[f"{precision} lean off"] / summary[f"{precision} lean on"]
         print(f"{precision}: lean path x{ratio:.2f} (loop time without it / with it, median of {args.rounds})")
-    OUT.write_text(json.dumps({"machine": machine, "rows": args.rows, "times": times,
-                               "median_seconds": summary, "measured": time.strftime("%Y-%m-%d %H:%M")}, indent=2) + "\n")
+    OUT.write_text(json.dumps({"machine": machine, "rows": args.rows, "times": times, "median_seconds": summary,
+                               "measured": time.strftime("%Y-%m-%d %H:%M")}, indent=2) + "\n")
     return 0
 
 

@@ -234,8 +234,10 @@ def main() -> int:
           f"errors): server RSS {memory['rss_mb_idle']} MB idle, {memory['rss_mb_first_sixth']} MB in the first "
           f"sixth, {memory['rss_mb_last_sixth']} MB in the last sixth, max {memory['rss_mb_max']} MB")
     info["load_average_at_end"] = os.getloadavg()
-    result = {"cpu": info, "libraries": libraries(), "model": "configs/tiny-gpt2.yaml" if args.run is None else str(args.run),
-              "seconds_per_measurement": args.duration, "server_threads": int(args.threads), "results": rows, f"speedup_at_{top}_clients": round(speedup, 2),
+    result = {"cpu": info, "libraries": libraries(),
+              "model": "configs/tiny-gpt2.yaml" if args.run is None else str(args.run),
+              "seconds_per_measurement": args.duration, "server_threads": int(args.threads), "results": rows,
+              f"speedup_at_{top}_clients": round(speedup, 2),
               "memory": memory, "python": platform.python_version(),
               "note": "one run on a 2-core machine shared with other engineers' jobs; client and server share the "
                       "cores; ratios between the arms are more reliable than absolute numbers"}

@@ -47,8 +47,9 @@ def arm(attention: str, model: str, data: str) -> dict:
     for window in batches[1:8]:
         train_step(loop, window)
         tokens += int(window[0]["attention_mask"].sum())
-    return {"attention": prepared.model.config._attn_implementation, "tokens_per_s": tokens / (time.perf_counter() - start),
-            "longest_row": max(prepared.dataset.lengths), "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+    return {"attention": prepared.model.config._attn_implementation,
+            "tokens_per_s": tokens / (time.perf_counter() - start), "longest_row": max(prepared.dataset.lengths),
+            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
 
 def main() -> int:
@@ -89,10 +90,10 @@ def main() -> int:
                     return 1
                 results[name][attention] = json.loads(line[len("RESULT "):])
                 r = results[name][attention]
-                print(f"{name:16} {r['attention']:6} {r['tokens_per_s']:6.1f} tokens/s  longest row {r['longest_row']}  "
-                      f"peak RSS {r['peak_rss_mb']:.0f} MB", flush=True)
-            print(f"{name:16} eager / sdpa: x{results[name]['eager']['tokens_per_s'] / results[name]['sdpa']['tokens_per_s']:.2f}",
-                  flush=True)
+                print(f"{name:16} {r['attention']:6} {r['tokens_per_s']:6.1f} tokens/s  "
+                      f"longest row {r['longest_row']}  peak RSS {r['peak_rss_mb']:.0f} MB", flush=True)
+            print(f"{name:16} eager / sdpa: "
+                  f"x{results[name]['eager']['tokens_per_s'] / results[name]['sdpa']['tokens_per_s']:.2f}", flush=True)
     OUT.write_text(json.dumps({"machine": info, "results": results, "measured": time.strftime("%Y-%m-%d %H:%M")},
                               indent=2) + "\n")
     print(f"wrote {OUT}")

@@ -176,7 +176,8 @@ def main() -> int:
     faq_answer = answer_one(faq_run, unseen_faq["question"])
     result["unseen"] = [
         {"model": "smollm2-qa", **UNSEEN_QA, "answer": qa_answer},
-        {"model": "smollm2-faq", "question": unseen_faq["question"], "gold": unseen_faq["answer"], "answer": faq_answer},
+        {"model": "smollm2-faq", "question": unseen_faq["question"], "gold": unseen_faq["answer"],
+         "answer": faq_answer},
     ]
     print(f"unseen (smollm2-qa): {UNSEEN_QA['question']!r} -> {qa_answer!r}")
     print(f"unseen (smollm2-faq): {unseen_faq['question']!r} -> {faq_answer!r} (gold {unseen_faq['answer']!r})")

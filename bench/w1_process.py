@@ -67,7 +67,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         data = write_nq_rows(SHARED, args.rows, Path(tmp) / "nq.csv")
         config = Path(tmp) / "w1.yaml"
-        config.write_text(W1_CONFIG.format(seed=42, data=data, precision="fp32" if args.fp32 else "auto"), encoding="utf-8")
+        config.write_text(W1_CONFIG.format(seed=42, data=data, precision="fp32" if args.fp32 else "auto"),
+                          encoding="utf-8")
         commands = {
             "qatune": [sys.executable, "-m", "qatune", "train", "--config", str(config), "--output-dir",
                        str(Path(tmp) / "qatune-run"), "--overwrite", "--quiet"],
@@ -79,8 +80,8 @@ def main() -> int:
             for arm in order:
                 result = timed(commands[arm])
                 runs[arm].append(result)
-                print(f"round {round_ + 1} {arm:8} {result['seconds']:6.1f} s  peak RSS {result['peak_rss_mb']:6.0f} MB",
-                      flush=True)
+                print(f"round {round_ + 1} {arm:8} {result['seconds']:6.1f} s  "
+                      f"peak RSS {result['peak_rss_mb']:6.0f} MB", flush=True)
             print(f"round {round_ + 1} Trainer / qatune wall time: "
                   f"x{runs['trainer'][-1]['seconds'] / runs['qatune'][-1]['seconds']:.2f}", flush=True)
         status = json.loads((Path(tmp) / "qatune-run" / "run.json").read_text())

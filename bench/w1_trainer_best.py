@@ -66,7 +66,8 @@ def main(data: str, output: str, seed: int, fp32: bool = False) -> None:
         output_dir=output, per_device_train_batch_size=16, learning_rate=5e-4, num_train_epochs=1, weight_decay=0.0,
         warmup_steps=0, lr_scheduler_type="constant", max_grad_norm=1.0, seed=seed, report_to=[],
         save_strategy="no", logging_steps=10, disable_tqdm=True, dataloader_num_workers=0,
-        train_sampling_strategy="group_by_length", bf16=native_bf16() and not fp32, use_cpu=not torch.cuda.is_available())
+        train_sampling_strategy="group_by_length", bf16=native_bf16() and not fp32,
+        use_cpu=not torch.cuda.is_available())
     collator = DataCollatorForSeq2Seq(tokenizer, padding=True, label_pad_token_id=-100, return_tensors="pt")
     trainer = Trainer(model=model, args=args, train_dataset=features, data_collator=collator,
                       processing_class=tokenizer)

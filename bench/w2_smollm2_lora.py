@@ -15,8 +15,9 @@ faster with this much memory). The figure is the loop's tokens/s (non-padding to
 the epoch over the training time, set-up excluded in both arms), the final training loss each arm logs (mean
 over its last logged window: each arm shuffles its own way, so those windows hold different rows), the
 trained model's loss over all its training rows afterwards (mean cross-entropy per answer token, the same
-code for both arms, each on the sequences it trained on: the like-for-like loss), and MFU against the measured bf16 peak (6 x trainable-path parameters is not
-used: LoRA's backward still runs through the frozen base, so MFU counts 6 x all parameters).
+code for both arms, each on the sequences it trained on: the like-for-like loss), and MFU against the
+measured bf16 peak (6 x trainable-path parameters is not used: LoRA's backward still runs through the
+frozen base, so MFU counts 6 x all parameters).
 
     python bench/w2_smollm2_lora.py                  # 2 rounds of 500 rows: ~35 minutes on 2 cores, bf16
     python bench/w2_smollm2_lora.py --rows 200 --rounds 3

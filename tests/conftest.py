@@ -51,7 +51,7 @@ class CharTokenizer:
             return {"input_ids": [self(t, add_special_tokens)["input_ids"] for t in text]}
         ids = [ord(c) for c in text]
         if add_special_tokens and self.bos:
-            ids = [1] + ids
+            ids = [1, *ids]
         return {"input_ids": ids}
 
     def decode(self, ids, skip_special_tokens=False):

@@ -57,7 +57,7 @@ class QatuneGroup(click.Group):
             ctx.exit(0)
         except (click.ClickException, click.exceptions.Exit, click.exceptions.Abort):
             raise
-        except Exception as exc:  # noqa: BLE001 - a bug in qatune: say so, and keep the traceback behind -v
+        except Exception as exc:  # a bug in qatune: say so, and keep the traceback behind -v
             if ctx.meta.get("qatune.verbose"):
                 traceback.print_exc()
                 ctx.exit(2)
@@ -208,7 +208,8 @@ def generate(run_dir: str, question: str | None, context: str | None, context_fi
         click.echo(str(path))
         return
     if question is None or not question.strip():
-        raise QatuneError("the question is empty; pass a question in quotes, e.g. qatune generate RUN \"Who wrote it?\"")
+        raise QatuneError("the question is empty; pass a question in quotes, e.g. "
+                          "qatune generate RUN \"Who wrote it?\"")
     values = {}
     for item in fields:
         name, sep, value = item.partition("=")

@@ -120,7 +120,7 @@ class DataConfig(Section):
             return value
         if isinstance(value, bool) or not isinstance(value, int | float | str):
             # ValueError, not TypeError: pydantic turns only ValueError/AssertionError into a ValidationError
-            raise ValueError(f"must be 'auto' or a whole number of tokens (got {value!r})")  # noqa: TRY004
+            raise ValueError(f"must be 'auto' or a whole number of tokens (got {value!r})")
         try:
             number = int(value) if float(value) == int(float(value)) else None
         except (TypeError, ValueError):
@@ -321,7 +321,8 @@ def _read_yaml(path: Path) -> dict[str, Any]:
         raise ConfigError(f"config file {path} is empty; start from one of the files in configs/")
     if not isinstance(raw, dict):
         kind = type(raw).__name__
-        raise ConfigError(f"config file {path} holds a YAML {kind}, not a mapping of keys (task:, model:, data:, train: ...)")
+        raise ConfigError(f"config file {path} holds a YAML {kind}, not a mapping of keys "
+                          "(task:, model:, data:, train: ...)")
     return raw
 
 
@@ -387,7 +388,8 @@ def _cross_checks(config: Config) -> list[str]:
     problems = []
     model, data = config.model, config.data
     if model.name_or_path is None and model.scratch is None:
-        problems.append("model: set model.name_or_path (a hub id or local folder) or model.scratch (a small random model)")
+        problems.append("model: set model.name_or_path (a hub id or local folder) "
+                        "or model.scratch (a small random model)")
     if model.name_or_path is not None and model.scratch is not None:
         problems.append("model: set only one of model.name_or_path and model.scratch (set the other to null)")
     if model.scratch is not None and model.scratch.n_embd % model.scratch.n_head:

@@ -136,7 +136,7 @@ def matches_model(model: nn.Module, head: nn.Module) -> bool:
                               prefix)
                     return False
         return True
-    except Exception as exc:  # noqa: BLE001 - any deviation from the expected structure: use the model's own forward
+    except Exception as exc:  # any deviation from the expected structure: use the model's own forward
         log.debug("GPT-2 lean path: not used (%s: %s)", type(exc).__name__, exc)
         return False
     finally:

@@ -298,7 +298,8 @@ def train_scratch_tokenizer(task: str, texts: list[str], vocab_size: int, archit
     tok.train_from_iterator(texts, trainer)
     cls_id, sep_id = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
     tok.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", cls_id), ("[SEP]", sep_id)]
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", cls_id), ("[SEP]", sep_id)]
     )
     return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", sep_token="[SEP]", pad_token="[PAD]",
                                    cls_token="[CLS]", mask_token="[MASK]",
@@ -356,7 +357,8 @@ def attention_for_training(model: Any, precision: str, device_type: str, longest
     EAGER_ATTENTION_MAX_TOKENS tokens. Returns the implementation chosen, or None when nothing changed."""
     config = getattr(model, "config", None)
     if (device_type != "cpu" or precision != "bf16" or longest > EAGER_ATTENTION_MAX_TOKENS
-            or getattr(config, "_attn_implementation", None) != "sdpa" or not hasattr(model, "set_attn_implementation")):
+            or getattr(config, "_attn_implementation", None) != "sdpa"
+            or not hasattr(model, "set_attn_implementation")):
         return None
     try:
         model.set_attn_implementation("eager")

@@ -260,7 +260,7 @@ def _check_selective_head(model: nn.Module) -> bool:
         log.debug("LM head on supervised positions only: not used, lm_head(backbone(x)) differs from the "
                   "logits of %s", type(model).__name__)
         return False
-    except Exception as exc:  # noqa: BLE001 - any architecture not fitting the pattern falls back to full logits
+    except Exception as exc:  # any architecture not fitting the pattern falls back to full logits
         log.debug("LM head on supervised positions only: not used for %s (%s: %s)", type(model).__name__,
                   type(exc).__name__, exc)
         return False

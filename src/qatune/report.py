@@ -29,7 +29,7 @@ def write_report(run_dir: str | Path) -> Path:
     text += [(f"- status: **{status.get('status', 'unknown')}**, task: {status.get('task', '?')}, "
               f"qatune {status.get('qatune_version', '?')}"),
              f"- started {status.get('started', '?')}, finished {status.get('finished', '-')}", ""]
-    text += ["## Data", ""] + _data_section(status.get("data", {}), status.get("max_length")) + [""]
+    text += ["## Data", "", *_data_section(status.get("data", {}), status.get("max_length")), ""]
     result = status.get("result", {})
     text += ["## Training", ""]
     if train:

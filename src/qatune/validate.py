@@ -50,7 +50,8 @@ def raise_for_errors(findings: Iterable[Finding]) -> None:
     if len(errors) == 1:
         raise DataError(errors[0].message)
     if errors:
-        raise DataError(f"{len(errors)} problems in the training batches:\n" + "\n".join(f"  - {f.message}" for f in errors))
+        raise DataError(f"{len(errors)} problems in the training batches:\n"
+                        + "\n".join(f"  - {f.message}" for f in errors))
 
 
 def validate_dataset(dataset: Any) -> list[Finding]:
@@ -138,7 +139,8 @@ def validate_settings(*, learning_rate: float, max_grad_norm: float | None, warm
     if learning_rate >= 1e-2 and max_grad_norm is None:
         findings.append(warning("lr-high-no-clipping",
                                 f"learning rate {learning_rate:g} is far too high without gradient clipping: the loss "
-                                "will diverge to NaN; lower it (5e-5 for fine-tuning) and set train.max_grad_norm: 1.0"))
+                                "will diverge to NaN; lower it (5e-5 for fine-tuning) "
+                                "and set train.max_grad_norm: 1.0"))
     elif pretrained and learning_rate > 5e-4:
         findings.append(warning("lr-high",
                                 f"learning rate {learning_rate:g} is high for fine-tuning a pretrained model "
@@ -182,7 +184,8 @@ def _check_length(input_ids: torch.Tensor, mask: torch.Tensor | None) -> list[Fi
 
 def _check_mask(input_ids: torch.Tensor, mask: torch.Tensor, pad_token_id: int | None) -> list[Finding]:
     if mask.shape != input_ids.shape:
-        return [error("mask-shape", f"attention_mask has shape {tuple(mask.shape)} but input_ids {tuple(input_ids.shape)}")]
+        return [error("mask-shape",
+                      f"attention_mask has shape {tuple(mask.shape)} but input_ids {tuple(input_ids.shape)}")]
     if pad_token_id is None or input_ids.shape[0] < 2:
         return []
     lengths = mask.sum(-1)
@@ -224,7 +227,8 @@ def _check_labels(batch: Mapping, input_ids: torch.Tensor, mask: torch.Tensor | 
             return [error("all-labels-ignored", "every decoder label in the batch is -100: nothing to learn")]
         return []
     if labels.shape != input_ids.shape:
-        return [error("labels-shape", f"labels have shape {tuple(labels.shape)} but input_ids {tuple(input_ids.shape)}")]
+        return [error("labels-shape",
+                      f"labels have shape {tuple(labels.shape)} but input_ids {tuple(input_ids.shape)}")]
     supervised = labels[:, 1:] != IGNORE_INDEX
     if not bool(supervised.any()):
         return [error("all-labels-ignored",

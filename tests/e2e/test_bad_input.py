@@ -177,9 +177,10 @@ def test_tokenizer_without_a_fast_version_for_extractive(tmp_path):
 def test_output_dir_is_a_file(tmp_path):
     (tmp_path / "run").write_text("not a folder")
     data = csv_file(tmp_path, "question,answer\n" + GOOD_ROWS)
-    result = run_case(tmp_path, ["train", "--config", str(config(tmp_path, data)), "--output-dir", str(tmp_path / "run")])
+    result = run_case(tmp_path, ["train", "--config", str(config(tmp_path, data)),
+                                 "--output-dir", str(tmp_path / "run")])
     assert result.exit_code == 1
-    assert "output_dir {}/run is a file".format(tmp_path) in result.stderr.strip().splitlines()[-1]
+    assert f"output_dir {tmp_path}/run is a file" in result.stderr.strip().splitlines()[-1]
     assert (tmp_path / "run").read_text() == "not a folder"
 
 
@@ -230,5 +231,6 @@ def test_verbose_shows_the_traceback(tmp_path):
 
 def test_the_matrix_has_at_least_30_cases():
     standalone = [name for name in globals() if name.startswith("test_") and name not in
-                  ("test_train_refuses_bad_input", "test_the_matrix_has_at_least_30_cases", "test_verbose_shows_the_traceback")]
+                  ("test_train_refuses_bad_input", "test_the_matrix_has_at_least_30_cases",
+                   "test_verbose_shows_the_traceback")]
     assert len(CASES) + len(CONFIG_CASES) + len(standalone) >= 30

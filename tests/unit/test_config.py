@@ -65,7 +65,8 @@ def test_all_problems_are_reported_at_once(tmp_path):
 
 
 @pytest.mark.parametrize("text, message", [
-    ("data:\n  train_file: x\n  max_length: 4\n" + "model: {name_or_path: gpt2}\n", "data.max_length: must be at least 8"),
+    ("data:\n  train_file: x\n  max_length: 4\n" + "model: {name_or_path: gpt2}\n",
+     "data.max_length: must be at least 8"),
     ("model: {scratch: {n_embd: 100, n_head: 3}}\ndata: {train_file: x}\n", "not divisible by n_head=3"),
     ("task: extractive\nmodel: {name_or_path: bert}\ndata: {train_file: x}\n", "data.context_column: required"),
     ("model: {name_or_path: g}\ndata: {train_file: x, prompt_template: 'Q: no column'}\n", "names no column"),
@@ -90,9 +91,9 @@ def test_set_overrides_with_type_checking(tmp_path):
                                 "model.trust_remote_code=true"])
     assert (config.train.learning_rate, config.train.epochs, config.data.sheet) == (1e-5, 2, "Marks")
     assert config.model.trust_remote_code is True
-    with pytest.raises(ConfigError, match="train.epochs: must be a valid integer"):
+    with pytest.raises(ConfigError, match=r"train\.epochs: must be a valid integer"):
         load_config(path, ["train.epochs=lots"])
-    with pytest.raises(ConfigError, match="did you mean 'train.batch_size'"):
+    with pytest.raises(ConfigError, match=r"did you mean 'train\.batch_size'"):
         load_config(path, ["train.bach_size=4"])
     with pytest.raises(ConfigError, match="expected KEY=VALUE"):
         load_config(path, ["train.epochs"])

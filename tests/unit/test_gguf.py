@@ -27,7 +27,7 @@ def test_model_sources(tmp_path):
     hub = model_source(ModelConfig(name_or_path="org/repo", gguf_file="model.Q8_0.gguf"))
     assert (hub.path, hub.gguf_file, hub.is_gguf) == ("org/repo", "model.Q8_0.gguf", True)
     assert not model_source(ModelConfig(name_or_path="gpt2")).is_gguf
-    with pytest.raises(ModelError, match="model file .*missing.gguf not found; check model.name_or_path"):
+    with pytest.raises(ModelError, match=r"model file .*missing\.gguf not found; check model\.name_or_path"):
         model_source(ModelConfig(name_or_path=str(tmp_path / "missing.gguf")))
 
 

@@ -100,7 +100,7 @@ def test_extractive_lora_keeps_the_new_qa_head_trainable(tmp_path):
 
 
 def test_unknown_target_modules_name_the_real_ones(tmp_path):
-    with pytest.raises(ModelError, match="set model.lora.target_modules to some of"):
+    with pytest.raises(ModelError, match=r"set model\.lora\.target_modules to some of"):
         prepare(config_for(tmp_path, "model.lora.target_modules=[q_proj]"))
 
 

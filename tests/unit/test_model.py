@@ -77,12 +77,12 @@ def test_folder_without_weights_is_refused(gpt2_folder, tmp_path):
         (empty / name).write_bytes((gpt2_folder / name).read_bytes())
     config = ModelConfig(name_or_path=str(empty))
     tokenizer = load_tokenizer(config, "generative")
-    with pytest.raises(ModelError, match="has no model.safetensors"):
+    with pytest.raises(ModelError, match=r"has no model\.safetensors"):
         load_pretrained(config, "generative", tokenizer)
 
 
 def test_missing_model_path_is_a_clear_error(tmp_path):
-    with pytest.raises(ModelError, match="not found; check model.name_or_path"):
+    with pytest.raises(ModelError, match=r"not found; check model\.name_or_path"):
         load_tokenizer(ModelConfig(name_or_path=str(tmp_path / "nowhere" / "model")), "generative")
 
 

@@ -81,5 +81,5 @@ def test_lora_adapters_are_loaded_from_safetensors_only(tmp_path):
 
     (tmp_path / "adapter_config.json").write_text("{}")
     (tmp_path / "adapter_model.bin").write_bytes(b"pickle")
-    with pytest.raises(RunDirError, match="no adapter_model.safetensors"):
+    with pytest.raises(RunDirError, match=r"no adapter_model\.safetensors"):
         _load_lora(tmp_path, ModelInfo(task="generative", max_length=8, lora_base="base"), None, False)

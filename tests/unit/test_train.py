@@ -63,7 +63,8 @@ def test_first_optimizer_step_after_exactly_n_micro_batches(tmp_path, monkeypatc
 
 def test_accumulation_gives_the_same_update_as_one_large_batch(tmp_path, monkeypatch):
     # Plain SGD: the update is the gradient itself (Adam's first step would hide its scale).
-    monkeypatch.setattr("qatune.train.loop.build_optimizer", lambda model, lr, wd: torch.optim.SGD(model.parameters(), lr=1.0))
+    monkeypatch.setattr("qatune.train.loop.build_optimizer",
+                        lambda model, lr, wd: torch.optim.SGD(model.parameters(), lr=1.0))
     rows = [("q1", "yes"), ("q2", "no"), ("q3", "ok"), ("q4", "a much longer answer with many more words")]
     big = prepare(tiny_config(tmp_path, rows, "train.batch_size=4", "train.group_by_length=false"))
     small = prepare(tiny_config(tmp_path, rows, "train.batch_size=2", "train.gradient_accumulation_steps=2",

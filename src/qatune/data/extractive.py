@@ -195,7 +195,8 @@ def prepare_features(
         features.append(feature)
     stats.windows = len(features)
     _check_coverage(tokenizer, features, kept)
-    stats.unreachable_rows = [kept[i].row for i, span in enumerate(spans) if span is not None and i not in labelled_rows]
+    stats.unreachable_rows = [kept[i].row for i, span in enumerate(spans)
+                              if span is not None and i not in labelled_rows]
     return features, stats, kept
 
 

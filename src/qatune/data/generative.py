@@ -117,7 +117,7 @@ def chat_template(tokenizer: Any, user_template: str, system_prompt: str | None 
         prompt = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         full = tokenizer.apply_chat_template([*messages, {"role": "assistant", "content": _ANSWER_MARK}],
                                              tokenize=False)
-    except Exception as exc:  # noqa: BLE001 - jinja raises its own kinds (a template refusing a system message, ...)
+    except Exception as exc:  # jinja raises its own kinds (a template refusing a system message, ...)
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         hint = "; leave data.system_prompt unset" if system_prompt is not None else ""
         raise ConfigError(f"the chat template of {model_name} cannot render a prompt ({reason}){hint}; or set "
@@ -137,7 +137,7 @@ def end_of_turn_id(tokenizer: Any) -> int | None:
     messages = [{"role": "user", "content": "x"}, {"role": "assistant", "content": _ANSWER_MARK}]
     try:
         text = tokenizer.apply_chat_template(messages, tokenize=False)
-    except Exception:  # noqa: BLE001 - a template that cannot render this: answers end with the EOS
+    except Exception:  # a template that cannot render this: answers end with the EOS
         return None
     if _ANSWER_MARK not in text:
         return None
@@ -385,7 +385,8 @@ def choose_max_length(lengths: list[int], setting: int | str, model_limit: int |
     return int(setting)
 
 
-def encode_examples(encoder: PromptEncoder, records: list[QARecord], max_length: int) -> tuple[list[Example], EncodeStats]:
+def encode_examples(encoder: PromptEncoder, records: list[QARecord],
+                    max_length: int) -> tuple[list[Example], EncodeStats]:
     stats = EncodeStats()
     examples = []
     for record in records:

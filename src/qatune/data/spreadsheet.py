@@ -237,10 +237,10 @@ def read_table(path: Path, *, sheet: str | int | None = None, encoding: str | No
         raise DataError(f"data file {path} is empty; it needs a header row and at least one data row")
     if suffix in TEXT_SUFFIXES:
         frame = _read_text_table(path, encoding, delimiter or TEXT_SUFFIXES[suffix])
-        return _header_and_rows(frame, path) + (2,)
+        return (*_header_and_rows(frame, path), 2)
     if suffix in EXCEL_SUFFIXES:
         frame = _read_excel(path, sheet)
-        return _header_and_rows(frame, path) + (2,)
+        return (*_header_and_rows(frame, path), 2)
     if suffix in JSON_SUFFIXES:
         header, rows = _read_json(path, encoding, lines=suffix != ".json")
         return header, rows, 1
@@ -302,8 +302,8 @@ def _read_text_table(path: Path, encoding: str | None, delimiter: str) -> pd.Dat
         )
     except UnicodeDecodeError as exc:
         raise DataError(
-            f"{path} is not valid {encoding or 'UTF-8'} text (byte {exc.object[exc.start]:#04x} at offset {exc.start}); "
-            "set data.encoding to the file's encoding, e.g. cp1252 or latin-1, or re-save it as UTF-8"
+            f"{path} is not valid {encoding or 'UTF-8'} text (byte {exc.object[exc.start]:#04x} at offset "
+            f"{exc.start}); set data.encoding to the file's encoding, e.g. cp1252 or latin-1, or re-save it as UTF-8"
         ) from None
     except LookupError:
         raise DataError(f"data.encoding '{encoding}' is not a known encoding; try utf-8, cp1252 or latin-1") from None
@@ -339,7 +339,7 @@ def _read_excel(path: Path, sheet: str | int | None) -> pd.DataFrame:
         raise DataError(f"{path} is not an Excel workbook (it looks like plain text); rename it to .csv")
     try:
         book = pd.ExcelFile(path, engine="openpyxl")
-    except Exception as exc:  # noqa: BLE001 - openpyxl raises many kinds on a corrupt workbook
+    except Exception as exc:  # openpyxl raises many kinds on a corrupt workbook
         raise DataError(f"{path} cannot be opened as an Excel workbook: {exc}") from None
     with book:
         names = book.sheet_names
@@ -366,7 +366,8 @@ def _read_json(path: Path, encoding: str | None, lines: bool) -> tuple[list[str]
         text = path.read_text(encoding=encoding or "utf-8-sig")
     except UnicodeDecodeError as exc:
         raise DataError(
-            f"{path} is not valid {encoding or 'UTF-8'} text (offset {exc.start}); set data.encoding or re-save as UTF-8"
+            f"{path} is not valid {encoding or 'UTF-8'} text (offset {exc.start}); "
+            "set data.encoding or re-save as UTF-8"
         ) from None
     if lines:
         records = []
@@ -376,7 +377,8 @@ def _read_json(path: Path, encoding: str | None, lines: bool) -> tuple[list[str]
             try:
                 records.append(json.loads(line))
             except json.JSONDecodeError as exc:
-                raise DataError(f"{path} line {number} is not valid JSON: {exc.msg}; each line must be one JSON object") from None
+                raise DataError(f"{path} line {number} is not valid JSON: {exc.msg}; "
+                                "each line must be one JSON object") from None
     else:
         try:
             data = json.loads(text)
@@ -384,7 +386,8 @@ def _read_json(path: Path, encoding: str | None, lines: bool) -> tuple[list[str]
             raise DataError(f"{path} is not valid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}") from None
         records = _json_records(data, path)
     if not records:
-        raise DataError(f"{path} holds no records; it needs a list of objects like {{\"question\": ..., \"answer\": ...}}")
+        raise DataError(f"{path} holds no records; "
+                        "it needs a list of objects like {\"question\": ..., \"answer\": ...}")
     bad = next((i for i, record in enumerate(records) if not isinstance(record, dict)), None)
     if bad is not None:
         raise DataError(f"{path} record {bad + 1} is a {type(records[bad]).__name__}, not an object with named fields")
@@ -413,7 +416,7 @@ def _read_parquet(path: Path) -> pd.DataFrame:
         return pd.read_parquet(path)
     except ImportError:
         raise DataError("reading .parquet needs pyarrow: pip install 'qatune[parquet]'") from None
-    except Exception as exc:  # noqa: BLE001 - pyarrow raises its own error kinds on a corrupt file
+    except Exception as exc:  # pyarrow raises its own error kinds on a corrupt file
         raise DataError(f"{path} cannot be read as parquet: {exc}") from None
 
 

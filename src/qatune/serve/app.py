@@ -183,7 +183,8 @@ class Service:
             prompt = self.encoder.prompt_ids(question, context, self.info.max_length) or prompt
             room = self.limits.max_tokens
         else:
-            room = min(self.limits.max_tokens, self.positions - len(prompt) if self.positions else self.limits.max_tokens)
+            room = min(self.limits.max_tokens,
+                       self.positions - len(prompt) if self.positions else self.limits.max_tokens)
             if room < 1 or (requested is not None and requested > room):
                 raise ApiError(400, f"the prompt has {len(prompt)} tokens and max_tokens={requested or 1} more do "
                                f"not fit the model's {self.positions} positions; shorten the question or lower "
@@ -308,7 +309,8 @@ class Service:
             "prompt_template": self.info.prompt_template, "uses_context": self.uses_context,
             "status": status.get("status"), "best_eval": result.get("best_eval"),
             "final_train_loss": result.get("final_train_loss"), "steps": result.get("steps"),
-            "evaluations": evaluations, "loss_curve": "/run/loss.png" if (self.run_dir / "loss.png").is_file() else None,
+            "evaluations": evaluations,
+            "loss_curve": "/run/loss.png" if (self.run_dir / "loss.png").is_file() else None,
             "limits": asdict(self.limits), "max_batch_size": self.settings.max_batch_size,
             "max_tokens_default": self.loaded.config.generate.max_new_tokens,
         }

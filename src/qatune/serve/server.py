@@ -29,7 +29,8 @@ log = logging.getLogger("qatune")
 DRAIN_SECONDS = 30
 
 
-def serve(run_dir: str | Path, which: str, host: str, port: int, settings: Settings, threads: int | None = None) -> None:
+def serve(run_dir: str | Path, which: str, host: str, port: int, settings: Settings,
+          threads: int | None = None) -> None:
     """Serve a run until interrupted."""
     find_model_folder(run_dir, which)  # a wrong RUN fails before anything else
     sock = bind(host, port)

@@ -66,7 +66,8 @@ def fit(prepared: Prepared, run_dir: Path | None, progress: bool = True,
                     bar.close()
                     raise TrainingInterrupted(stop.requested, state, loop.checkpoint())
             loop.end_epoch()
-            if stop.requested and state.epoch < train_cfg.epochs:  # it came during validation: the checkpoint is written
+            # a stop that came during validation: the checkpoint is written
+            if stop.requested and state.epoch < train_cfg.epochs:
                 bar.close()
                 raise TrainingInterrupted(stop.requested, state, loop.last_checkpoint)
             if loop.patience_ran_out():
@@ -77,7 +78,8 @@ def fit(prepared: Prepared, run_dir: Path | None, progress: bool = True,
 
 def train_step(loop: Loop, window: list[dict[str, torch.Tensor]]) -> dict[str, Any] | None:
     """Forward/backward over one accumulation window, clip, check, step. None when no update was applied."""
-    accelerator, objective, optimizer, state, guard = loop.accelerator, loop.objective, loop.optimizer, loop.state, loop.guard
+    accelerator, objective, optimizer = loop.accelerator, loop.objective, loop.optimizer
+    state, guard = loop.state, loop.guard
     items = _global_count(accelerator, sum(count_items(b, loop.task) for b in window))
     if items == 0:
         log.warning("step %d: a batch with no supervised tokens (rows %s); skipped", state.step + 1,

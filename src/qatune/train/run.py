@@ -132,5 +132,5 @@ def _report(run_dir: Path, main: bool) -> None:
         return
     try:
         write_report(run_dir)
-    except Exception as exc:  # noqa: BLE001 - the report is a convenience: say so and move on
+    except Exception as exc:  # the report is a convenience: say so and move on
         log.warning("could not write report.md: %s", exc)

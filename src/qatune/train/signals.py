@@ -51,5 +51,7 @@ class TrainingInterrupted(TrainingError):
     def __init__(self, signal_name: str, state: TrainState, checkpoint: Path | None):
         self.checkpoint = checkpoint
         where = f"; checkpoint saved in {checkpoint}" if checkpoint else ""
-        how = f"; resume with: qatune train --config <your config> --resume {checkpoint.parent.parent}" if checkpoint else ""
-        super().__init__(f"training stopped by {signal_name} at step {state.step} (epoch {state.epoch + 1}){where}{how}")
+        how = (f"; resume with: qatune train --config <your config> --resume {checkpoint.parent.parent}"
+               if checkpoint else "")
+        super().__init__(f"training stopped by {signal_name} at step {state.step} (epoch {state.epoch + 1})"
+                         f"{where}{how}")

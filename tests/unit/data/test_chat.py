@@ -41,7 +41,7 @@ def test_auto_without_a_chat_template_is_the_plain_template():
     assert resolve_template(data(), plain) == PromptTemplate("Question: {question}\nAnswer:", " ")
     assert resolve_template(data(context_column="c"), None).template == (
         "Context: {context}\nQuestion: {question}\nAnswer:")
-    with pytest.raises(ConfigError, match="data.prompt_template: chat, but the tokenizer of m has no chat template"):
+    with pytest.raises(ConfigError, match=r"data\.prompt_template: chat, but the tokenizer of m has no chat template"):
         resolve_template(data(prompt_template="chat"), plain, "m")
 
 

@@ -109,7 +109,7 @@ def test_given_answer_start_chooses_the_labelled_occurrence():
 
 
 def test_stride_too_large_is_refused():
-    with pytest.raises(DataError, match="data.doc_stride=8 is too large for data.max_length=12"):
+    with pytest.raises(DataError, match=r"data\.doc_stride=8 is too large for data\.max_length=12"):
         check_window(12, 8)
 
 
@@ -142,7 +142,7 @@ def test_best_span_takes_the_best_valid_span_across_windows():
 
 def test_windows_cover_every_context_to_its_end():
     for answer in ("w19", "w0"):
-        features, _, kept = features_for(LONG, answer, max_length=12, stride=3)
+        features, _, _kept = features_for(LONG, answer, max_length=12, stride=3)
         last = max(o[1] for f in features for o in f.offsets if o is not None)
         assert last == len(LONG)
 

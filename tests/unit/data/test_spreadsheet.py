@@ -76,7 +76,8 @@ def test_xlsx_sheet_by_name_and_index_with_numbers_and_formulas(tmp_path):
 
 def test_xlsx_wrong_sheet_names_the_sheets(tmp_path):
     path = write_xlsx(tmp_path / "s.xlsx", [["question", "answer"], ["q", "a"]], sheet="Data", extra_sheets=["Notes"])
-    with pytest.raises(DataError, match=r"no sheet named 'Answers'; its sheets are \['Data', 'Notes'\]; set data.sheet"):
+    with pytest.raises(DataError,
+                       match=r"no sheet named 'Answers'; its sheets are \['Data', 'Notes'\]; set data.sheet"):
         load_records(path, sheet="Answers")
     with pytest.raises(DataError, match=r"no sheet 5"):
         load_records(path, sheet=5)
@@ -115,7 +116,8 @@ def test_missing_column_names_the_available_ones(tmp_path):
     path.write_text("Question,Reply\nq,a\n", encoding="utf-8")
     with pytest.raises(DataError) as err:
         load_records(path)
-    assert str(err.value) == "column 'answer' not found in faq.csv; columns are ['Question', 'Reply']; set data.answer_column"
+    assert str(err.value) == ("column 'answer' not found in faq.csv; columns are ['Question', 'Reply']; "
+                              "set data.answer_column")
 
 
 def test_ambiguous_columns_are_refused(tmp_path):
@@ -128,7 +130,7 @@ def test_ambiguous_columns_are_refused(tmp_path):
 def test_wrong_delimiter_gets_a_hint(tmp_path):
     path = tmp_path / "semi.csv"
     path.write_text("question;answer\nq;a\n", encoding="utf-8")
-    with pytest.raises(DataError, match="';'-separated, set data.delimiter"):
+    with pytest.raises(DataError, match=r"';'-separated, set data\.delimiter"):
         load_records(path)
     assert load_records(path, delimiter=";")[0][0].answer == "a"
 
@@ -136,7 +138,7 @@ def test_wrong_delimiter_gets_a_hint(tmp_path):
 def test_non_utf8_names_the_encoding_option(tmp_path):
     path = tmp_path / "latin.csv"
     path.write_bytes("question,answer\ncafé?,crème\n".encode("cp1252"))
-    with pytest.raises(DataError, match="set data.encoding"):
+    with pytest.raises(DataError, match=r"set data\.encoding"):
         load_records(path)
     assert load_records(path, encoding="cp1252")[0][0].answer == "crème"
 
@@ -144,7 +146,7 @@ def test_non_utf8_names_the_encoding_option(tmp_path):
 def test_utf16_is_recognised(tmp_path):
     path = tmp_path / "u16.csv"
     path.write_text("question,answer\nq,a\n", encoding="utf-16")
-    with pytest.raises(DataError, match="UTF-16 text; set data.encoding: utf-16"):
+    with pytest.raises(DataError, match=r"UTF-16 text; set data\.encoding: utf-16"):
         load_records(path)
     assert load_records(path, encoding="utf-16")[0][0].answer == "a"
 
@@ -172,7 +174,7 @@ def test_missing_file_and_directory(tmp_path):
 def test_csv_renamed_to_xlsx(tmp_path):
     path = tmp_path / "fake.xlsx"
     path.write_text("question,answer\nq,a\n")
-    with pytest.raises(DataError, match="not an Excel workbook .* rename it to .csv"):
+    with pytest.raises(DataError, match=r"not an Excel workbook .* rename it to \.csv"):
         load_records(path)
 
 
