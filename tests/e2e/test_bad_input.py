@@ -4,6 +4,7 @@ run directory that looks complete."""
 import json
 
 import pytest
+import torch
 from click.testing import CliRunner
 from openpyxl import Workbook
 
@@ -15,9 +16,9 @@ GOOD_ROWS = "".join(f"what is item {i}?,thing {i}\n" for i in range(12))
 SCRATCH = "model: {scratch: {n_layer: 1, n_embd: 32, n_head: 2, vocab_size: 300}}\n"
 
 
-def config(tmp, data, extra="", model=SCRATCH, task="generative"):
+def config(tmp, data, extra="", model=SCRATCH, task="generative", train="epochs: 1, batch_size: 4"):
     path = tmp / "config.yaml"
-    path.write_text(f"task: {task}\n{model}data:\n  train_file: {data}\n{extra}train: {{epochs: 1, batch_size: 4}}\n",
+    path.write_text(f"task: {task}\n{model}data:\n  train_file: {data}\n{extra}train: {{{train}}}\n",
                     encoding="utf-8")
     return path
 
@@ -103,6 +104,12 @@ CASES = [
     ("answers longer than max_length", train_with(
         lambda t: csv_file(t, "question,answer\nq," + "word " * 40 + "\n"), extra="  max_length: 8\n"),
      "does not fit max_length=8"),
+    ("fp16 on CPU", train_with(lambda t: csv_file(t, "question,answer\n" + GOOD_ROWS),
+                               train="epochs: 1, device: cpu, precision: fp16"),
+     "train.precision fp16 needs a GPU; on CPU use bf16 or fp32"),
+    *([("cuda without a GPU", train_with(lambda t: csv_file(t, "question,answer\n" + GOOD_ROWS),
+                                         train="epochs: 1, device: cuda"),
+        "train.device is cuda but no GPU is visible")] if not torch.cuda.is_available() else []),
     ("model path does not exist", train_with(lambda t: csv_file(t, "question,answer\n" + GOOD_ROWS),
                                              model="model: {name_or_path: ./no/such/model}\n"),
      "model folder './no/such/model' not found; check model.name_or_path"),

@@ -78,3 +78,11 @@ def test_check_on_bad_data_is_one_error_line(tmp_path):
     result = CliRunner().invoke(cli, ["check", "--config", str(config), "--set", "data.answer_column=reply"])
     assert result.exit_code == 1
     assert result.stderr.startswith("error: column 'reply' not found in qa.csv; columns are ['question', 'answer']")
+
+
+def test_check_refuses_settings_this_machine_cannot_train_with(tmp_path):
+    config = write_config(tmp_path, ROWS)
+    result = CliRunner().invoke(cli, ["check", "--config", str(config), "--set", "train.device=cpu",
+                                      "--set", "train.precision=fp16"])
+    assert result.exit_code == 1
+    assert result.stderr.strip() == "error: train.precision fp16 needs a GPU; on CPU use bf16 or fp32"

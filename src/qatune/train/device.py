@@ -41,15 +41,24 @@ def resolve_precision(setting: str, device: str) -> str:
     return "bf16" if bf16_native(device, unknown=False) else "fp32"
 
 
+def check_device(device: str, precision: str) -> None:
+    """Refuse a ``train.device`` / ``train.precision`` pair this machine cannot run (before anything is written)."""
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("train.device is cuda but no GPU is visible; set train.device: auto or cpu")
+    on_cpu = device == "cpu" or not torch.cuda.is_available()
+    if precision == "fp16" and on_cpu:
+        raise ConfigError("train.precision fp16 needs a GPU; on CPU use bf16 or fp32")
+    if precision == "bf16" and not on_cpu and not torch.cuda.is_bf16_supported():
+        raise ConfigError(f"train.precision bf16 is not supported by this GPU ({torch.cuda.get_device_name()}); "
+                          "use fp16 or auto")
+
+
 def make_accelerator(config: Config, precision: str) -> Any:
     from accelerate import Accelerator
 
     train_cfg = config.train
-    if train_cfg.device == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("train.device is cuda but no GPU is visible; set train.device: auto or cpu")
+    check_device(train_cfg.device, precision)
     on_cpu = train_cfg.device == "cpu" or not torch.cuda.is_available()
-    if precision == "fp16" and on_cpu:
-        raise ConfigError("train.precision fp16 needs a GPU; on CPU use bf16 or fp32")
     mixed = {"fp32": "no", "bf16": "bf16", "fp16": "fp16"}[precision]
     if int(os.environ.get("WORLD_SIZE", "1")) == 1:
         # One process may train several times (tests, notebooks); accelerate keeps its state global.

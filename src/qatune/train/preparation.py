@@ -42,7 +42,7 @@ from qatune.model import (
     train_scratch_tokenizer,
 )
 from qatune.model_folder import ModelInfo
-from qatune.train.device import bf16_native, bf16_verdict, resolve_precision, seed_everything
+from qatune.train.device import bf16_native, bf16_verdict, check_device, resolve_precision, seed_everything
 from qatune.train.sampler import LengthGroupedBatches
 from qatune.validate import Finding, error, validate_batch, validate_dataset, validate_settings, warning
 
@@ -101,6 +101,8 @@ def prepare(config: Config, train_records: list[QARecord] | None = None,
     seed_everything(config.seed)
     if config.train.report_to == "tensorboard" and importlib.util.find_spec("tensorboard") is None:
         raise ConfigError("train.report_to: tensorboard needs the tensorboard package: pip install tensorboard")
+    precision = resolve_precision(config.train.precision, config.train.device)
+    check_device(config.train.device, precision)
     reports: dict[str, Any] = {}
     train_records, eval_records, train_report = _setup_records(config, train_records, eval_records, reports)
     built = _setup_model(config, train_records, with_model)
@@ -112,7 +114,6 @@ def prepare(config: Config, train_records: list[QARecord] | None = None,
         reasons = "; ".join(f.message for f in encoded.findings) or "see the data report"
         raise DataError(f"no training examples are left in {config.data.train_file}: {reasons}")
     dataset = ExampleDataset(encoded.items)
-    precision = resolve_precision(config.train.precision, config.train.device)
     if config.train.precision == "auto":
         log.info("precision: %s (train.precision auto: %s)", precision, bf16_verdict(config.train.device))
     findings = encoded.findings + validate_first_batches(config, dataset, encoded.collator, built.tokenizer,
