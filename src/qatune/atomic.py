@@ -55,6 +55,7 @@ def write_folder(folder: Path, fill: Callable[[Path], None], size_hint: int = 0)
     tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}-tmp-", dir=folder.parent))
     try:
         fill(tmp)
+        open_as_umask(tmp)
         write_manifest(tmp)
         fsync_tree(tmp)
         replace_dir(tmp, folder)
@@ -69,6 +70,32 @@ def write_folder(folder: Path, fill: Callable[[Path], None], size_hint: int = 0)
 
 
 _DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+def open_as_umask(folder: Path) -> None:
+    """Give a finished folder the permissions a plain ``mkdir``/``open`` would have: the temporary folder
+    (``mkdtemp``) and some writers' files are private (0700/0600), which hid models from other users and
+    from containers running under another uid."""
+    mask = _umask()
+    os.chmod(folder, 0o777 & ~mask)
+    for root, dirs, files in os.walk(folder):
+        for name in dirs:
+            os.chmod(os.path.join(root, name), 0o777 & ~mask)
+        for name in files:
+            os.chmod(os.path.join(root, name), 0o666 & ~mask)
+
+
+def _umask() -> int:
+    """The process's umask (read from /proc where it can be: setting it to read it is not thread-safe)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except OSError:
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 class DiskFullError(RunDirError):

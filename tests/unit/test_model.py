@@ -1,4 +1,6 @@
 import json
+import os
+import stat
 from pathlib import Path
 
 import pytest
@@ -104,6 +106,21 @@ def test_save_model_is_atomic_and_self_contained(tiny_gpt2, tmp_path):
     assert find_model_folder(tmp_path) == tmp_path / "final"
     assert find_model_folder(tmp_path / "final") == tmp_path / "final"
     assert ModelInfo.load(tmp_path / "final") == info
+
+
+@pytest.mark.parametrize("umask, folder_mode, file_mode", [(0o022, 0o755, 0o644), (0o077, 0o700, 0o600)])
+def test_saved_model_folder_follows_the_umask(tiny_gpt2, tmp_path, umask, folder_mode, file_mode):
+    model, tokenizer = tiny_gpt2
+    config = load_config(None, ["model.scratch.n_layer=1", "data.train_file=x.csv"])
+    old = os.umask(umask)
+    try:
+        save_model(tmp_path / "final", model, tokenizer, config, ModelInfo(task="generative", max_length=32))
+    finally:
+        os.umask(old)
+    paths = [tmp_path / "final", *(tmp_path / "final").rglob("*")]
+    modes = {p.relative_to(tmp_path).as_posix(): stat.S_IMODE(p.stat().st_mode) for p in paths}
+    assert "final/model.safetensors" in modes
+    assert modes == {name: folder_mode if (tmp_path / name).is_dir() else file_mode for name in modes}
 
 
 def test_find_model_folder_errors(tmp_path):
