@@ -142,11 +142,28 @@ def find_model_folder(path: str | Path, which: str = FINAL) -> Path:
     if (folder / MODEL_INFO).is_file():
         return folder
     if looks_like_run(path):
-        status = read_status(path).get("status", "unknown")
-        raise RunDirError(f"{path} has no {which}/ model (run status: {status}); "
-                          f"the run did not finish — train again or pass a checkpoint folder")
+        raise RunDirError(_why_no_model(path, which))
     raise RunDirError(f"{path} is not a qatune run directory (no {which}/{MODEL_INFO}); "
                       "pass the output_dir of a 'qatune train' run")
+
+
+def _why_no_model(run_dir: Path, which: str) -> str:
+    """Why a run directory has no ``which``/ model, and what to do about it."""
+    status = read_status(run_dir).get("status", "unknown")
+    owner = _read_lock(run_dir.parent / f".{run_dir.absolute().name}.qatune-lock")
+    checkpoint = f"or pass a checkpoint folder ({run_dir / CHECKPOINTS}/step-N)"
+    if _alive(owner):
+        return (f"{run_dir} is still training (qatune process {owner.get('pid')}, started "
+                f"{owner.get('started', '?')}); its {which}/ model is written when it finishes: wait for it, "
+                f"{checkpoint}")
+    if which == BEST and status == "complete":
+        return (f"{run_dir} has no best/ model: best/ is kept only when the run has validation data "
+                "(data.eval_file or data.validation_fraction); use final/ (the default)")
+    if status in ("running", "stopped"):
+        return (f"{run_dir} has no {which}/ model: the run stopped before it finished (run status: {status}); "
+                f"continue it with qatune train --resume {run_dir}, {checkpoint}")
+    return (f"{run_dir} has no {which}/ model (run status: {status}); the run did not finish: train again, "
+            f"{checkpoint}")
 
 
 def results_dir(given: Path, model_folder: Path) -> Path:

@@ -17,7 +17,7 @@ from qatune.model import (
     train_scratch_tokenizer,
 )
 from qatune.model_folder import ModelInfo, save_model
-from qatune.rundir import find_model_folder
+from qatune.rundir import RunLock, find_model_folder
 from qatune.train import fit, prepare
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -129,8 +129,20 @@ def test_find_model_folder_errors(tmp_path):
     with pytest.raises(RunDirError, match="not a qatune run directory"):
         find_model_folder(tmp_path)
     (tmp_path / "run.json").write_text('{"status": "failed"}')
-    with pytest.raises(RunDirError, match=r"no final/ model \(run status: failed\)"):
+    with pytest.raises(RunDirError, match=r"no final/ model \(run status: failed\); the run did not finish"):
         find_model_folder(tmp_path)
+    (tmp_path / "run.json").write_text('{"status": "stopped"}')
+    with pytest.raises(RunDirError, match=rf"continue it with qatune train --resume {tmp_path}, or pass a checkpoint"):
+        find_model_folder(tmp_path)
+    (tmp_path / "run.json").write_text('{"status": "complete"}')
+    with pytest.raises(RunDirError, match=r"no best/ model: best/ is kept only when the run has validation data"):
+        find_model_folder(tmp_path, "best")
+    (tmp_path / "run.json").write_text('{"status": "running"}')
+    with RunLock(tmp_path):  # this process trains there
+        with pytest.raises(RunDirError, match=rf"{tmp_path} is still training \(qatune process {os.getpid()}, "):
+            find_model_folder(tmp_path)
+    with pytest.raises(RunDirError, match="the run stopped before it finished \\(run status: running\\)"):
+        find_model_folder(tmp_path)  # its process is gone
 
 
 def test_packaged_pretrained_minilm_fine_tunes_offline(tmp_path):
