@@ -15,7 +15,7 @@ import yaml
 
 from qatune.config import validate_config
 from qatune.data.extractive import locate_answer
-from qatune.data.spreadsheet import clean_cell, column_key, read_table, resolve_column
+from qatune.data.spreadsheet import clean_cell, column_key, read_table, resolve_column, with_sheets_hint
 from qatune.errors import DataError, QatuneError
 
 QUESTION_NAMES = ("question", "questions", "query", "prompt", "q", "ask", "input", "instruction")
@@ -53,6 +53,14 @@ def inspect(path: Path, sheet: str | int | None = None, task: str = "auto", ques
             answer_column: str | None = None, context_column: str | None = None) -> Inspection:
     """Guess the columns (those given are taken as they are) and the task."""
     header, rows, _ = read_table(path, sheet=sheet)
+    try:
+        return _guess(path, header, rows, sheet, task, question_column, answer_column, context_column)
+    except DataError as exc:
+        raise with_sheets_hint(exc, path, sheet, "pass --sheet NAME") from None
+
+
+def _guess(path: Path, header: list[str], rows: list[list[Any]], sheet: str | int | None, task: str,
+           question_column: str | None, answer_column: str | None, context_column: str | None) -> Inspection:
     if not rows:
         raise DataError(f"{path} has a header but no data rows")
     sample = rows[:SAMPLE_ROWS]

@@ -83,6 +83,23 @@ def test_a_sheet_it_cannot_read_lists_its_columns_with_samples_and_the_flags(tmp
     assert wrong.exit_code == 1 and "column 'Codng' not found in marks.csv; columns are" in wrong.stderr
 
 
+def test_data_on_a_second_sheet_is_pointed_at(tmp_path):
+    from openpyxl import Workbook
+
+    book = Workbook()
+    book.active.title = "Notes"
+    book.active.append(["notes"])
+    book.active.append(["made in May"])
+    book.create_sheet("Data").append(["question", "answer"])
+    book["Data"].append(["who?", "me"])
+    book.save(tmp_path / "two.xlsx")
+    result = init(tmp_path / "two.xlsx", "--output", tmp_path / "c.yaml")
+    assert result.exit_code == 1
+    assert result.stderr.strip().splitlines()[-1] == ("that was the first sheet of ['Notes', 'Data']: if the data is "
+                                                      "on another one, pass --sheet NAME")
+    assert init(tmp_path / "two.xlsx", "--sheet", "Data", "--output", tmp_path / "c.yaml").exit_code == 0
+
+
 def test_a_tiny_sheet_keeps_every_row_for_training(tmp_path):
     data = tmp_path / "two.csv"
     data.write_text("question,answer\nwho?,me\nwhere?,here\n", encoding="utf-8")

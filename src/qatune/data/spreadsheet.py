@@ -107,22 +107,26 @@ def load_records(
     header, rows, first_row = read_table(path, sheet=sheet, encoding=encoding, delimiter=delimiter)
     report = LoadReport(file=path.name, rows_read=len(rows))
     if not rows:
-        raise DataError(f"{path} has a header but no data rows; add rows below the header {header}")
+        raise with_sheets_hint(DataError(f"{path} has a header but no data rows; add rows below the header {header}"),
+                               path, sheet, "set data.sheet")
 
     where = _where(path, sheet)
     wanted = {"question_column": question_column, "answer_column": answer_column, "context_column": context_column}
-    index = {key: resolve_column(header, name, key, where) for key, name in wanted.items() if name is not None}
-    start_index = None
-    if answer_start_column is not None:
-        start_index = resolve_column(header, answer_start_column, "answer_start_column", where)
-    elif context_column is not None:
-        start_index = _find_column(header, "answer_start")
-    report.columns = {key: header[i] for key, i in index.items()}
-    for name in fields:
-        if _find_column(header, name) is None and name not in header:
-            raise DataError(f"data.prompt_template names the column '{name}', which is not in {where}; columns are "
-                            f"{header}; fix the name in the template (case, spaces, _ and - do not matter)")
-        index[name] = resolve_column(header, name, "prompt_template", where)
+    try:
+        index = {key: resolve_column(header, name, key, where) for key, name in wanted.items() if name is not None}
+        start_index = None
+        if answer_start_column is not None:
+            start_index = resolve_column(header, answer_start_column, "answer_start_column", where)
+        elif context_column is not None:
+            start_index = _find_column(header, "answer_start")
+        for name in fields:
+            if _find_column(header, name) is None and name not in header:
+                raise DataError(f"data.prompt_template names the column '{name}', which is not in {where}; columns "
+                                f"are {header}; fix the name in the template (case, spaces, _ and - do not matter)")
+            index[name] = resolve_column(header, name, "prompt_template", where)
+    except DataError as exc:
+        raise with_sheets_hint(exc, path, sheet, "set data.sheet") from None
+    report.columns = {key: header[i] for key, i in index.items() if key in wanted}
 
     columns = {key: _column_cells(rows, i) for key, i in index.items()}
     starts = _column_cells(rows, start_index) if start_index is not None else [None] * len(rows)
@@ -330,6 +334,26 @@ def _check_text_head(path: Path, head: bytes, encoding: str | None) -> None:
         raise DataError(f"{path} is a zip archive (an Excel workbook?); rename it to .xlsx or export it as CSV")
     if b"\x00" in head:
         raise DataError(f"{path} contains binary data (NUL bytes), not a text table; export the sheet as CSV")
+
+
+def with_sheets_hint(error: DataError, path: Path, sheet: str | int | None, how: str) -> DataError:
+    """A column not found on a workbook's first sheet: the error, plus the workbook's other sheets, where
+    the data may be (unchanged when a sheet was named, or the file is no workbook or has one sheet)."""
+    if sheet is not None or path.suffix.lower() not in EXCEL_SUFFIXES:
+        return error
+    from openpyxl import load_workbook
+
+    try:
+        book = load_workbook(path, read_only=True)
+        names = book.sheetnames
+        book.close()
+    except Exception:  # it was read a moment ago: a hint is not worth a second error
+        return error
+    if len(names) < 2:
+        return error
+    text = str(error)
+    hint = f"that was the first sheet of {names}: if the data is on another one, {how}"
+    return DataError(f"{text}\n{hint}" if "\n" in text else f"{text} ({hint})")
 
 
 def _read_excel(path: Path, sheet: str | int | None) -> pd.DataFrame:

@@ -83,6 +83,25 @@ def test_xlsx_wrong_sheet_names_the_sheets(tmp_path):
         load_records(path, sheet=5)
 
 
+def test_column_missing_on_the_first_of_several_sheets_names_the_others(tmp_path):
+    book = Workbook()
+    book.active.title = "Notes"
+    book.active.append(["notes"])
+    book.active.append(["made in May"])
+    book.create_sheet("Data").append(["question", "answer"])
+    book["Data"].append(["q?", "a"])
+    book.save(tmp_path / "two.xlsx")
+    with pytest.raises(DataError) as error:
+        load_records(tmp_path / "two.xlsx")
+    assert str(error.value) == ("column 'question' not found in two.xlsx (first sheet); columns are ['notes']; set "
+                                "data.question_column (that was the first sheet of ['Notes', 'Data']: if the data is "
+                                "on another one, set data.sheet)")
+    assert [r.answer for r in load_records(tmp_path / "two.xlsx", sheet="Data")[0]] == ["a"]
+    one = write_xlsx(tmp_path / "one.xlsx", [["notes"], ["x"]])
+    with pytest.raises(DataError, match=r"set data.question_column$"):
+        load_records(one)
+
+
 def test_jsonl_and_json_records(tmp_path):
     jsonl = tmp_path / "qa.jsonl"
     jsonl.write_text('{"Question": "a?", "answer": 3}\n\n{"Question": "b?", "answer": "x | y"}\n', encoding="utf-8")
