@@ -56,6 +56,9 @@ class TrainState:
     first_loss: float = float("nan")
     last_loss: float = float("nan")
     bad_steps: list[int] = field(default_factory=list)
+    log_window: dict[str, float] | None = None
+    """The open logging window (loss sum, items, tokens, seconds since the last metrics line). None in
+    checkpoints written before it was saved: a run resumed from one starts an empty window."""
 
 
 def checkpoint_dir(run_dir: Path) -> Path:
@@ -181,6 +184,10 @@ def load_state(checkpoint: Path) -> TrainState:
         value = getattr(state, name)
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             raise ValueError(f"{name} must be a whole number >= 0, found {value!r}")
+    window = state.log_window
+    if window is not None and not (isinstance(window, dict) and all(
+            isinstance(v, int | float) and not isinstance(v, bool) for v in window.values())):
+        raise ValueError(f"log_window must be an object of numbers, found {window!r}")
     return state
 
 

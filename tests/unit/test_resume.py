@@ -72,6 +72,43 @@ def test_resume_continues_exactly_where_it_stopped(tmp_path, monkeypatch):
     assert json.loads((resumed / "run.json").read_text())["status"] == "complete"
 
 
+def train_lines(run_dir):
+    """Every training-loss line of metrics.jsonl, its timing field left out."""
+    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in line.items() if k != "tokens_per_s"} for line in lines if line["event"] == "train"]
+
+
+def test_a_logging_window_that_spans_the_interruption_logs_what_an_uninterrupted_run_logs(tmp_path, monkeypatch):
+    # logging_steps 4: lines at steps 1, 4 and 8; the stop after step 6 falls inside the window of steps 5-8.
+    config = config_for(tmp_path, "train.logging_steps=4", "train.device=cpu")
+    straight = train(config, output_dir=tmp_path / "straight", progress=False)
+    interrupt_at(monkeypatch, 6)
+    with pytest.raises(TrainingInterrupted):
+        train(config, output_dir=tmp_path / "stopped", progress=False)
+    monkeypatch.undo()
+    resumed = train(config, output_dir=tmp_path / "stopped", resume="", progress=False)
+    assert [line["step"] for line in train_lines(straight)] == [1, 4, 8]
+    assert train_lines(resumed) == train_lines(straight)     # loss, lr, grad_norm, supervised_tokens: exact
+
+
+def test_a_checkpoint_written_before_logging_windows_were_saved_resumes_with_an_empty_window(tmp_path, monkeypatch):
+    from qatune import atomic
+
+    config = config_for(tmp_path, "train.logging_steps=4")
+    interrupt_at(monkeypatch, 6)
+    with pytest.raises(TrainingInterrupted) as err:
+        train(config, output_dir=tmp_path / "run", progress=False)
+    monkeypatch.undo()
+    checkpoint = err.value.checkpoint
+    state = json.loads((checkpoint / "trainer_state.json").read_text())
+    assert state.pop("log_window")["items"] > 0               # step 5 and 6 of the window 5-8
+    (checkpoint / "trainer_state.json").write_text(json.dumps(state))
+    atomic.write_manifest(checkpoint)                         # as an older qatune wrote it
+    run = train(config, output_dir=tmp_path / "run", resume="", progress=False)
+    assert [line["step"] for line in train_lines(run)] == [1, 4, 8]
+    assert json.loads((run / "run.json").read_text())["status"] == "complete"
+
+
 def test_checkpoints_keep_the_last_k(tmp_path):
     run = train(config_for(tmp_path, "train.keep_checkpoints=2"), output_dir=tmp_path / "run", progress=False)
     assert [p.name for p in list_checkpoints(run)] == ["step-0000008", "step-0000009"]

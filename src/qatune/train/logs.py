@@ -50,12 +50,26 @@ class MetricsLog:
 
 @dataclass
 class LogWindow:
-    """Loss (weighted by supervised items) and throughput since the last log line."""
+    """Loss (weighted by supervised items) and throughput since the last log line. Saved in every checkpoint, so
+    a window that spans an interruption logs what an uninterrupted run logs."""
 
     loss_sum: float = 0.0
     items: int = 0
     tokens: int = 0
     since: float = field(default_factory=time.perf_counter)
+
+    def state(self) -> dict[str, float]:
+        """The open window for trainer_state.json; its time as the seconds it has run so far."""
+        return {"loss_sum": self.loss_sum, "items": self.items, "tokens": self.tokens,
+                "seconds": time.perf_counter() - self.since}
+
+    @classmethod
+    def restored(cls, saved: dict[str, float] | None) -> LogWindow:
+        """The window a checkpoint saved; an empty one for checkpoints written before windows were saved."""
+        if saved is None:
+            return cls()
+        return cls(float(saved["loss_sum"]), int(saved["items"]), int(saved["tokens"]),
+                   time.perf_counter() - float(saved["seconds"]))
 
     def add(self, loss: float, items: int, tokens: int) -> None:
         self.loss_sum += loss * items

@@ -196,7 +196,7 @@ class Loop:
         clip = gradient_clipper(accelerator, objective, optimizer, train_cfg.max_grad_norm,
                                 masters.masters if masters else None)
         return cls(prepared, run_dir, accelerator, objective, optimizer, loader, sampler, clip, schedulers, state,
-                   guard, metrics_log, masters)
+                   guard, metrics_log, masters, LogWindow.restored(state.log_window))
 
     @property
     def main(self) -> bool:
@@ -276,6 +276,7 @@ class Loop:
         if self.run_dir is None or not self.main:
             return None
         prepared = self.prepared
+        self.state.log_window = self.logged.state()
         with self.full_precision():
             self.last_checkpoint = save_checkpoint(self.run_dir, self.state, self.model(), prepared.tokenizer,
                                                    prepared.config, prepared.info, self.optimizer, self.schedulers,
