@@ -128,9 +128,10 @@ def validate_loader(loader: Iterable[Any], *, tokenizer: Any = None, pad_token_i
 
 def validate_settings(*, learning_rate: float, max_grad_norm: float | None, warmup_steps: int = 0,
                       precision: str = "fp32", task: str = "generative", pretrained: bool = True,
-                      n_examples: int | None = None, batch_size: int | None = None,
+                      n_examples: int | None = None, batch_size: int | None = None, accumulation: int = 1,
                       loss_scaling: bool = True, bf16_native: bool = True) -> list[Finding]:
-    """Settings that lead to NaN or to no learning, each with its fix."""
+    """Settings that lead to NaN or to no learning, each with its fix (``accumulation``: micro-batches
+    per update, train.gradient_accumulation_steps)."""
     findings = []
     if precision == "bf16" and not bf16_native:
         findings.append(warning("bf16-emulated", "train.precision bf16 on a CPU without native bf16 (AVX512-BF16/AMX, "
@@ -162,10 +163,16 @@ def validate_settings(*, learning_rate: float, max_grad_norm: float | None, warm
         findings.append(warning("tiny-dataset",
                                 f"only {n_examples} training examples; a model cannot learn a task from so few "
                                 "(the question that started qatune had 2); add rows"))
-    if n_examples is not None and batch_size is not None and batch_size > n_examples:
+    if n_examples is not None and batch_size is not None and batch_size * accumulation > n_examples:
+        if batch_size > n_examples or accumulation == 1:
+            what, fix = f"train.batch_size {batch_size}", "train.batch_size"
+        else:
+            what = (f"the batch of an update (train.batch_size {batch_size} x train.gradient_accumulation_steps "
+                    f"{accumulation} = {batch_size * accumulation})")
+            fix = "train.gradient_accumulation_steps"
         findings.append(warning("batch-larger-than-dataset",
-                                f"train.batch_size {batch_size} is larger than the {n_examples} training examples; "
-                                "every step sees all of them; lower train.batch_size"))
+                                f"{what} is larger than the {n_examples} training examples; every update sees all "
+                                f"of them; lower {fix}"))
     return findings
 
 

@@ -145,6 +145,21 @@ def test_seed_bug_6_tiny_dataset_and_learning_rate_far_too_high():
     assert validate_settings(learning_rate=5e-5, max_grad_norm=1.0, warmup_steps=10, n_examples=500, batch_size=8) == []
 
 
+def test_a_batch_larger_than_the_data_names_the_setting_to_lower():
+    def message(**kw):
+        found = [f.message for f in validate_settings(learning_rate=5e-5, max_grad_norm=1.0, n_examples=200, **kw)
+                 if f.code == "batch-larger-than-dataset"]
+        return found[0] if found else None
+
+    assert message(batch_size=16, accumulation=100) == (
+        "the batch of an update (train.batch_size 16 x train.gradient_accumulation_steps 100 = 1600) is larger than "
+        "the 200 training examples; every update sees all of them; lower train.gradient_accumulation_steps")
+    assert message(batch_size=256) == ("train.batch_size 256 is larger than the 200 training examples; every update "
+                                       "sees all of them; lower train.batch_size")
+    assert message(batch_size=256, accumulation=2).endswith("lower train.batch_size")
+    assert message(batch_size=16, accumulation=12) is None
+
+
 def test_validate_loader_on_a_users_dataloader(gpt2_tokenizer):
     texts = [f"Question: {q}\nAnswer: {a}" for q, a in QA] * 4
 

@@ -275,7 +275,7 @@ def validate_first_batches(config: Config, dataset: ExampleDataset, collator: An
         learning_rate=train_cfg.learning_rate, max_grad_norm=train_cfg.max_grad_norm,
         warmup_steps=train_cfg.warmup_steps, precision=precision, task=config.task,
         pretrained=config.model.name_or_path is not None, n_examples=n_rows,
-        batch_size=train_cfg.batch_size * train_cfg.gradient_accumulation_steps,
+        batch_size=train_cfg.batch_size, accumulation=train_cfg.gradient_accumulation_steps,
         bf16_native=bf16_native(train_cfg.device),
     )
     codes = {f.code for f in findings}
