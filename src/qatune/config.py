@@ -9,11 +9,12 @@ from __future__ import annotations
 import difflib
 import json
 import re
+import typing
 from pathlib import Path
 from typing import Any, Literal, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from qatune.errors import ConfigError
 
@@ -22,6 +23,21 @@ class Section(BaseModel):
     """A config section: unknown keys are errors, field docstrings are the documentation."""
 
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=True)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_for_numbers(cls, value: Any, info: ValidationInfo) -> Any:
+        # pydantic takes true/false as 1/0 for numbers: `seed: true` silently became seed 1.
+        if isinstance(value, bool) and bool not in _types(cls.model_fields[info.field_name].annotation) and (
+                {int, float} & _types(cls.model_fields[info.field_name].annotation)):
+            raise ValueError(f"must be a number, not {str(value).lower()}")
+        return value
+
+
+def _types(annotation: Any) -> set[Any]:
+    """The plain types an annotation admits (``int | None`` -> {int, NoneType})."""
+    args = typing.get_args(annotation)
+    return {t for arg in args for t in _types(arg)} if args else {annotation}
 
 
 class ScratchModel(Section):

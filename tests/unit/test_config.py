@@ -79,6 +79,9 @@ def test_all_problems_are_reported_at_once(tmp_path):
      "data.user_template: names no column"),
     ("data: {train_file: x}\n", "set model.name_or_path"),
     ("task: summarise\n", "task: must be 'generative' or 'extractive'"),
+    ("seed: true\nmodel: {name_or_path: g}\ndata: {train_file: x}\n", "seed: must be a number, not true"),
+    ("model: {name_or_path: g}\ndata: {train_file: x}\ntrain: {max_grad_norm: false}\n",
+     "train.max_grad_norm: must be a number, not false"),
 ])
 def test_invalid_values(tmp_path, text, message):
     with pytest.raises(ConfigError, match=message):
