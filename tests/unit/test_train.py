@@ -362,3 +362,12 @@ def test_cpu_training_asks_for_freed_memory_to_be_kept(tmp_path, monkeypatch):
     monkeypatch.setattr("qatune.train.loop.keep_freed_memory", lambda: calls.append(1) or True)
     fit(prepare(tiny_config(tmp_path, ROWS)), None, progress=False)
     assert calls == [1]
+
+
+def test_rows_whose_answer_is_not_in_the_context_are_no_longer_counted_as_kept(tmp_path):
+    rows = [*SPAN_ROWS, ("what colour is thing 9?", "thing 9 is grey.", "purple"),
+            ("what colour is thing 8?", "thing 8 is pink.", "orange")]
+    config = shared_tiny_config(tmp_path, rows, "task=extractive", "data.context_column=context",
+                                "data.max_length=64", "data.doc_stride=16")
+    report = prepare(config, with_model=False).reports["train_file"]
+    assert (report["rows_read"], report["kept"], report["dropped"]) == (7, 5, {"answer not in context": [7, 8]})

@@ -67,6 +67,11 @@ class LoadReport:
     def drop(self, reason: str, row: int) -> None:
         self.dropped.setdefault(reason, []).append(row)
 
+    def drop_kept(self, reason: str, row: int) -> None:
+        """A row that was read and kept, dropped later (when it is encoded)."""
+        self.drop(reason, row)
+        self.kept -= 1
+
     @property
     def dropped_total(self) -> int:
         return sum(len(rows) for rows in self.dropped.values())

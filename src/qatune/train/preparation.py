@@ -206,7 +206,7 @@ def _encode_extractive(config: Config, built: _Model, records: list[QARecord], t
         raise ConfigError(f"data.max_length={max_length} is more than the model's {limit} positions; lower it")
     features, stats, kept = prepare_features(built.tokenizer, records, max_length, config.data.doc_stride, train=True)
     for row in stats.not_found_rows:
-        train_report.drop("answer not in context", row)
+        train_report.drop_kept("answer not in context", row)
     reports["train_file"] = train_report.to_dict()
     reports["encoding"] = {
         "max_length": max_length, "doc_stride": config.data.doc_stride, "windows": stats.windows,
