@@ -26,11 +26,14 @@ class Section(BaseModel):
 
     @field_validator("*", mode="before")
     @classmethod
-    def _no_bool_for_numbers(cls, value: Any, info: ValidationInfo) -> Any:
+    def _plain_scalars(cls, value: Any, info: ValidationInfo) -> Any:
+        types = _types(cls.model_fields[info.field_name].annotation)
         # pydantic takes true/false as 1/0 for numbers: `seed: true` silently became seed 1.
-        if isinstance(value, bool) and bool not in _types(cls.model_fields[info.field_name].annotation) and (
-                {int, float} & _types(cls.model_fields[info.field_name].annotation)):
+        if isinstance(value, bool) and bool not in types and {int, float} & types:
             raise ValueError(f"must be a number, not {str(value).lower()}")
+        # A column named 2024 (YAML reads it as a number) where only text is taken.
+        if isinstance(value, int) and not isinstance(value, bool) and str in types and not {int, float} & types:
+            return str(value)
         return value
 
 
@@ -255,17 +258,21 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
             problems.append(problem)
     if problems:
         raise ConfigError(_problem_text(where, problems))
-    return validate_config(raw, where)
+    return validate_config(raw, where, {item.partition("=")[0].strip() for item in overrides})
 
 
-def validate_config(raw: dict[str, Any], where: str = "config") -> Config:
+def validate_config(raw: dict[str, Any], where: str = "config", set_keys: set[str] = frozenset()) -> Config:
+    """``raw`` as a Config; ``set_keys``: keys given with --set, whose problems are named as such."""
+    def marked(problems: list[str]) -> list[str]:
+        return [f"--set {p}" if p.partition(":")[0] in set_keys else p for p in problems]
+
     try:
         config = Config.model_validate(raw)
     except ValidationError as exc:
-        raise ConfigError(_problem_text(where, [_describe(error) for error in exc.errors()])) from None
+        raise ConfigError(_problem_text(where, marked([_describe(error) for error in exc.errors()]))) from None
     problems = _cross_checks(config)
     if problems:
-        raise ConfigError(_problem_text(where, problems))
+        raise ConfigError(_problem_text(where, marked(problems)))
     return config
 
 

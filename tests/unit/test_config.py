@@ -94,10 +94,15 @@ def test_set_overrides_with_type_checking(tmp_path):
                                 "model.trust_remote_code=true"])
     assert (config.train.learning_rate, config.train.epochs, config.data.sheet) == (1e-5, 2, "Marks")
     assert config.model.trust_remote_code is True
-    with pytest.raises(ConfigError, match=r"train\.epochs: must be a valid integer"):
+    with pytest.raises(ConfigError, match=r": --set train\.epochs: must be a valid integer"):
         load_config(path, ["train.epochs=lots"])
-    with pytest.raises(ConfigError, match=r"did you mean 'train\.batch_size'"):
+    with pytest.raises(ConfigError, match=r": --set train\.bach_size: unknown key; did you mean 'train\.batch_size'"):
         load_config(path, ["train.bach_size=4"])
+    (tmp_path / "typo.yaml").write_text(BASE + "seed: yes\n")  # in the file, not on the command line
+    with pytest.raises(ConfigError, match=r"typo\.yaml: seed: must be a number"):
+        load_config(tmp_path / "typo.yaml", ["train.epochs=2"])
+    # A column named by a number (YAML reads 2024 as one) is the column's name.
+    assert load_config(path, ["data.question_column=2024"]).data.question_column == "2024"
     with pytest.raises(ConfigError, match="expected KEY=VALUE"):
         load_config(path, ["train.epochs"])
 
