@@ -91,6 +91,9 @@ def _guess(path: Path, header: list[str], rows: list[list[Any]], sheet: str | in
         answer = _best(texts, "shortness", "the shortest filled text column")
     if answer.column is None:
         raise DataError(_cannot_tell("answers", path, columns))
+    for role, guess in (("question", question), ("answer", answer), ("context", context)):
+        if guess.column is not None:
+            resolve_column(header, guess.column, f"{role}_column", path.name)  # two columns of that name: refused
     share = None
     if context.column:
         pairs = [(c, a) for c, a in zip(columns[context.column], columns[answer.column]) if c and a]

@@ -83,6 +83,14 @@ def test_a_sheet_it_cannot_read_lists_its_columns_with_samples_and_the_flags(tmp
     assert wrong.exit_code == 1 and "column 'Codng' not found in marks.csv; columns are" in wrong.stderr
 
 
+def test_two_columns_of_one_name_are_refused_before_a_config_is_written(tmp_path):
+    data = tmp_path / "dup.csv"
+    data.write_text("question,answer,answer\nwho?,me,other\n", encoding="utf-8")
+    result = init(data, "--output", tmp_path / "c.yaml")
+    assert result.exit_code == 1 and not (tmp_path / "c.yaml").exists()
+    assert "columns [2, 3] are all named 'answer'; rename all but one of them in the file" in result.stderr
+
+
 def test_data_on_a_second_sheet_is_pointed_at(tmp_path):
     from openpyxl import Workbook
 

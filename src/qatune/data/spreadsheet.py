@@ -270,6 +270,9 @@ def resolve_column(header: list[str], name: str, key: str, where: str) -> int:
     if len(candidates) > 1:
         found = [header[i] for i in candidates]
         positions = [i + 1 for i in candidates]
+        if len(set(found)) == 1:
+            raise DataError(f"column '{name}' is ambiguous in {where}: columns {positions} are all named "
+                            f"'{found[0]}'; rename all but one of them in the file")
         raise DataError(
             f"column '{name}' is ambiguous in {where}: it matches {found} (columns {positions}); "
             f"rename the duplicates or set data.{key} to the exact name"

@@ -144,6 +144,9 @@ def test_ambiguous_columns_are_refused(tmp_path):
     path.write_text("question,Answer,answer \nq,a,b\n", encoding="utf-8")
     with pytest.raises(DataError, match=r"column 'ANSWER' is ambiguous .* matches \['Answer', 'answer '\]"):
         load_records(path, answer_column="ANSWER")
+    path.write_text("question,answer,answer\nq,a,b\n", encoding="utf-8")
+    with pytest.raises(DataError, match=r"columns \[2, 3\] are all named 'answer'; rename all but one of them"):
+        load_records(path)
 
 
 def test_wrong_delimiter_gets_a_hint(tmp_path):
