@@ -131,6 +131,11 @@ def choose_model(task: str, given: str | None) -> Guess:
     """--model; else the usual hub model, or an installed packaged model when the hub is not reachable."""
     from qatune.model import PACKAGED_MODELS, hub_reachable, installed_packaged_models
 
+    if given in PACKAGED_MODELS and PACKAGED_MODELS[given].task != task:
+        other = PACKAGED_MODELS[given].task
+        raise QatuneError(f"--model {given} does {other} QA only, and this sheet is set up for {task} QA; pass "
+                          f"--task {other}" + (" (the sheet needs a context column)" if other == "extractive" else "")
+                          + f" or a {task} model")
     if given:
         return Guess(given, "--model")
     if hub_reachable():

