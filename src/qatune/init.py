@@ -103,8 +103,9 @@ def _guess(path: Path, header: list[str], rows: list[list[Any]], sheet: str | in
     if task == "extractive" and context.column is None:
         raise DataError(f"--task extractive needs a context column and none was found in {path.name} "
                         f"(columns: {header})")
-    if task == "generative" and "context" not in given:
-        context = Guess(None, context.reason + "; not used by generative QA" if context.column else context.reason)
+    if task == "generative" and context.column and "context" not in given:
+        # Generative QA reads the passage too (the prompt puts it before the question; configs/smollm2-qa.yaml).
+        context = Guess(context.column, context.reason + "; the prompt puts it before the question")
     return Inspection(task=task, question=question, answer=answer, context=context, answer_in_context=share,
                       rows=len(rows), sheet=sheet)
 

@@ -101,6 +101,19 @@ def test_a_packaged_model_of_the_other_task_is_refused(tmp_path):
                                      "column) or a generative model")
 
 
+def test_generative_keeps_the_passages_of_a_reading_comprehension_sheet(tmp_path):
+    data = tmp_path / "squad.csv"
+    passage = "The Vistula is the longest river in Poland, flowing through Warsaw and Krakow to the Baltic Sea. " * 3
+    data.write_text("question,context,answer\n" + "".join(f"q{i}?,\"{passage}\",river {i}\n" for i in range(30)),
+                    encoding="utf-8")
+    out = tmp_path / "c.yaml"
+    result = init(data, "--task", "generative", "--model", "gpt2", "--output", out)
+    assert result.exit_code == 0, result.output
+    config = load_config(out)
+    assert (config.task, config.data.context_column) == ("generative", "context")
+    assert "the prompt puts it before the question" in result.stdout
+
+
 def test_data_on_a_second_sheet_is_pointed_at(tmp_path):
     from openpyxl import Workbook
 
