@@ -283,6 +283,8 @@ def resolve_column(header: list[str], name: str, key: str, where: str) -> int:
             if sep in header[0]:
                 hint = f"; the header looks {label}-separated, set data.delimiter"
                 break
+    if key == "answer_start_column":
+        hint = " to the offsets' column, or to null (each answer is then found by searching its context)" + hint
     raise DataError(f"column '{name}' not found in {where}; columns are {header}; set data.{key}{hint}")
 
 

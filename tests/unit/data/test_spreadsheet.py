@@ -149,6 +149,15 @@ def test_ambiguous_columns_are_refused(tmp_path):
         load_records(path)
 
 
+def test_a_missing_answer_start_column_says_it_can_be_null(tmp_path):
+    path = tmp_path / "squad.csv"
+    path.write_text("question,context,answer\nwho?,Ada wrote it.,Ada\n", encoding="utf-8")
+    with pytest.raises(DataError) as error:
+        load_records(path, context_column="context", answer_start_column="answer_start")
+    assert str(error.value).endswith("set data.answer_start_column to the offsets' column, or to null (each answer "
+                                     "is then found by searching its context)")
+
+
 def test_wrong_delimiter_gets_a_hint(tmp_path):
     path = tmp_path / "semi.csv"
     path.write_text("question;answer\nq;a\n", encoding="utf-8")
