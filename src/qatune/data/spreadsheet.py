@@ -328,10 +328,12 @@ def _read_text_table(path: Path, encoding: str | None, delimiter: str) -> pd.Dat
         match = re.search(r"Expected (\d+) fields in line (\d+), saw (\d+)", detail)
         if match:
             expected, line, saw = match.groups()
-            raise DataError(
-                f"{path} line {line} has {saw} cells but the header has {expected}; "
-                f"quote cells that contain {delimiter!r} or fix that row"
-            ) from None
+            first = head.decode(encoding or "utf-8", errors="replace").lstrip("\ufeff").splitlines()[0] if head else ""
+            other = next((label for sep, label in ((";", "';'"), ("\t", "tab"), ("|", "'|'"))
+                          if sep != delimiter and sep in first), None)
+            hint = (f"; the header looks {other}-separated, set data.delimiter" if expected == "1" and other
+                    else f"; quote cells that contain {delimiter!r} or fix that row")
+            raise DataError(f"{path} line {line} has {saw} cells but the header has {expected}{hint}") from None
         raise DataError(f"{path} cannot be parsed as a {delimiter!r}-separated table: {detail}") from None
 
 

@@ -164,6 +164,10 @@ def test_wrong_delimiter_gets_a_hint(tmp_path):
     with pytest.raises(DataError, match=r"';'-separated, set data\.delimiter"):
         load_records(path)
     assert load_records(path, delimiter=";")[0][0].answer == "a"
+    path.write_text("question;answer\nq;a\nwho, then?;me\n", encoding="utf-8")  # a comma in a cell
+    with pytest.raises(DataError, match=r"line 3 has 2 cells but the header has 1; the header looks ';'-separated, "
+                                        r"set data\.delimiter$"):
+        load_records(path)
 
 
 def test_non_utf8_names_the_encoding_option(tmp_path):
