@@ -55,10 +55,8 @@ def generate_answers(model: Any, tokenizer: Any, info: ModelInfo, questions: lis
     template = PromptTemplate(info.prompt_template, info.answer_prefix)
     encoder = (Seq2SeqEncoder if info.seq2seq else PromptEncoder)(tokenizer, template)
     limit = model_max_positions(model.config, tokenizer)
-    if info.seq2seq:  # the encoder reads the prompt; the decoder writes the answer
-        budget = info.max_length
-    else:
-        budget = max(8, limit - generate.max_new_tokens) if limit else None
+    # the encoder of a seq2seq model reads the prompt and its decoder writes the answer
+    budget = info.max_length if info.seq2seq else prompt_budget(limit, generate.max_new_tokens)
     prompts = []
     for question, context, values in zip(questions, contexts, fields or [{}] * len(questions)):
         ids = encoder.prompt_ids(question, context, budget, fields=values)
@@ -88,6 +86,12 @@ def generate_answers(model: Any, tokenizer: Any, info: ModelInfo, questions: lis
                 tokens = tokens[: min(ends)]
             answers[i] = tokenizer.decode(tokens, skip_special_tokens=True).strip()
     return answers
+
+
+def prompt_budget(positions: int | None, max_new_tokens: int) -> int | None:
+    """Tokens a causal LM's prompt may have so that ``max_new_tokens`` more fit its positions (at least 8;
+    None: no limit known). A longer prompt has its context, then its question, cut to fit."""
+    return max(8, positions - max_new_tokens) if positions else None
 
 
 def inference_precision(precision: str, device: torch.device) -> AbstractContextManager:
@@ -153,12 +157,31 @@ def answer_one(run_dir: str | Path, question: str, context: str | None = None, c
     if context_file is not None:
         context = _read_context(context_file)
     loaded = load_model_folder(run_dir, which)
-    if loaded.info.task == "extractive" and not (context and context.strip()):
-        raise DataError("this run does extractive QA: pass the passage with --context TEXT or --context-file FILE")
+    _check_context(loaded.info, context)
     _seed(seed)
     generate = _generate_config(loaded.config.generate, options)
     return answer_questions(loaded.model, loaded.tokenizer, loaded.info, [question.strip()], [context], generate,
                             fields=[_check_fields(loaded.info, fields or {})])[0]
+
+
+def uses_context(info: ModelInfo) -> bool:
+    """Whether the run reads a passage besides the question: extractive runs, and prompts with {context}."""
+    return info.task == "extractive" or PromptTemplate(info.prompt_template).uses_context
+
+
+def _check_context(info: ModelInfo, context: str | None) -> None:
+    """A run that reads a passage gets one; a run that does not refuses one rather than ignoring it."""
+    if not uses_context(info):
+        if context is not None:
+            raise DataError("this run's prompt has no {context}: it answers from the question alone; "
+                            "leave out --context/--context-file")
+        return
+    if context and context.strip():
+        return
+    if info.task == "extractive":
+        raise DataError("this run does extractive QA: pass the passage with --context TEXT or --context-file FILE")
+    raise DataError("this run's prompt uses a context ({context}): pass the passage with --context TEXT or "
+                    "--context-file FILE")
 
 
 def answer_file(run_dir: str | Path, data_file: str | Path, output: str | Path | None = None, which: str = "final",
@@ -168,8 +191,8 @@ def answer_file(run_dir: str | Path, data_file: str | Path, output: str | Path |
     from qatune.model_folder import load_model_folder
 
     loaded = load_model_folder(run_dir, which)
-    needs_context = loaded.info.task == "extractive" or PromptTemplate(loaded.info.prompt_template).uses_context
-    records, _ = load_from_config(loaded.config.data, data_file, with_answers=False, with_context=needs_context)
+    records, _ = load_from_config(loaded.config.data, data_file, with_answers=False,
+                                  with_context=uses_context(loaded.info))
     _seed(seed)
     generate = _generate_config(loaded.config.generate, options)
     answers = answer_questions(loaded.model, loaded.tokenizer, loaded.info, [r.question for r in records],
@@ -186,16 +209,11 @@ def answer_file(run_dir: str | Path, data_file: str | Path, output: str | Path |
 
 def _check_fields(info: ModelInfo, fields: dict[str, str]) -> dict[str, str]:
     """--field values by the names the run's prompt uses (matched ignoring case, spaces and _/-)."""
-    from qatune.data.spreadsheet import column_key
-
-    wanted = PromptTemplate(info.prompt_template).fields if info.task == "generative" else []
-    by_key = {column_key(name): name for name in wanted}
-    given = {}
-    for name, value in fields.items():
-        if column_key(name) not in by_key:
-            raise DataError(f"--field {name!r}: the run's prompt names no such column; it names {wanted or 'none'}")
-        given[by_key[column_key(name)]] = value
-    missing = [name for name in wanted if name not in given]
+    template = PromptTemplate(info.prompt_template if info.task == "generative" else "")
+    given, unknown, missing = template.match_fields(fields)
+    if unknown:
+        raise DataError(f"--field {unknown[0]!r}: the run's prompt names no such column; it names "
+                        f"{template.fields or 'none'}")
     if missing:
         raise DataError(f"the run's prompt also needs the column(s) {missing}: pass each with --field 'NAME=VALUE', "
                         "or answer a file that has them with --file")

@@ -71,6 +71,23 @@ class PromptTemplate:
         """Column names the template reads besides the question and the context."""
         return [name for name in template_fields(self.template) or [] if name not in ROLES]
 
+    def match_fields(self, given: dict[str, str]) -> tuple[dict[str, str], list[str], list[str]]:
+        """Values given for the template's columns, matched by name ignoring case, spaces, _ and -.
+
+        Returns the values by the names the template uses, the given names it does not use, and the
+        names it uses that were not given.
+        """
+        by_key = {column_key(name): name for name in self.fields}
+        values: dict[str, str] = {}
+        unknown: list[str] = []
+        for name, value in given.items():
+            if column_key(name) in by_key:
+                values[by_key[column_key(name)]] = value
+            else:
+                unknown.append(name)
+        missing = [name for name in self.fields if name not in values]
+        return values, unknown, missing
+
     @property
     def uses_context(self) -> bool:
         return "context" in (template_fields(self.template) or [])
