@@ -90,32 +90,41 @@ def _setup_logging(level: int) -> None:
 
 
 @cli.command()
-@click.option("--config", "config_path", required=True, help="YAML config file (see configs/).")
+@click.option("--config", "config_path", default=None,
+              help="YAML config file (see configs/); with --resume, the run's own saved config by default.")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
               help="Override a config key, e.g. --set train.learning_rate=1e-5 (repeatable).")
 @click.option("--output-dir", default=None, help="Run directory (default: output_dir from the config).")
 @click.option("--overwrite", is_flag=True, help="Replace an existing run directory.")
 @click.option("--resume", is_flag=False, flag_value="", default=None, metavar="[RUN_DIR|CHECKPOINT]",
-              help="Continue a stopped run from its newest checkpoint (default: the config's output_dir).")
+              help="Continue a stopped run from its newest checkpoint, with its saved config and --set on top "
+                   "(default RUN_DIR: --output-dir, or the config's output_dir).")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 @click.option("--num-processes", type=click.IntRange(min=1), default=1, show_default=True,
               help="Data-parallel processes on this machine (launches torchrun; GPUs or CPU with gloo).")
 @verbose_option
 @click.pass_context
-def train(ctx: click.Context, config_path: str, overrides: tuple[str, ...], output_dir: str | None, overwrite: bool,
-          resume: str | None, quiet: bool, num_processes: int) -> None:
+def train(ctx: click.Context, config_path: str | None, overrides: tuple[str, ...], output_dir: str | None,
+          overwrite: bool, resume: str | None, quiet: bool, num_processes: int) -> None:
     """Fine-tune a model on a spreadsheet and write a run directory.
 
     The run directory holds final/ (a plain transformers model folder), best/ (when there is
     validation data), config.yaml, metrics.jsonl and run.json. Every config key, with its type
     and default: qatune config --keys.
     """
+    if config_path is None and resume is None:
+        raise click.UsageError("Missing option '--config' (or --resume RUN_DIR to continue a stopped run).", ctx)
+    if config_path is None and not (resume or output_dir):
+        raise click.UsageError("--resume without --config needs the run to continue: --resume RUN_DIR", ctx)
     from qatune.config import load_config
     from qatune.train import train as run_training
+    from qatune.train.resume import saved_config
 
-    config = load_config(config_path, overrides)
+    # Without --config, a resumed run keeps its own saved config (a stale config file could end it early).
+    config = load_config(config_path, overrides) if config_path else saved_config(resume or output_dir, overrides)
     if num_processes > 1 and "RANK" not in os.environ:
-        args = ["train", "--config", config_path, *[x for o in overrides for x in ("--set", o)]]
+        args = ["train", *(["--config", config_path] if config_path else []),
+                *[x for o in overrides for x in ("--set", o)]]
         args += ["--output-dir", output_dir] if output_dir else []
         args += ["--overwrite"] if overwrite else []
         args += ["--resume", resume] if resume else (["--resume"] if resume == "" else [])

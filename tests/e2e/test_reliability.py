@@ -89,8 +89,10 @@ def test_a_second_train_resume_or_overwrite_on_a_running_run_is_refused_naming_t
     assert proc.poll() is None and (run / "run.json").is_file()    # the first run was not disturbed
     proc.kill()
     proc.wait()
-    # A killed process leaves its lock behind: the next command takes it over, and says so.
-    result = invoke("train", "--config", config, "--output-dir", run, "--resume", "--set", "train.epochs=1",
+    # A killed process leaves its lock behind: the next command takes it over, and says so. It trains to the
+    # end of the epoch its newest checkpoint is in (or the next one, from an epoch's end).
+    epochs = json.loads((find_checkpoint(run) / "trainer_state.json").read_text())["epoch"] + 1
+    result = invoke("train", "--config", config, "--output-dir", run, "--resume", "--set", f"train.epochs={epochs}",
                     "--quiet")
     assert result.exit_code == 0, result.output + result.stderr
     assert f"taking over the lock of run directory {run.absolute()}: its process {proc.pid}" in result.stderr

@@ -1,7 +1,9 @@
 """Checkpoints, exact resume, interrupts, early stopping."""
 
 import json
+import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -171,6 +173,39 @@ def test_resume_refuses_a_changed_config_and_missing_checkpoints(tmp_path, monke
         train(config_for(tmp_path), output_dir=tmp_path / "empty", resume="")
     more = train(config_for(tmp_path, "train.epochs=4"), output_dir=tmp_path / "run", resume="", progress=False)
     assert max(losses(more)) == 12
+
+
+def test_resume_refuses_epochs_that_would_end_the_run_without_training(tmp_path, caplog):
+    run = train(config_for(tmp_path, "train.keep_checkpoints=9"), output_dir=tmp_path / "run", progress=False)
+    end_of_1, in_2 = (run / "checkpoints" / f"step-{n:07d}" for n in (3, 4))   # 3 steps per epoch
+    with pytest.raises(ConfigError) as err:
+        train(config_for(tmp_path, "train.epochs=1"), resume=end_of_1, progress=False)
+    assert str(err.value) == (f"the run stopped after epoch 1 of 3 (step 3, {end_of_1}); train.epochs 1 would end "
+                              f"it without training: resume with the run's own config (qatune train --resume {run}) "
+                              "or --set train.epochs to 2 or more")
+    with pytest.raises(ConfigError, match=r"^the run stopped in epoch 2 of 3 \(step 4, .*\); train.epochs 1 would"):
+        train(config_for(tmp_path, "train.epochs=1"), resume=in_2, progress=False)
+    with pytest.raises(ConfigError, match=r"^the run stopped after epoch 3 of 3 \(step 9, .*\); train.epochs 2 would"):
+        train(config_for(tmp_path, "train.epochs=2"), resume=run, progress=False)
+    assert "epochs: 3" in (run / "config.yaml").read_text()
+    # The end of the run's own last epoch (a run stopped before final/ was written): resuming finishes it.
+    shutil.rmtree(run / "final")
+    with caplog.at_level(logging.INFO, logger="qatune"):
+        train(config_for(tmp_path), resume=run, progress=False)
+    assert f"nothing left to train: {run / 'checkpoints' / 'step-0000009'} ends epoch 3 of 3" in caplog.text
+    assert (run / "final" / "model.safetensors").is_file()
+    assert json.loads((run / "run.json").read_text())["result"]["steps"] == 9
+
+
+def test_the_stop_message_names_the_command_that_resumes(tmp_path):
+    from qatune.checkpoint import TrainState
+
+    checkpoint = tmp_path / "my runs" / "faq" / "checkpoints" / "step-0000005"
+    one = TrainingInterrupted("SIGTERM", TrainState(step=5, epoch=1), checkpoint)
+    assert str(one) == (f"training stopped by SIGTERM at step 5 (epoch 2); checkpoint saved in {checkpoint}; "
+                        f"resume with: qatune train --resume '{tmp_path / 'my runs' / 'faq'}'")
+    two = TrainingInterrupted("SIGINT", TrainState(step=5), checkpoint, processes=2)
+    assert str(two).endswith("--num-processes 2")
 
 
 def test_existing_run_is_refused_without_overwrite(tmp_path):

@@ -64,12 +64,12 @@ def fit(prepared: Prepared, run_dir: Path | None, progress: bool = True,
                     loop.after_update(done, bar)
                 if stop.requested:
                     bar.close()
-                    raise TrainingInterrupted(stop.requested, state, loop.checkpoint())
+                    raise TrainingInterrupted(stop.requested, state, loop.checkpoint(), loop.processes)
             loop.end_epoch()
             # a stop that came during validation: the checkpoint is written
             if stop.requested and state.epoch < train_cfg.epochs:
                 bar.close()
-                raise TrainingInterrupted(stop.requested, state, loop.last_checkpoint)
+                raise TrainingInterrupted(stop.requested, state, loop.last_checkpoint, loop.processes)
             if loop.patience_ran_out():
                 break
     bar.close()
@@ -190,7 +190,9 @@ class Loop:
         if resume_from is not None:
             state = restore(resume_from, optimizer, schedulers)
             metrics_log.truncate_after(state.step)
-            log.info("resuming from %s (step %d, epoch %d)", resume_from, state.step, state.epoch + 1)
+            at = (f"epoch {state.epoch + 1} of {train_cfg.epochs}" if state.epoch < train_cfg.epochs
+                  else f"after epoch {state.epoch} of {train_cfg.epochs}")
+            log.info("resuming from %s (step %d, %s)", resume_from, state.step, at)
         guard = NonFiniteGuard(run_dir if main else None, train_cfg.on_nonfinite, train_cfg.max_nonfinite_steps,
                                prepared.precision, state.bad_steps)
         clip = gradient_clipper(accelerator, objective, optimizer, train_cfg.max_grad_norm,
@@ -201,6 +203,10 @@ class Loop:
     @property
     def main(self) -> bool:
         return self.accelerator.is_main_process
+
+    @property
+    def processes(self) -> int:
+        return self.accelerator.num_processes
 
     @property
     def task(self) -> str:

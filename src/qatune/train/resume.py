@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
@@ -9,15 +10,29 @@ from typing import Any
 import torch
 
 from qatune import rundir
-from qatune.checkpoint import find_checkpoint
+from qatune.checkpoint import TrainState, find_checkpoint, load_state
 from qatune.config import Config, load_config
 from qatune.errors import ConfigError, DataError, RunDirError
 from qatune.train.device import is_main_process
 from qatune.train.run import fingerprint, prepare_checked, run_and_record
+from qatune.train.signals import resume_command
+
+log = logging.getLogger("qatune")
 
 RESUMABLE_KEYS = ("output_dir", "train.epochs", "train.save_every", "train.keep_checkpoints", "train.logging_steps",
                   "train.early_stopping_patience", "train.eval_batch_size", "generate.")
 """Keys that may change when a run is resumed; anything else must match the run's saved config."""
+
+
+def saved_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    """The config a run was saved with (RUN/config.yaml), ``overrides`` applied on top: what ``--resume``
+    uses without ``--config``."""
+    run_dir = run_dir_of(Path(path))
+    saved = run_dir / rundir.CONFIG
+    if not saved.is_file():
+        raise RunDirError(f"nothing to resume in {path}: {saved} not found; pass a run directory written by "
+                          "qatune train (or one of its checkpoints)")
+    return load_config(saved, overrides)
 
 
 def resume_run(config: Config, path: Path, progress: bool) -> Path:
@@ -38,8 +53,11 @@ def _resume_locked(config: Config, path: Path, run_dir: Path, progress: bool) ->
     changed = [key for key in differences(saved.model_dump(mode="json"), config.model_dump(mode="json"))
                if not key.startswith(RESUMABLE_KEYS)]
     if changed:
-        raise ConfigError(f"the config differs from the run being resumed in {changed}; resume with the run's own "
-                          f"config ({run_dir / rundir.CONFIG}) or start a new run")
+        may_change = ", ".join(key + "*" if key.endswith(".") else key for key in RESUMABLE_KEYS[1:])
+        raise ConfigError(f"the config differs from the run being resumed in {changed}; only {may_change} may "
+                          f"change on resume: resume without --config (the run's own {run_dir / rundir.CONFIG} is "
+                          "used) and --set only those keys, or start a new run")
+    check_epochs_left(load_state(checkpoint), config.train.epochs, saved.train.epochs, checkpoint, run_dir)
     config = config.model_copy(update={"output_dir": str(run_dir)})
     prepared = prepare_checked(config)
     if rundir.read_status(run_dir).get("data_fingerprint") not in (None, fingerprint(prepared)):
@@ -51,6 +69,23 @@ def _resume_locked(config: Config, path: Path, run_dir: Path, progress: bool) ->
         rundir.write_config(run_dir, config.to_yaml())
         rundir.write_status(run_dir, status="running", resumed_from=str(checkpoint))
     return run_and_record(prepared, run_dir, progress, resume_from=checkpoint)
+
+
+def check_epochs_left(state: TrainState, epochs: int, planned: int, checkpoint: Path, run_dir: Path) -> None:
+    """Refuse a ``train.epochs`` that would end the run without training (a stale config file would
+    otherwise mark a stopped run complete). The one exception: a checkpoint at the end of the run's own last
+    epoch, where resuming only writes final/ and the report (a run stopped just before them)."""
+    done = state.epoch  # whole epochs trained; a checkpoint inside an epoch has consumed > 0
+    if epochs > done:
+        return
+    if state.consumed == 0 and epochs == done == planned:
+        log.info("nothing left to train: %s ends epoch %d of %d; writing final/ and the report", checkpoint,
+                 done, planned)
+        return
+    where = (f"in epoch {done + 1} of {planned}" if state.consumed else f"after epoch {done} of {planned}")
+    raise ConfigError(f"the run stopped {where} (step {state.step}, {checkpoint}); train.epochs {epochs} would "
+                      f"end it without training: resume with the run's own config ({resume_command(run_dir)}) "
+                      f"or --set train.epochs to {done + 1} or more")
 
 
 def load_weights(model: torch.nn.Module, checkpoint: Path) -> torch.nn.Module:

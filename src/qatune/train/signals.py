@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import shlex
 import signal
 import threading
 from pathlib import Path
@@ -48,10 +49,15 @@ class TrainingInterrupted(TrainingError):
 
     exit_code = 130
 
-    def __init__(self, signal_name: str, state: TrainState, checkpoint: Path | None):
+    def __init__(self, signal_name: str, state: TrainState, checkpoint: Path | None, processes: int = 1):
         self.checkpoint = checkpoint
         where = f"; checkpoint saved in {checkpoint}" if checkpoint else ""
-        how = (f"; resume with: qatune train --config <your config> --resume {checkpoint.parent.parent}"
-               if checkpoint else "")
+        how = f"; resume with: {resume_command(checkpoint.parent.parent, processes)}" if checkpoint else ""
         super().__init__(f"training stopped by {signal_name} at step {state.step} (epoch {state.epoch + 1})"
                          f"{where}{how}")
+
+
+def resume_command(run_dir: Path, processes: int = 1) -> str:
+    """The command that continues a stopped run with its own saved config."""
+    launch = f" --num-processes {processes}" if processes > 1 else ""
+    return f"qatune train --resume {shlex.quote(str(run_dir))}{launch}"
