@@ -7,6 +7,11 @@ Extractive: every window of the context is scored and the best span is cut from 
 from __future__ import annotations
 
 import csv
+import errno
+import io
+import json
+import math
+import os
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
@@ -16,7 +21,8 @@ import torch
 from pydantic import ValidationError
 from tqdm.auto import tqdm
 
-from qatune.config import GenerateConfig
+from qatune.atomic import DiskFullError, atomic_write_text
+from qatune.config import DataConfig, GenerateConfig
 from qatune.data.extractive import Feature, SpanCollator, best_span, prepare_features
 from qatune.data.generative import PromptEncoder, PromptTemplate, Seq2SeqEncoder
 from qatune.data.padding import left_pad, right_pad
@@ -184,12 +190,21 @@ def _check_context(info: ModelInfo, context: str | None) -> None:
                     "--context-file FILE")
 
 
+ANSWER_FORMATS = (".csv", ".tsv", ".xlsx", ".json", ".jsonl")
+"""What ``generate --file`` writes, chosen by the suffix of --output."""
+
+
 def answer_file(run_dir: str | Path, data_file: str | Path, output: str | Path | None = None, which: str = "final",
                 options: dict[str, Any] | None = None, seed: int | None = None) -> Path:
-    """Answer every row of a spreadsheet; writes a CSV (row, question, answer) and returns its path."""
+    """Answer every row of a spreadsheet and return the path of the answers.
+
+    The answers file has the columns row, question, the input's other columns (in their order) and
+    answer, in the format its suffix names (ANSWER_FORMATS; default RUN/answers-NAME.csv).
+    """
     from qatune.data.spreadsheet import load_from_config
     from qatune.model_folder import load_model_folder
 
+    path = _answers_path(run_dir, data_file, output)
     loaded = load_model_folder(run_dir, which)
     records, _ = load_from_config(loaded.config.data, data_file, with_answers=False,
                                   with_context=uses_context(loaded.info))
@@ -198,13 +213,120 @@ def answer_file(run_dir: str | Path, data_file: str | Path, output: str | Path |
     answers = answer_questions(loaded.model, loaded.tokenizer, loaded.info, [r.question for r in records],
                                [r.context for r in records], generate, loaded.config.train.eval_batch_size,
                                progress=True, fields=[r.fields for r in records])
-    path = Path(output) if output else Path(run_dir) / f"answers-{Path(data_file).stem}.csv"
+    header, rows = _answer_table(loaded.config.data, Path(data_file), records, answers)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w", encoding="utf-8", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(["row", "question", "answer"])
-        writer.writerows([r.row, r.question, a] for r, a in zip(records, answers))
+    _write_table(path, header, rows)
     return path
+
+
+def _answers_path(run_dir: str | Path, data_file: str | Path, output: str | Path | None) -> Path:
+    """Where the answers go, checked before any work: a format we write, and not the questions file."""
+    path = Path(output) if output else Path(run_dir) / f"answers-{Path(data_file).stem}.csv"
+    if path.suffix.lower() not in ANSWER_FORMATS:
+        raise DataError(f"--output {path}: cannot write '{path.suffix or '(no suffix)'}' files; end the name with "
+                        f"one of {', '.join(ANSWER_FORMATS)}")
+    questions = Path(data_file)
+    if path.resolve() == questions.resolve() or (path.exists() and questions.exists() and path.samefile(questions)):
+        raise DataError(f"--output {path} is the questions file itself; writing the answers there would overwrite "
+                        "the questions file; pick another name, e.g. answers" + path.suffix)
+    if path.is_dir():
+        raise DataError(f"--output {path} is a directory; name a file, e.g. {path / 'answers.csv'}")
+    return path
+
+
+def _answer_table(data: DataConfig, data_file: Path, records: list[QARecord],
+                  answers: list[str]) -> tuple[list[str], list[list[Any]]]:
+    """row, question, the input's other columns as they are in the file, answer: one row per answered record."""
+    from qatune.data.spreadsheet import read_table, resolve_column
+
+    header, cells, first_row = read_table(data_file, sheet=data.sheet, encoding=data.encoding,
+                                          delimiter=data.delimiter)
+    question = resolve_column(header, data.question_column, "question_column", data_file.name)
+    others = [i for i in range(len(header)) if i != question]
+    names = ["row", "question"]
+    for i in others:
+        names.append(_free_name(str(header[i]).strip() or f"column {i + 1}", [*names, "answer"]))
+    rows = []
+    for record, answer in zip(records, answers):
+        line = cells[record.row - first_row]
+        rows.append([record.row, record.question, *(_plain(line[i] if i < len(line) else None) for i in others),
+                     answer])
+    return [*names, "answer"], rows
+
+
+def _free_name(name: str, taken: list[str]) -> str:
+    """``name``, or ``name (input)`` when the answers file already has such a column (row, question, answer)."""
+    candidate, n = name, 1
+    while candidate in taken:
+        candidate = f"{name} (input)" if n == 1 else f"{name} (input {n})"
+        n += 1
+    return candidate
+
+
+def _plain(value: Any) -> Any:
+    """An input cell as the answers file holds it: text, numbers and booleans as they are, blanks empty,
+    anything else (dates, lists) as the text training reads."""
+    from qatune.data.spreadsheet import clean_cell
+
+    if isinstance(value, float) and not math.isfinite(value):
+        return None if math.isnan(value) else str(value)
+    if value is None or isinstance(value, str | bool | int | float):
+        return value
+    return clean_cell(value)
+
+
+def _write_table(path: Path, header: list[str], rows: list[list[Any]]) -> None:
+    """Write ``rows`` in the format ``path``'s suffix names, atomically (a temporary sibling, then a rename)."""
+    suffix = path.suffix.lower()
+    if suffix == ".xlsx":
+        _write_bytes(path, _xlsx_bytes(header, rows))
+        return
+    if suffix in (".json", ".jsonl"):
+        records = [dict(zip(header, row)) for row in rows]
+        if suffix == ".json":
+            text = json.dumps(records, ensure_ascii=False, indent=2) + "\n"
+        else:
+            text = "".join(json.dumps(record, ensure_ascii=False) + "\n" for record in records)
+    else:
+        buffer = io.StringIO()
+        writer = csv.writer(buffer, delimiter="\t" if suffix == ".tsv" else ",")
+        writer.writerow(header)
+        writer.writerows(rows)
+        text = buffer.getvalue()
+    atomic_write_text(path, text)
+
+
+def _xlsx_bytes(header: list[str], rows: list[list[Any]]) -> bytes:
+    from openpyxl import Workbook
+    from openpyxl.cell.cell import ILLEGAL_CHARACTERS_RE
+
+    book = Workbook()
+    sheet = book.active
+    sheet.title = "answers"
+    for line in [header, *rows]:
+        sheet.append([ILLEGAL_CHARACTERS_RE.sub("", v) if isinstance(v, str) else v for v in line])
+        for cell in sheet[sheet.max_row]:
+            if isinstance(cell.value, str) and cell.value.startswith("="):
+                cell.data_type = "s"  # an answer that looks like a formula stays text
+    buffer = io.BytesIO()
+    book.save(buffer)
+    return buffer.getvalue()
+
+
+def _write_bytes(path: Path, data: bytes) -> None:
+    """atomic_write_text for bytes: a temporary sibling, fsynced, renamed over ``path``."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException as exc:
+        tmp.unlink(missing_ok=True)
+        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise DiskFullError(path.parent, path.name, len(data)) from None
+        raise
 
 
 def _check_fields(info: ModelInfo, fields: dict[str, str]) -> dict[str, str]:
