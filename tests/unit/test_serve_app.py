@@ -248,16 +248,38 @@ def test_a_bad_request_gets_a_4xx_in_the_openai_shape_and_the_server_keeps_servi
     assert causal.post("/v1/completions", json={"prompt": QUESTIONS[0], "max_tokens": 2}).status_code == 200
 
 
-def test_prompt_and_max_tokens_beyond_the_model_positions(causal):
+def test_a_question_is_cut_to_leave_max_tokens_room_in_the_model_positions(causal):
     encoder, positions = causal.service.encoder, causal.service.positions
     question = "where"
     while len(encoder.prompt_ids(question)) < positions - 30:
         question += " where"
-    fits = causal.post("/v1/completions", json={"prompt": question, "max_tokens": 20})
-    assert fits.status_code == 200
-    error = assert_error(causal.post("/v1/completions", json={"prompt": question, "max_tokens": 40}), 400,
-                         "max_tokens", "context_length_exceeded")
-    assert f"{positions} positions" in error["message"]
+    fits = causal.post("/v1/completions", json={"prompt": question, "max_tokens": 20}).json()
+    assert fits["usage"]["prompt_tokens"] == len(encoder.prompt_ids(question))
+    cut = causal.post("/v1/completions", json={"prompt": question, "max_tokens": 40}).json()
+    assert cut["usage"]["prompt_tokens"] == len(encoder.prompt_ids(question, None, positions - 40))
+
+
+def test_a_question_longer_than_the_model_positions_is_cut_as_qatune_generate_cuts_it(runs):
+    loaded = load_model_folder(runs["causal"], device="cpu")
+    question = "where did henry knox die? " + "and where " * 100
+    expected = answer_questions(loaded.model, loaded.tokenizer, loaded.info, [question],
+                                generate=loaded.config.generate)
+    with serving(runs["causal"], limits=Limits(max_prompt_tokens=1000)) as client:
+        encoder, positions = client.service.encoder, client.service.positions
+        assert len(encoder.prompt_ids(question)) > positions
+        asked = client.post("/v1/chat/completions", json=chat(question)).json()  # no max_tokens: the run's 32
+        assert [asked["choices"][0]["message"]["content"]] == expected
+        assert asked["usage"]["prompt_tokens"] == len(encoder.prompt_ids(question, None, positions - 32))
+        streamed = sse(client.post("/v1/completions", json={"prompt": question, "max_tokens": 100, "stream": True,
+                                                            "stream_options": {"include_usage": True}}))
+        assert streamed[-1]["usage"]["prompt_tokens"] == len(encoder.prompt_ids(question, None, positions - 100))
+        # A max_tokens that leaves the prompt no room: the 400 names it as the client sent it.
+        error = assert_error(client.post("/v1/completions", json={"prompt": question, "max_tokens": 125}), 400,
+                             None, "context_length_exceeded")
+        assert "max_tokens=125" in error["message"] and f"{positions} positions" in error["message"]
+        too_long = assert_error(client.post("/v1/completions", json={"prompt": "where " * 1100}), 400,
+                                "messages", "context_length_exceeded")  # --max-prompt-tokens, a server limit
+        assert "more than this server allows (1000)" in too_long["message"] and "max_tokens" not in too_long["message"]
 
 
 def test_too_many_requests_in_flight_get_429(causal):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass
 from importlib import resources
@@ -19,6 +20,7 @@ from fastapi import FastAPI
 from fastapi.responses import FileResponse, HTMLResponse
 
 from qatune.data.generative import PromptEncoder, PromptTemplate, Seq2SeqEncoder
+from qatune.generate import prompt_budget, uses_context
 from qatune.model import model_max_positions
 from qatune.model_folder import LoadedModel
 from qatune.rundir import read_status
@@ -26,6 +28,8 @@ from qatune.serve.batching import Batcher, Delta, Extraction, Failed, Generation
 from qatune.serve.guard import Guard, add_error_handlers
 from qatune.serve.replies import Reply, SlotStreamingResponse
 from qatune.serve.schemas import ApiError, ChatRequest, CompletionRequest, ExtractRequest
+
+log = logging.getLogger("qatune")
 
 CHARS_PER_TOKEN = 16
 """Prompts longer than this many characters per allowed token are refused without tokenizing them."""
@@ -61,6 +65,8 @@ def create_app(loaded: LoadedModel, settings: Settings = Settings()) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        for line in service.request_needs():
+            log.info("%s", line)
         service.batcher.start()
         try:
             yield
@@ -92,12 +98,11 @@ def create_app(loaded: LoadedModel, settings: Settings = Settings()) -> FastAPI:
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest) -> Any:
-        return await service.complete(body, body.question, body.context, chat=False)
+        return await service.complete(body, body.question, chat=False)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatRequest) -> Any:
-        context = body.context if body.context is not None else body.system
-        return await service.complete(body, body.question, context, chat=True)
+        return await service.complete(body, body.question, chat=True, system=body.system)
 
     @app.post("/v1/extract")
     async def extract(body: ExtractRequest) -> dict[str, Any]:
@@ -115,6 +120,11 @@ def create_app(loaded: LoadedModel, settings: Settings = Settings()) -> FastAPI:
         return FileResponse(path, media_type="image/png")
 
     return app
+
+
+def how_to_send_fields(names: list[str]) -> str:
+    example = json.dumps(dict.fromkeys(names, "..."), ensure_ascii=False)
+    return f'send them in the request body as "fields": {example} (openai client: extra_body={{"fields": {{...}}}})'
 
 
 class Gate:
@@ -168,27 +178,63 @@ class Service:
             raise ApiError(404, f"model '{name}' does not exist; this server serves '{self.model_id}' "
                            "(see GET /v1/models)", param="model", code="model_not_found")
 
-    def generation(self, body: CompletionRequest | ChatRequest, question: str, context: str | None) -> Generation:
-        """The prompt's token ids, built by the run's encoder exactly as in training, and the sampling settings."""
+    def passage(self, body: CompletionRequest | ChatRequest, system: str | None) -> str | None:
+        """The context: the request's ``context``, else (chat) its system message. A run that reads none
+        refuses a ``context`` and ignores a system message (chat clients send one of their own)."""
+        if not self.uses_context:
+            if body.context is not None:
+                raise ApiError(400, "this run's prompt has no {context}: it answers from the question alone; "
+                               "leave 'context' out", param="context", code="unexpected_context")
+            return None
+        context = body.context if body.context is not None else system
+        if context is None or not context.strip():
+            what = ("this run does extractive QA: the answer is a span of a context" if self.info.task == "extractive"
+                    else "this run's prompt uses a context ({context})")
+            raise ApiError(400, f"{what}; pass the passage as 'context' (or, in a chat, as the system message)",
+                           param="context", code="missing_context")
+        return context
+
+    def prompt_fields(self, given: dict[str, str] | None) -> dict[str, str]:
+        """The request's values of the other columns the prompt names, by the prompt's names."""
+        template = self.template if self.info.task == "generative" else PromptTemplate("")
+        values, unknown, missing = template.match_fields(given or {})
+        if unknown:
+            uses = f"it uses {template.fields}" if template.fields else "it uses no column besides the question"
+            raise ApiError(400, f"'fields' names {unknown}, which the run's prompt does not use; {uses}",
+                           param="fields", code="unknown_field")
+        if missing:
+            raise ApiError(400, f"the run's prompt needs the column(s) {missing} besides the question; "
+                           f"{how_to_send_fields(missing)}", param="fields", code="missing_fields")
+        return values
+
+    def generation(self, body: CompletionRequest | ChatRequest, question: str, context: str | None,
+                   fields: dict[str, str]) -> Generation:
+        """The prompt's token ids, built by the run's encoder exactly as in training and cut as
+        ``qatune generate`` cuts them to fit the model, and the sampling settings."""
         defaults = self.loaded.config.generate
         requested = body.max_tokens or getattr(body, "max_completion_tokens", None)
         if requested is not None and requested > self.limits.max_tokens:
             raise ApiError(400, f"max_tokens={requested} is more than this server allows ({self.limits.max_tokens})",
                            param="max_tokens", code="max_tokens_too_large")
-        self._check_prompt_chars(len(question) + len(context or ""))
-        prompt = self.encoder.prompt_ids(question, context, None)
+        self._check_prompt_chars(len(question) + len(context or "") + sum(map(len, fields.values())))
+        prompt = self.encoder.prompt_ids(question, context, None, fields=fields)
         self._check_prompt_length(len(prompt))
-        if self.info.seq2seq:
-            # the encoder reads at most the training max_length; the question is cut as in training
-            prompt = self.encoder.prompt_ids(question, context, self.info.max_length) or prompt
-            room = self.limits.max_tokens
-        else:
-            room = min(self.limits.max_tokens,
-                       self.positions - len(prompt) if self.positions else self.limits.max_tokens)
-            if room < 1 or (requested is not None and requested > room):
-                raise ApiError(400, f"the prompt has {len(prompt)} tokens and max_tokens={requested or 1} more do "
-                               f"not fit the model's {self.positions} positions; shorten the question or lower "
-                               "max_tokens", param="max_tokens", code="context_length_exceeded")
+        answer_tokens = requested or min(defaults.max_new_tokens, self.limits.max_tokens)
+        # the encoder of a seq2seq model reads at most the training max_length
+        budget = self.info.max_length if self.info.seq2seq else prompt_budget(self.positions, answer_tokens)
+        if budget is not None and len(prompt) > budget:
+            prompt = self.encoder.prompt_ids(question, context, budget, fields=fields)
+            if prompt is None:
+                raise ApiError(400, self._no_room(budget, answer_tokens, requested), param="messages",
+                               code="context_length_exceeded")
+        room = self.limits.max_tokens
+        if self.positions:
+            room = min(room, self.positions - len(prompt))
+            if requested is not None and requested > room:
+                raise ApiError(400, f"max_tokens={requested} leaves {self.positions - requested} of the model's "
+                               f"{self.positions} positions for the prompt, which needs {len(prompt)} even with the "
+                               f"question cut; lower max_tokens to at most {room}", param="max_tokens",
+                               code="context_length_exceeded")
         sampling = Sampling(
             max_tokens=requested or min(defaults.max_new_tokens, room),
             temperature=body.temperature if body.temperature is not None else defaults.temperature,
@@ -196,6 +242,14 @@ class Service:
             stop=body.stops, seed=body.seed,
         )
         return Generation(prompt, sampling)
+
+    def _no_room(self, budget: int, answer_tokens: int, requested: int | None) -> str:
+        if self.info.seq2seq:
+            return f"the run's prompt template alone is longer than the {budget} tokens its encoder reads (max_length)"
+        why = (f"max_tokens={requested}" if requested
+               else f"the run's {answer_tokens} answer tokens (generate.max_new_tokens)")
+        return (f"the run's prompt template alone is longer than the {budget} of the model's {self.positions} "
+                f"positions left for the prompt after {why}; send a lower max_tokens")
 
     def extraction(self, question: str, context: str | None, max_answer_length: int | None,
                    context_param: str = "context") -> tuple[Extraction, int]:
@@ -225,16 +279,18 @@ class Service:
 
     # --- jobs -> responses
 
-    async def complete(self, body: CompletionRequest | ChatRequest, question: str, context: str | None,
-                       chat: bool) -> Any:
+    async def complete(self, body: CompletionRequest | ChatRequest, question: str, chat: bool,
+                       system: str | None = None) -> Any:
         self.check_model(body.model)
         body.check_supported()
         if not question.strip():
             raise ApiError(400, "the question is empty", param="messages" if chat else "prompt", code="empty_question")
+        context = self.passage(body, system)
+        fields = self.prompt_fields(body.fields)
         if self.info.task == "extractive":
             request, prompt_tokens = self.extraction(question, context, None)
         else:
-            request = self.generation(body, question, context)
+            request = self.generation(body, question, context, fields)
             prompt_tokens = len(request.prompt)
         reply = Reply(self.model_id, chat, prompt_tokens, self.loaded.tokenizer)
         slot = self.gate.enter()
@@ -307,6 +363,7 @@ class Service:
         return {
             "id": self.model_id, "task": self.info.task, "kind": self.kind, "base_model": self.base_model,
             "prompt_template": self.info.prompt_template, "uses_context": self.uses_context,
+            "fields": self.field_names,
             "status": status.get("status"), "best_eval": result.get("best_eval"),
             "final_train_loss": result.get("final_train_loss"), "steps": result.get("steps"),
             "evaluations": evaluations,
@@ -317,7 +374,23 @@ class Service:
 
     @property
     def uses_context(self) -> bool:
-        return self.info.task == "extractive" or self.template.uses_context
+        return uses_context(self.info)
+
+    @property
+    def field_names(self) -> list[str]:
+        """Columns the run's prompt names besides the question and the context."""
+        return self.template.fields if self.info.task == "generative" else []
+
+    def request_needs(self) -> list[str]:
+        """What a request must send besides the question, one line each (logged when the server starts)."""
+        lines = []
+        if self.uses_context:
+            lines.append("this run reads a context: send the passage as 'context' (or, in a chat, as the system "
+                         "message)")
+        if self.field_names:
+            lines.append(f"this run's prompt needs the column(s) {self.field_names} besides the question: "
+                         f"{how_to_send_fields(self.field_names)}")
+        return lines
 
     @property
     def kind(self) -> str:

@@ -8,9 +8,12 @@ as OpenAI clients send many.
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, field_validator
+
+from qatune.data.spreadsheet import clean_cell
 
 # A string where the OpenAI schema allows "a string or an array of strings" becomes a one-item list
 # before validation, so errors name the field (a union would name its members: 'stop.str').
@@ -62,11 +65,29 @@ class _Sampling(_Request):
     stream_options: StreamOptions | None = None
     context: StrictStr | None = None
     """qatune: the passage for an extractive run, or for a prompt template with {context}."""
+    fields: dict[StrictStr, StrictStr] | None = None
+    """qatune: the other columns the run's prompt names (``{"Total Marks": 3}``); numbers become text as
+    in a spreadsheet (3.0 -> "3")."""
 
     @field_validator("stop", mode="before")
     @classmethod
     def _one_stop(cls, value: Any) -> Any:
         return _listed(value, "a string or an array of up to 4 strings")
+
+    @field_validator("fields", mode="before")
+    @classmethod
+    def _field_values(cls, value: Any) -> Any:
+        if value is None:
+            return None
+        if not isinstance(value, dict):
+            raise ValueError('should be an object of column names and values, e.g. {"Total Marks": "3"}')
+        texts = {}
+        for name, cell in value.items():
+            number = isinstance(cell, int | float) and not isinstance(cell, bool)
+            if not (isinstance(cell, str) or (number and math.isfinite(cell))):
+                raise ValueError(f"the value of {name!r} should be a string or a number")
+            texts[name] = cell if isinstance(cell, str) else clean_cell(cell)
+        return texts
 
     @property
     def stops(self) -> tuple[str, ...]:
