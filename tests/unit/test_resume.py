@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 
 import pytest
 import torch
@@ -80,15 +81,20 @@ def train_lines(run_dir):
     return [{k: v for k, v in line.items() if k != "tokens_per_s"} for line in lines if line["event"] == "train"]
 
 
-def test_a_logging_window_that_spans_the_interruption_logs_what_an_uninterrupted_run_logs(tmp_path, monkeypatch):
-    # logging_steps 4: lines at steps 1, 4 and 8; the stop after step 6 falls inside the window of steps 5-8.
+@pytest.mark.parametrize("stop", [6, 3])
+def test_a_logging_window_that_spans_the_interruption_logs_what_an_uninterrupted_run_logs(tmp_path, monkeypatch,
+                                                                                          stop):
+    # logging_steps 4: lines at steps 1, 4 and 8; a stop after step 6 falls inside the window of steps 5-8, one
+    # after step 3 (the last of epoch 1, so the resumed process starts with the epoch's end) inside 2-4.
     config = config_for(tmp_path, "train.logging_steps=4", "train.device=cpu")
     straight = train(config, output_dir=tmp_path / "straight", progress=False)
-    interrupt_at(monkeypatch, 6)
+    interrupt_at(monkeypatch, stop)
     with pytest.raises(TrainingInterrupted):
         train(config, output_dir=tmp_path / "stopped", progress=False)
     monkeypatch.undo()
-    resumed = train(config, output_dir=tmp_path / "stopped", resume="", progress=False)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="Detected call of `lr_scheduler.step")   # a false alarm
+        resumed = train(config, output_dir=tmp_path / "stopped", resume="", progress=False)
     assert [line["step"] for line in train_lines(straight)] == [1, 4, 8]
     assert train_lines(resumed) == train_lines(straight)     # loss, lr, grad_norm, supervised_tokens: exact
 

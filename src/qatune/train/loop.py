@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import math
 import sys
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import nullcontext
 from dataclasses import dataclass, field
@@ -257,7 +258,11 @@ class Loop:
     def end_epoch(self) -> None:
         """Epoch-interval decay, validation (best/ when it improves), a checkpoint."""
         if self.prepared.config.train.scheduler.interval == "epoch":
-            self.schedulers["decay"].step()
+            with warnings.catch_warnings():
+                # Resumed after an epoch's last step, this process has not stepped the optimizer yet; torch
+                # warns of a skipped learning rate, but the restored schedule is exact.
+                warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step", category=UserWarning)
+                self.schedulers["decay"].step()
         self.state.epoch, self.state.consumed = self.state.epoch + 1, 0
         if self.prepared.eval_records:
             run_dir = self.run_dir if self.main else None
