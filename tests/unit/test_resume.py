@@ -187,8 +187,8 @@ def test_resume_refuses_epochs_that_would_end_the_run_without_training(tmp_path,
     with pytest.raises(ConfigError) as err:
         train(config_for(tmp_path, "train.epochs=1"), resume=end_of_1, progress=False)
     assert str(err.value) == (f"the run stopped after epoch 1 of 3 (step 3, {end_of_1}); train.epochs 1 would end "
-                              f"it without training: resume with the run's own config (qatune train --resume {run}) "
-                              "or --set train.epochs to 2 or more")
+                              "it without training: resume with the run's own config (qatune train --resume "
+                              f"{end_of_1}) or --set train.epochs to 2 or more")
     with pytest.raises(ConfigError, match=r"^the run stopped in epoch 2 of 3 \(step 4, .*\); train.epochs 1 would"):
         train(config_for(tmp_path, "train.epochs=1"), resume=in_2, progress=False)
     with pytest.raises(ConfigError, match=r"^the run stopped after epoch 3 of 3 \(step 9, .*\); train.epochs 2 would"):

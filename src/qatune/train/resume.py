@@ -57,7 +57,7 @@ def _resume_locked(config: Config, path: Path, run_dir: Path, progress: bool) ->
         raise ConfigError(f"the config differs from the run being resumed in {changed}; only {may_change} may "
                           f"change on resume: resume without --config (the run's own {run_dir / rundir.CONFIG} is "
                           "used) and --set only those keys, or start a new run")
-    check_epochs_left(load_state(checkpoint), config.train.epochs, saved.train.epochs, checkpoint, run_dir)
+    check_epochs_left(load_state(checkpoint), config.train.epochs, saved.train.epochs, checkpoint, path)
     config = config.model_copy(update={"output_dir": str(run_dir)})
     prepared = prepare_checked(config)
     if rundir.read_status(run_dir).get("data_fingerprint") not in (None, fingerprint(prepared)):
@@ -71,10 +71,11 @@ def _resume_locked(config: Config, path: Path, run_dir: Path, progress: bool) ->
     return run_and_record(prepared, run_dir, progress, resume_from=checkpoint)
 
 
-def check_epochs_left(state: TrainState, epochs: int, planned: int, checkpoint: Path, run_dir: Path) -> None:
+def check_epochs_left(state: TrainState, epochs: int, planned: int, checkpoint: Path, path: Path) -> None:
     """Refuse a ``train.epochs`` that would end the run without training (a stale config file would
     otherwise mark a stopped run complete). The one exception: a checkpoint at the end of the run's own last
-    epoch, where resuming only writes final/ and the report (a run stopped just before them)."""
+    epoch, where resuming only writes final/ and the report (a run stopped just before them). ``path`` is
+    what was asked to resume: a run directory or a checkpoint."""
     done = state.epoch  # whole epochs trained; a checkpoint inside an epoch has consumed > 0
     if epochs > done:
         return
@@ -84,7 +85,7 @@ def check_epochs_left(state: TrainState, epochs: int, planned: int, checkpoint: 
         return
     where = (f"in epoch {done + 1} of {planned}" if state.consumed else f"after epoch {done} of {planned}")
     raise ConfigError(f"the run stopped {where} (step {state.step}, {checkpoint}); train.epochs {epochs} would "
-                      f"end it without training: resume with the run's own config ({resume_command(run_dir)}) "
+                      f"end it without training: resume with the run's own config ({resume_command(path)}) "
                       f"or --set train.epochs to {done + 1} or more")
 
 
