@@ -56,6 +56,24 @@ def test_openai_client_sees_errors_as_its_own_exceptions(server):
     assert client.completions.create(model="causal", prompt="hi", max_tokens=2).choices  # still serving
 
 
+def test_a_prompt_column_is_sent_by_the_openai_client_as_extra_body_fields(tmp_path):
+    from tests.prompt_runs import score_run
+
+    server = ServerProcess(score_run(tmp_path))
+    try:
+        client = client_for(server)
+        question = [{"role": "user", "content": "what is item 1?"}]
+        with pytest.raises(openai.BadRequestError) as missing:
+            client.chat.completions.create(model="run", messages=question)
+        assert missing.value.param == "fields" and "extra_body" in missing.value.message
+        assert any("needs the column(s) ['score']" in line for line in server.log)  # said when it started
+        answer = client.chat.completions.create(model="run", messages=question, extra_body={"fields": {"score": 1}})
+        assert answer.choices[0].finish_reason in ("stop", "length") and answer.usage.prompt_tokens > 0
+    finally:
+        assert server.stop() == 0
+    assert "Traceback" not in "".join(server.log)
+
+
 def test_a_client_that_leaves_mid_stream_frees_its_slot(server):
     import httpx
 
