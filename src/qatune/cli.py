@@ -147,7 +147,9 @@ def train(ctx: click.Context, config_path: str | None, overrides: tuple[str, ...
 @click.option("--base", is_flag=True,
               help="Evaluate the config's pretrained model before fine-tuning (with --config; no RUN_DIR).")
 @click.option("--config", "config_path", default=None, help="With --base: the YAML config of the run to compare.")
-@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="With --base: override a config key.")
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
+              help="With --base: override a config key. With RUN_DIR: how --data is read, e.g. --set data.sheet=0 "
+                   "or --set data.question_column=Q (data.sheet/encoding/delimiter/*_column/answer_separator).")
 @click.option("--batch-size", type=click.IntRange(min=1), default=None, help="Evaluation batch size.")
 @click.option("--json", "as_json", is_flag=True, help="Print the metrics as JSON on stdout.")
 @verbose_option
@@ -171,11 +173,11 @@ def eval_command(run_dir: str | None, data_file: str | None, which: str, base: b
     else:
         if run_dir is None:
             raise QatuneError("pass the RUN_DIR to evaluate (or --base --config X.yaml for the model before training)")
-        if config_path is not None or overrides:
-            raise QatuneError("--config and --set go with --base; a run is evaluated with its own saved config")
+        if config_path is not None:
+            raise QatuneError("--config goes with --base; a run is evaluated with its own saved config")
         if data_file is None:
             raise QatuneError("pass the held-out file with --data FILE")
-        metrics, paths = evaluate_run(run_dir, data_file, which, batch_size, progress=not as_json)
+        metrics, paths = evaluate_run(run_dir, data_file, which, batch_size, progress=not as_json, reading=overrides)
     if as_json:
         click.echo(json.dumps(metrics, indent=2))
         return

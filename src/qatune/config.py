@@ -261,6 +261,25 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
     return validate_config(raw, where, {item.partition("=")[0].strip() for item in overrides})
 
 
+READING_KEYS = ("data.sheet", "data.encoding", "data.delimiter", "data.question_column", "data.answer_column",
+                "data.context_column", "data.answer_start_column", "data.answer_separator")
+"""How a file is read: what ``qatune eval RUN --set`` may change for a held-out file laid out differently."""
+
+
+def with_reading_overrides(config: Config, overrides: list[str] | tuple[str, ...]) -> Config:
+    """A trained run's config with how a held-out file is read changed (``key=value`` over READING_KEYS)."""
+    keys = {item.partition("=")[0].strip() for item in overrides}
+    other = sorted(keys - set(READING_KEYS))
+    if other:
+        raise ConfigError(f"--set {other[0]}: a run is evaluated with its own saved config; --set may change only how "
+                          f"the held-out file is read: {', '.join(READING_KEYS)}")
+    raw = config.model_dump(mode="json")
+    problems = [problem for item in overrides if (problem := _apply_override(raw, item))]
+    if problems:
+        raise ConfigError(_problem_text("--set", problems))
+    return validate_config(raw, "the run's config", keys)
+
+
 def validate_config(raw: dict[str, Any], where: str = "config", set_keys: set[str] = frozenset()) -> Config:
     """``raw`` as a Config; ``set_keys``: keys given with --set, whose problems are named as such."""
     def marked(problems: list[str]) -> list[str]:

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from qatune import atomic, rundir
-from qatune.config import Config, GenerateConfig
+from qatune.config import Config, GenerateConfig, with_reading_overrides
 from qatune.data.extractive import prepare_features
 from qatune.data.generative import (
     CausalCollator,
@@ -102,10 +102,16 @@ def _teacher_forced_loss(model: Any, tokenizer: Any, info: ModelInfo, records: l
 
 
 def evaluate_run(run_dir: str | Path, data_file: str | Path, which: str = rundir.FINAL,
-                 batch_size: int | None = None, progress: bool = False) -> tuple[dict[str, Any], dict[str, Path]]:
-    """Evaluate a run's model on a file; writes the metrics JSON and a predictions CSV next to the run."""
+                 batch_size: int | None = None, progress: bool = False,
+                 reading: list[str] | tuple[str, ...] = ()) -> tuple[dict[str, Any], dict[str, Path]]:
+    """Evaluate a run's model on a file; writes the metrics JSON and a predictions CSV next to the run.
+
+    ``reading``: ``key=value`` changes to how the file is read (sheet, columns, delimiter: READING_KEYS),
+    for a held-out file laid out unlike the training file.
+    """
     loaded = load_model_folder(run_dir, which)
-    records, report = load_from_config(loaded.config.data, data_file, with_context=loaded.info.task == "extractive"
+    data = with_reading_overrides(loaded.config, reading).data if reading else loaded.config.data
+    records, report = load_from_config(data, data_file, with_context=loaded.info.task == "extractive"
                                        or PromptTemplate(loaded.info.prompt_template).uses_context)
     metrics, predictions = evaluate_records(
         loaded.model, loaded.tokenizer, loaded.info, records, loaded.config.generate,
