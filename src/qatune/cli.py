@@ -315,7 +315,9 @@ def serve(run_dir: str, host: str, port: int, api_key: str | None, which: str, m
 @click.argument("data_file")
 @click.option("--task", type=click.Choice(["auto", "generative", "extractive"]), default="auto", show_default=True,
               help="auto: extractive when a context column holds the answers.")
-@click.option("--sheet", default=None, help="Excel sheet name (default: the first sheet).")
+@click.option("--sheet", default=None, help="Excel sheet name or 0-based index (default: the first sheet).")
+@click.option("--delimiter", default=None,
+              help="Cell separator of a text file, e.g. ';' (default: ',', or tab for .tsv).")
 @click.option("--question", "question_column", default=None, help="The column with the questions (else guessed).")
 @click.option("--answer", "answer_column", default=None, help="The column with the answers (else guessed).")
 @click.option("--context", "context_column", default=None, help="The column with the passages (else guessed).")
@@ -325,8 +327,9 @@ def serve(run_dir: str, host: str, port: int, api_key: str | None, which: str, m
 @click.option("--output-dir", default=None, help="Run directory to put in the config.")
 @click.option("--force", is_flag=True, help="Replace an existing config file.")
 @verbose_option
-def init(data_file: str, task: str, sheet: str | None, question_column: str | None, answer_column: str | None,
-         context_column: str | None, model: str | None, output: str, output_dir: str | None, force: bool) -> None:
+def init(data_file: str, task: str, sheet: str | None, delimiter: str | None, question_column: str | None,
+         answer_column: str | None, context_column: str | None, model: str | None, output: str, output_dir: str | None,
+         force: bool) -> None:
     """Guess the question/answer/context columns of a spreadsheet and write a config for it."""
     from pathlib import Path
 
@@ -334,7 +337,7 @@ def init(data_file: str, task: str, sheet: str | None, question_column: str | No
 
     path = Path(data_file)
     found = inspect(path, sheet=sheet, task=task, question_column=question_column, answer_column=answer_column,
-                    context_column=context_column)
+                    context_column=context_column, delimiter=delimiter)
     chosen = choose_model(found.task, model)
     click.echo(describe(found, path))
     click.echo(f"  {'model:':17} {chosen.column!r:24} ({chosen.reason})")

@@ -47,16 +47,20 @@ class Inspection:
     answer_in_context: float | None
     rows: int
     sheet: str | int | None
+    delimiter: str | None = None
 
 
 def inspect(path: Path, sheet: str | int | None = None, task: str = "auto", question_column: str | None = None,
-            answer_column: str | None = None, context_column: str | None = None) -> Inspection:
+            answer_column: str | None = None, context_column: str | None = None,
+            delimiter: str | None = None) -> Inspection:
     """Guess the columns (those given are taken as they are) and the task."""
-    header, rows, _ = read_table(path, sheet=sheet)
+    header, rows, _ = read_table(path, sheet=sheet, delimiter=delimiter)
     try:
-        return _guess(path, header, rows, sheet, task, question_column, answer_column, context_column)
+        found = _guess(path, header, rows, sheet, task, question_column, answer_column, context_column)
     except DataError as exc:
         raise with_sheets_hint(exc, path, sheet, "pass --sheet NAME") from None
+    found.delimiter = delimiter
+    return found
 
 
 def _guess(path: Path, header: list[str], rows: list[list[Any]], sheet: str | int | None, task: str,
@@ -169,6 +173,7 @@ def write_config(path: Path, data_file: Path, found: Inspection, model: str | No
             "answer_column": found.answer.column,
             "context_column": found.context.column,
             "sheet": found.sheet,
+            **({"delimiter": found.delimiter} if found.delimiter else {}),
             "max_length": "auto" if found.task == "generative" else 384,
         },
         "train": train,

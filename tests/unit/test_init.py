@@ -129,6 +129,23 @@ def test_data_on_a_second_sheet_is_pointed_at(tmp_path):
     assert result.stderr.strip().splitlines()[-1] == ("that was the first sheet of ['Notes', 'Data']: if the data is "
                                                       "on another one, pass --sheet NAME")
     assert init(tmp_path / "two.xlsx", "--sheet", "Data", "--output", tmp_path / "c.yaml").exit_code == 0
+    result = init(tmp_path / "two.xlsx", "--sheet", "1", "--output", tmp_path / "d.yaml")  # an index, as data.sheet
+    assert result.exit_code == 0, result.output
+    from qatune.data.spreadsheet import load_from_config
+
+    records, _ = load_from_config(load_config(tmp_path / "d.yaml").data, tmp_path / "two.xlsx")
+    assert [(r.question, r.answer) for r in records] == [("who?", "me")]
+
+
+def test_a_semicolon_separated_file_with_delimiter(tmp_path):
+    data = tmp_path / "semi.csv"
+    data.write_text("question;answer\n" + "".join(f"who, then, is {i}?;person {i}\n" for i in range(30)),
+                    encoding="utf-8")
+    result = init(data, "--delimiter", ";", "--model", "gpt2", "--output", tmp_path / "c.yaml")
+    assert result.exit_code == 0, result.output
+    config = load_config(tmp_path / "c.yaml")
+    assert (config.data.delimiter, config.data.question_column, config.data.answer_column) == (";", "question",
+                                                                                               "answer")
 
 
 def test_a_tiny_sheet_keeps_every_row_for_training(tmp_path):

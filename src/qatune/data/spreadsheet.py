@@ -379,6 +379,9 @@ def _read_excel(path: Path, sheet: str | int | None) -> pd.DataFrame:
         raise DataError(f"{path} cannot be opened as an Excel workbook: {exc}") from None
     with book:
         names = book.sheet_names
+        if isinstance(sheet, str) and sheet.strip().isdigit() and not any(
+                n.strip().casefold() == sheet.strip().casefold() for n in names):
+            sheet = int(sheet)  # "1" from a command line (init --sheet 1): the index, as data.sheet: 1 is
         if sheet is None:
             chosen: str | int = 0
         elif isinstance(sheet, int):
