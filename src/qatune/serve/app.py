@@ -41,7 +41,8 @@ class Limits:
 
     max_body_bytes: int = 1_000_000
     max_prompt_tokens: int = 4096
-    """Question (+ context) tokens; a causal LM also needs prompt + max_tokens within its positions."""
+    """Prompt tokens read; a prompt within this limit that leaves a causal LM too few positions for max_tokens
+    has its context, then its question, cut as ``qatune generate`` cuts them."""
     max_tokens: int = 1024
     max_concurrent: int = 64
     """Requests in flight (queued or decoding); more get 429."""
