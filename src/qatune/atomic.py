@@ -29,18 +29,23 @@ size and, for safetensors, by their header."""
 
 def atomic_write_text(path: Path, text: str) -> None:
     """Write a file through a temporary sibling and a rename: readers see the old or the new text."""
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """atomic_write_text for bytes (an .xlsx, say)."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
+        with open(tmp, "wb") as f:
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException as exc:
         tmp.unlink(missing_ok=True)
         if isinstance(exc, OSError) and exc.errno in _DISK_FULL:
-            raise DiskFullError(path.parent, path.name, len(text.encode("utf-8"))) from None
+            raise DiskFullError(path.parent, path.name, len(data)) from None
         raise
 
 

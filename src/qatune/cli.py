@@ -191,13 +191,15 @@ def eval_command(run_dir: str | None, data_file: str | None, which: str, base: b
 @cli.command()
 @click.argument("run_dir")
 @click.argument("question", required=False)
-@click.option("--context", default=None, help="Extractive: the passage that holds the answer.")
+@click.option("--context", default=None,
+              help="The passage (extractive runs, and prompts with {context}).")
 @click.option("--context-file", type=click.Path(dir_okay=False), default=None,
-              help="Extractive: read the passage from a text file.")
+              help="Read the passage from a text file.")
 @click.option("--file", "data_file", default=None, help="Answer every row of a spreadsheet (question column).")
 @click.option("--field", "fields", multiple=True, metavar="NAME=VALUE",
               help="A column the run's prompt names besides the question, e.g. --field 'Total Marks=3' (repeatable).")
-@click.option("--output", default=None, help="With --file: where to write the answers CSV.")
+@click.option("--output", default=None,
+              help="With --file: where to write the answers (.csv, .tsv, .xlsx, .json or .jsonl, by its suffix).")
 @click.option("--model", "which", type=click.Choice(["final", "best"]), default="final", show_default=True)
 @click.option("--max-new-tokens", type=click.IntRange(min=1), default=None, help="Longest generated answer.")
 @click.option("--temperature", type=click.FloatRange(min=0.0), default=None, help="0 is greedy; above 0 samples.")
@@ -215,6 +217,11 @@ def generate(run_dir: str, question: str | None, context: str | None, context_fi
     if data_file is not None:
         if question is not None:
             raise QatuneError("give either a QUESTION or --file, not both")
+        given = [flag for flag, value in (("--context", context), ("--context-file", context_file),
+                                          ("--field", fields)) if value]
+        if given:
+            raise QatuneError(f"{given[0]} goes with a single QUESTION; with --file, passages and other columns "
+                              "come from the file's columns")
         path = answer_file(run_dir, data_file, output, which, options, seed)
         click.echo(str(path))
         return

@@ -7,11 +7,9 @@ Extractive: every window of the context is scored and the best span is cut from 
 from __future__ import annotations
 
 import csv
-import errno
 import io
 import json
 import math
-import os
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
@@ -21,7 +19,7 @@ import torch
 from pydantic import ValidationError
 from tqdm.auto import tqdm
 
-from qatune.atomic import DiskFullError, atomic_write_text
+from qatune.atomic import atomic_write_bytes, atomic_write_text
 from qatune.config import DataConfig, GenerateConfig
 from qatune.data.extractive import Feature, SpanCollator, best_span, prepare_features
 from qatune.data.generative import PromptEncoder, PromptTemplate, Seq2SeqEncoder
@@ -279,7 +277,7 @@ def _write_table(path: Path, header: list[str], rows: list[list[Any]]) -> None:
     """Write ``rows`` in the format ``path``'s suffix names, atomically (a temporary sibling, then a rename)."""
     suffix = path.suffix.lower()
     if suffix == ".xlsx":
-        _write_bytes(path, _xlsx_bytes(header, rows))
+        atomic_write_bytes(path, _xlsx_bytes(header, rows))
         return
     if suffix in (".json", ".jsonl"):
         records = [dict(zip(header, row)) for row in rows]
@@ -311,22 +309,6 @@ def _xlsx_bytes(header: list[str], rows: list[list[Any]]) -> bytes:
     buffer = io.BytesIO()
     book.save(buffer)
     return buffer.getvalue()
-
-
-def _write_bytes(path: Path, data: bytes) -> None:
-    """atomic_write_text for bytes: a temporary sibling, fsynced, renamed over ``path``."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException as exc:
-        tmp.unlink(missing_ok=True)
-        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
-            raise DiskFullError(path.parent, path.name, len(data)) from None
-        raise
 
 
 def _check_fields(info: ModelInfo, fields: dict[str, str]) -> dict[str, str]:

@@ -115,3 +115,10 @@ def test_without_output_the_answers_go_to_a_csv_in_the_run(run, expected, questi
     result = cli_ok("generate", run, "--file", questions)
     assert result.stdout.strip() == str(run / "answers-questions.csv")
     assert [r["answer"] for r in read_answers(run / "answers-questions.csv")] == expected
+
+
+@pytest.mark.parametrize("flags", [["--context", "a passage"], ["--field", "score=1"], ["--context-file", "p.txt"]])
+def test_single_question_flags_are_refused_with_file(questions, tmp_path, flags):
+    result = CliRunner().invoke(cli, ["generate", str(tmp_path / "no-run"), "--file", str(questions), *flags])
+    one_line_error(result, f"{flags[0]} goes with a single QUESTION; with --file, passages and other columns come "
+                           "from the file's columns")
