@@ -3,35 +3,11 @@ question, read the streamed answer, the latency and the run's summary from the p
 
 import os
 import shutil
-from pathlib import Path
 
 import pytest
 from tests.serve_runs import faq_rows
 
-CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
-
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(not (CHROMIUM.exists() and CHROMEDRIVER.exists()),
-                       reason="Debian's chromium and chromium-driver are not installed "
-                              "(apt-get install -y chromium chromium-driver; .ci/run installs them)"),
-]
-webdriver = pytest.importorskip("selenium.webdriver")
-
-
-@pytest.fixture
-def browser(tmp_path):
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = str(CHROMIUM)
-    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run", "--window-size=1200,760",
-                 f"--user-data-dir={tmp_path / 'profile'}"):
-        options.add_argument(flag)
-    driver = webdriver.Chrome(service=Service(executable_path=str(CHROMEDRIVER)), options=options)
-    yield driver
-    driver.quit()
+pytestmark = pytest.mark.slow
 
 
 def test_ask_a_question_and_read_the_answer_from_the_page(server, browser, tmp_path):

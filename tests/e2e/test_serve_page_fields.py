@@ -2,34 +2,12 @@
 the server's 400 shown when it is left empty, an answer once it is filled in (Debian's Chromium via selenium)."""
 
 import pytest
-from tests.e2e.test_serve_page import CHROMEDRIVER, CHROMIUM
 from tests.prompt_runs import score_run
 from tests.serve_runs import ServerProcess
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(not (CHROMIUM.exists() and CHROMEDRIVER.exists()),
-                       reason="Debian's chromium and chromium-driver are not installed"),
-]
-webdriver = pytest.importorskip("selenium.webdriver")
+pytestmark = pytest.mark.slow
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
-
-
-@pytest.fixture
-def browser(tmp_path):
-    """As test_serve_page's: headless Chromium."""
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = str(CHROMIUM)
-    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run", "--window-size=1200,760",
-                 f"--user-data-dir={tmp_path / 'profile'}"):
-        options.add_argument(flag)
-    driver = webdriver.Chrome(service=Service(executable_path=str(CHROMEDRIVER)), options=options)
-    yield driver
-    driver.quit()
 
 
 @pytest.fixture(scope="module")
