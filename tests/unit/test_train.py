@@ -371,3 +371,27 @@ def test_rows_whose_answer_is_not_in_the_context_are_no_longer_counted_as_kept(t
                                 "data.max_length=64", "data.doc_stride=16")
     report = prepare(config, with_model=False).reports["train_file"]
     assert (report["rows_read"], report["kept"], report["dropped"]) == (7, 5, {"answer not in context": [7, 8]})
+
+
+LONG_QUESTIONS = [(f"what is item number {i} in the long list?", f"thing {i}") for i in range(12)]
+
+
+def test_rows_that_fit_only_with_no_question_left_are_dropped_and_said_so(tmp_path):
+    rows = [(f"q{i}?", f"a{i}") for i in range(8)] + [(q, "thing thing thing") for q, _ in LONG_QUESTIONS[:4]]
+    prepared = prepare(shared_tiny_config(tmp_path, rows, "data.max_length=10"), with_model=False)
+    dropped = [f for f in prepared.findings if f.code == "rows-too-long"]
+    assert [f.level for f in dropped] == ["warning"]
+    # The long rows would fit with an empty question (the template's 6 tokens + the answer): not worth training.
+    assert dropped[0].message.startswith("4 of 12 rows dropped: they do not fit max_length=10 even with the question "
+                                         "cut to nothing; the prompt's own text is 6 tokens (rows 10, 11, 12, 13)")
+    assert [example.row for example in prepared.dataset.items] == list(range(2, 10))
+    assert all(example.prompt_length > 6 for example in prepared.dataset.items)
+
+
+def test_most_rows_not_fitting_is_an_error_not_a_warning(tmp_path):
+    rows = [(q, " ".join(["word"] * 12) if i < 8 else a) for i, (q, a) in enumerate(LONG_QUESTIONS)]
+    prepared = prepare(shared_tiny_config(tmp_path, rows, "data.max_length=12"), with_model=False)
+    dropped = [f for f in prepared.findings if f.code == "rows-too-long"]
+    assert [f.level for f in dropped] == ["error"]
+    assert dropped[0].message.startswith("most rows cannot be trained: 8 of 12 rows dropped: the answer alone does "
+                                         "not fit max_length=12 (rows 2, 3, 4, 5, 6, 7, 8, 9)")

@@ -213,7 +213,9 @@ class EncodeStats:
     truncated_rows: list[int] = field(default_factory=list)
     """Rows whose question (or context) was shortened to fit max_length."""
     too_long_rows: list[int] = field(default_factory=list)
-    """Rows dropped: their answer alone does not fit max_length."""
+    """Rows dropped: they do not fit max_length even with the question cut to nothing."""
+    answer_too_long_rows: list[int] = field(default_factory=list)
+    """Those of too_long_rows whose answer alone does not fit."""
 
 
 class PromptEncoder:
@@ -283,10 +285,14 @@ class PromptEncoder:
         budget = max_length - len(answer)
         prompt = full if len(full) <= budget else self.prompt_ids(record.question, record.context, budget=budget,
                                                                    fields=record.fields)
-        if prompt is None:
-            return None
+        if prompt is None or (len(prompt) < len(full) and len(prompt) <= self.fixed_length(record)):
+            return None  # nothing fits, or a question cut to nothing: no example to learn from
         return Example(input_ids=prompt + answer, prompt_length=len(prompt), row=record.row,
                        truncated=len(prompt) < len(full))
+
+    def fixed_length(self, record: QARecord) -> int:
+        """Tokens of a row's prompt without its question and context: the template's own text."""
+        return len(self._encode_prompt("", "" if record.context is not None else None, record.fields))
 
     def full_length(self, record: QARecord) -> int:
         return len(self._encode_prompt(record.question, record.context, record.fields)) + len(
@@ -410,6 +416,8 @@ def encode_examples(encoder: PromptEncoder, records: list[QARecord],
         example = encoder.example(record, max_length)
         if example is None:
             stats.too_long_rows.append(record.row)
+            if len(encoder.answer_ids(record.answer)) >= max_length:
+                stats.answer_too_long_rows.append(record.row)
             continue
         if example.truncated:
             stats.truncated_rows.append(record.row)

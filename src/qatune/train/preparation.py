@@ -18,6 +18,7 @@ from qatune.config import Config
 from qatune.data.extractive import SpanCollator, prepare_features
 from qatune.data.generative import (
     CausalCollator,
+    EncodeStats,
     ExampleDataset,
     PromptEncoder,
     PromptTemplate,
@@ -187,15 +188,32 @@ def _encode_generative(config: Config, built: _Model, records: list[QARecord], r
                                 f"max_length={max_length}: their questions were shortened (rows "
                                 f"{row_list(stats.truncated_rows)}); raise data.max_length or use auto"))
     if stats.too_long_rows:
-        findings.append(warning("rows-too-long", f"{len(stats.too_long_rows)} rows dropped: the answer alone "
-                                f"does not fit max_length={max_length} (rows {row_list(stats.too_long_rows)}); "
-                                "raise data.max_length or use auto"))
+        findings.append(_too_long(stats, encoder, records, max_length))
     pad_id = built.tokenizer.pad_token_id
     collator = (Seq2SeqCollator(pad_id, max_width=built.limit) if built.seq2seq
                 else CausalCollator(pad_id, config.train.train_on_prompt, max_width=built.limit))
     info = ModelInfo(task="generative", max_length=max_length, prompt_template=template.template,
                      answer_prefix=template.answer_prefix, qatune_version=__version__, seq2seq=built.seq2seq)
     return _Encoded(examples, collator, info, records, findings)
+
+
+def _too_long(stats: EncodeStats, encoder: Any, records: list[QARecord], max_length: int) -> Finding:
+    """Rows that do not fit max_length, and why; an error when they are most of the data."""
+    rows = stats.too_long_rows
+    if len(stats.answer_too_long_rows) == len(rows):
+        why = f"the answer alone does not fit max_length={max_length}"
+    else:
+        why = f"they do not fit max_length={max_length} even with the question cut to nothing"
+        if hasattr(encoder, "fixed_length"):
+            first = next(r for r in records if r.row == rows[0])
+            why += f"; the prompt's own text is {encoder.fixed_length(first)} tokens"
+        if stats.answer_too_long_rows:
+            why += f"; {len(stats.answer_too_long_rows)} of their answers alone do not fit"
+    text = (f"{len(rows)} of {len(records)} rows dropped: {why} (rows {row_list(rows)}); raise data.max_length or "
+            "use auto")
+    if len(rows) * 2 > len(records):
+        return error("rows-too-long", f"most rows cannot be trained: {text}")
+    return warning("rows-too-long", text)
 
 
 def _encode_extractive(config: Config, built: _Model, records: list[QARecord], train_report: LoadReport,
