@@ -10,7 +10,7 @@ from typing import Any
 from qatune.config import Config
 from qatune.data.generative import PromptEncoder, PromptTemplate, percentile
 from qatune.data.padding import IGNORE_INDEX
-from qatune.data.spreadsheet import normalize_question
+from qatune.data.spreadsheet import describe_validation, normalize_question
 from qatune.errors import row_list
 from qatune.train import Prepared, fit, prepare
 from qatune.validate import error, warning
@@ -159,12 +159,13 @@ def render_report(report: dict[str, Any]) -> str:
     lines = [f"qatune check: {report['task']} QA, model {report['model']}", ""]
     lines.append("Data")
     for key, file in report["files"].items():
-        if key == "encoding":
+        if key in ("encoding", "validation"):
             continue
         lines.append(f"  {key}: {file['file']}: {file['rows_read']} rows read, {file['kept']} kept, "
                      f"{file['duplicates']} duplicates")
         for reason, rows in file["dropped"].items():
             lines.append(f"    dropped {len(rows)} ({reason}): rows {row_list(rows)}")
+    lines.append(f"  validation: {describe_validation(report['files']['validation'])}")
     leak = report["leakage"]
     lines.append(f"  questions in both train and eval: {leak['count']}" +
                  (f" (e.g. {leak['examples'][0]!r})" if leak["count"] else ""))
@@ -175,7 +176,7 @@ def render_report(report: dict[str, Any]) -> str:
               f"  max_length: {report['max_length']}"]
     if report["task"] == "generative":
         lines.append(f"  rows truncated (question shortened): {len(report['truncated_rows'])}; "
-                     f"dropped (answer does not fit): {len(report['dropped_rows'])}")
+                     f"dropped (does not fit): {len(report['dropped_rows'])}")
         sup = report["supervision"]
         lines += ["", "What is trained",
                   (f"  supervised tokens per example: min {sup['min']}, mean {sup['mean']:.1f}; "

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from qatune import atomic, rundir
+from qatune.data.spreadsheet import describe_validation
 
 log = logging.getLogger("qatune")
 
@@ -70,6 +71,8 @@ def _data_section(data: dict[str, Any], max_length: Any) -> list[str]:
         dropped = ", ".join(f"{len(rows)} {reason}" for reason, rows in report.get("dropped", {}).items()) or "none"
         lines.append(f"- {key}: {report['file']}: {report['rows_read']} rows read, {report['kept']} kept; "
                      f"dropped: {dropped}; duplicates: {report.get('duplicates', 0)}")
+    if data.get("validation"):
+        lines.append(f"- validation: {describe_validation(data['validation'])}")
     encoding = data.get("encoding", {})
     if max_length is not None:
         lines.append(f"- max_length: {max_length}")

@@ -35,6 +35,12 @@ def test_report_shows_what_is_trained_and_exits_0(tmp_path):
     out = result.stdout
     assert "20 rows read, 20 kept" in out
     assert "EOS supervised: yes" in out
+    assert ("  validation: none (no validation loss, no best/ model, no early stopping; set data.eval_file or "
+            "data.validation_fraction)") in out.splitlines()
+    split = CliRunner().invoke(cli, ["check", "--config", str(write_config(tmp_path, ROWS)), "--set",
+                                     "data.validation_fraction=0.2"])
+    assert ("  validation: 4 rows held out of the training file (data.validation_fraction=0.2; the same question "
+            "never on both sides)") in split.stdout.splitlines()
     assert "    Question: what is item 0?\n    Answer:⟦ thing 0<|endoftext|>⟧" in out
     assert out.rstrip().endswith("fit to train")
 
@@ -71,6 +77,7 @@ def test_leakage_between_train_and_eval_is_reported(tmp_path):
     report = json.loads(result.stdout)
     assert report["leakage"] == {"count": 1, "examples": ["What is item 3?"]}
     assert "leakage" in {f["code"] for f in report["findings"]}
+    assert report["files"]["validation"] == {"rows": 2, "fraction": 0.0, "file": "held.csv"}
 
 
 def test_check_on_bad_data_is_one_error_line(tmp_path):

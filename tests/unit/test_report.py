@@ -22,6 +22,10 @@ def test_report_and_plot(tmp_path):
     for heading in ("## Data", "## Training", "## Evaluation", "## The 10 worst validation predictions"):
         assert heading in report
     assert "train_file: qa.csv: 20 rows read, 20 kept" in report
+    assert ("- validation: 10 rows held out of the training file (data.validation_fraction=0.5; the same question "
+            "never on both sides)") in report.splitlines()
+    assert json.loads((run_dir / "run.json").read_text())["data"]["validation"] == {"rows": 10, "fraction": 0.5,
+                                                                                    "file": None}
     evaluation = report.split("## Evaluation")[1].split("\n## ")[0].strip().splitlines()
     assert evaluation[0] == "| epoch | step | loss | exact match | F1 | examples |"
     assert [line.split("|")[1].strip() for line in evaluation[2:] if line.startswith("|")] == ["1", "2", "3"]

@@ -209,6 +209,17 @@ def prompt_columns(data: DataConfig) -> list[str]:
     return names
 
 
+def describe_validation(validation: dict[str, Any]) -> str:
+    """One line on a run's validation rows (``validation``: what prepare records under reports["validation"])."""
+    if not validation.get("rows"):
+        return "none (no validation loss, no best/ model, no early stopping; set data.eval_file or " \
+               "data.validation_fraction)"
+    if validation.get("file"):
+        return f"{validation['rows']} rows of {validation['file']}"
+    return (f"{validation['rows']} rows held out of the training file "
+            f"(data.validation_fraction={validation['fraction']}; the same question never on both sides)")
+
+
 def split_validation(records: list[QARecord], fraction: float, seed: int) -> tuple[list[QARecord], list[QARecord]]:
     """Hold out ``fraction`` of the questions. Rows with the same question stay on one side."""
     if fraction <= 0:

@@ -29,7 +29,7 @@ from qatune.data.generative import (
     percentile,
     resolve_template,
 )
-from qatune.data.spreadsheet import LoadReport, QARecord, load_from_config, split_validation
+from qatune.data.spreadsheet import LoadReport, QARecord, describe_validation, load_from_config, split_validation
 from qatune.errors import ConfigError, DataError, row_list
 from qatune.model import (
     apply_lora,
@@ -135,15 +135,18 @@ def _setup_records(config: Config, train_records: list[QARecord] | None, eval_re
     else:
         train_report = LoadReport(file="(records)", rows_read=len(train_records), kept=len(train_records))
     reports["train_file"] = train_report.to_dict()
+    source = "(records)"
     if eval_records is None and config.data.eval_file:
         eval_records, eval_report = load_from_config(config.data, config.data.eval_file)
         reports["eval_file"] = eval_report.to_dict()
         log.info("data: %s", eval_report.summary())
+        source = eval_report.file
     elif eval_records is None:
         train_records, eval_records = split_validation(train_records, config.data.validation_fraction, config.seed)
-        if eval_records:
-            log.info("validation: %d rows held out of the training file (data.validation_fraction=%s)",
-                     len(eval_records), config.data.validation_fraction)
+        source = None
+    validation = {"rows": len(eval_records), "fraction": config.data.validation_fraction, "file": source}
+    reports["validation"] = validation
+    log.info("validation: %s", describe_validation(validation))
     return train_records, eval_records, train_report
 
 
