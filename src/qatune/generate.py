@@ -157,15 +157,18 @@ def answer_one(run_dir: str | Path, question: str, context: str | None = None, c
 
     ``fields``: values of the other columns the run's prompt names (``--field 'Total Marks=3'``)."""
     from qatune.model_folder import load_model_folder
+    from qatune.rundir import find_model_folder
 
     if context_file is not None:
         context = _read_context(context_file)
+    info = ModelInfo.load(find_model_folder(run_dir, which))  # what the prompt needs, before the model loads
+    _check_context(info, context)
+    given = _check_fields(info, fields or {})
     loaded = load_model_folder(run_dir, which)
-    _check_context(loaded.info, context)
     _seed(seed)
     generate = _generate_config(loaded.config.generate, options)
     return answer_questions(loaded.model, loaded.tokenizer, loaded.info, [question.strip()], [context], generate,
-                            fields=[_check_fields(loaded.info, fields or {})])[0]
+                            fields=[given])[0]
 
 
 def uses_context(info: ModelInfo) -> bool:

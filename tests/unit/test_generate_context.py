@@ -70,3 +70,16 @@ def test_a_file_without_the_context_column_is_refused(with_context, tmp_path):
         csv.writer(f).writerows([["question"], [QUESTION]])
     result = generate(with_context, "--file", questions)
     assert result.exit_code == 1 and "context" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_a_missing_passage_or_field_is_refused_before_the_model_loads(with_context, without_context, monkeypatch):
+    import qatune.model_folder
+
+    def no_loading(*args, **kwargs):
+        raise AssertionError("the model was loaded before the request was checked")
+
+    monkeypatch.setattr(qatune.model_folder, "load_model_folder", no_loading)
+    one_line_error(generate(with_context, QUESTION), NEEDS)
+    one_line_error(generate(without_context, QUESTION, "--context", PASSAGE), REFUSES)
+    result = generate(without_context, QUESTION)  # its prompt needs {score}
+    assert result.exit_code == 1 and "score" in result.stderr and "AssertionError" not in result.output
