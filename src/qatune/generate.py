@@ -156,12 +156,12 @@ def answer_one(run_dir: str | Path, question: str, context: str | None = None, c
     """The answer of a trained run to one question (the ``qatune generate RUN "question"`` command).
 
     ``fields``: values of the other columns the run's prompt names (``--field 'Total Marks=3'``)."""
-    from qatune.model_folder import load_model_folder
+    from qatune.model_folder import load_model_folder, read_model_folder
     from qatune.rundir import find_model_folder
 
     if context_file is not None:
         context = _read_context(context_file)
-    info = ModelInfo.load(find_model_folder(run_dir, which))  # what the prompt needs, before the model loads
+    _, info = read_model_folder(find_model_folder(run_dir, which))  # what the prompt needs, before the model loads
     _check_context(info, context)
     given = _check_fields(info, fields or {})
     loaded = load_model_folder(run_dir, which)
@@ -203,12 +203,13 @@ def answer_file(run_dir: str | Path, data_file: str | Path, output: str | Path |
     answer, in the format its suffix names (ANSWER_FORMATS; default RUN/answers-NAME.csv).
     """
     from qatune.data.spreadsheet import load_from_config
-    from qatune.model_folder import load_model_folder
+    from qatune.model_folder import load_model_folder, read_model_folder
+    from qatune.rundir import find_model_folder
 
     path = _answers_path(run_dir, data_file, output)
+    config, info = read_model_folder(find_model_folder(run_dir, which))  # the file is read before the model loads
+    records, _ = load_from_config(config.data, data_file, with_answers=False, with_context=uses_context(info))
     loaded = load_model_folder(run_dir, which)
-    records, _ = load_from_config(loaded.config.data, data_file, with_answers=False,
-                                  with_context=uses_context(loaded.info))
     _seed(seed)
     generate = _generate_config(loaded.config.generate, options)
     answers = answer_questions(loaded.model, loaded.tokenizer, loaded.info, [r.question for r in records],

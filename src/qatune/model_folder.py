@@ -79,7 +79,7 @@ def load_model_folder(path: str | Path, which: str = rundir.FINAL, device: str |
     if problem:
         raise RunDirError(f"the model in {folder} is damaged: {problem}; train again, or use another of the run's "
                           "model folders (--model best, or a checkpoint)")
-    config, info = _read_model_folder(folder)
+    config, info = read_model_folder(folder)
     auto = auto_class(info.task, info.seq2seq)
     quiet_transformers()
     trust = config.model.trust_remote_code
@@ -100,7 +100,7 @@ def load_model_folder(path: str | Path, which: str = rundir.FINAL, device: str |
     return LoadedModel(model=model, tokenizer=tokenizer, config=config, info=info, folder=folder)
 
 
-def _read_model_folder(folder: Path) -> tuple[Config, ModelInfo]:
+def read_model_folder(folder: Path) -> tuple[Config, ModelInfo]:
     """The resolved config and qatune.json of a model folder, each failure naming its file."""
     import yaml
 

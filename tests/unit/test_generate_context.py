@@ -83,3 +83,16 @@ def test_a_missing_passage_or_field_is_refused_before_the_model_loads(with_conte
     one_line_error(generate(without_context, QUESTION, "--context", PASSAGE), REFUSES)
     result = generate(without_context, QUESTION)  # its prompt needs {score}
     assert result.exit_code == 1 and "score" in result.stderr and "AssertionError" not in result.output
+
+
+def test_a_file_without_the_passage_column_is_refused_before_the_model_loads(with_context, tmp_path, monkeypatch):
+    import qatune.model_folder
+
+    def no_loading(*args, **kwargs):
+        raise AssertionError("the model was loaded before the file was read")
+
+    monkeypatch.setattr(qatune.model_folder, "load_model_folder", no_loading)
+    questions = tmp_path / "q.csv"
+    questions.write_text(f"question\n{QUESTION}\n", encoding="utf-8")
+    result = generate(with_context, "--file", questions)
+    assert result.exit_code == 1 and "column 'context' not found in q.csv" in result.stderr, result.output
