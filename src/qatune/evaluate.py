@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import csv
+import io
 import json
+import logging
 import math
 from pathlib import Path
 from typing import Any
@@ -35,6 +37,8 @@ from qatune.model import (
 )
 from qatune.model_folder import ModelInfo, load_model_folder
 from qatune.objectives import CausalLMObjective, Seq2SeqObjective, model_inputs
+
+log = logging.getLogger("qatune")
 
 
 def evaluate_records(model: Any, tokenizer: Any, info: ModelInfo, records: list[QARecord],
@@ -119,9 +123,7 @@ def evaluate_run(run_dir: str | Path, data_file: str | Path, which: str = rundir
     )
     metrics["data_file"] = str(data_file)
     metrics["rows_dropped"] = report.dropped_total
-    paths = rundir.eval_outputs(rundir.results_dir(Path(run_dir), loaded.folder), data_file)
-    atomic.atomic_write_text(paths["metrics"], json.dumps(metrics, indent=2) + "\n")
-    write_predictions(paths["predictions"], records, predictions)
+    paths = write_results(rundir.results_dir(Path(run_dir), loaded.folder), data_file, metrics, records, predictions)
     return metrics, paths
 
 
@@ -160,22 +162,36 @@ def evaluate_base(config: Config, data_file: str | Path | None = None, batch_siz
     metrics["model"] = f"{config.model.name_or_path} (base, not fine-tuned)"
     out_dir = Path(f"{config.output_dir.rstrip('/')}-base")
     out_dir.mkdir(parents=True, exist_ok=True)
-    stem = Path(data_file).stem
-    paths = {"metrics": out_dir / f"eval-{stem}.json", "predictions": out_dir / f"predictions-{stem}.csv"}
-    paths["metrics"].write_text(json.dumps(metrics, indent=2) + "\n", encoding="utf-8")
+    return metrics, write_results(out_dir, data_file, metrics, records, predictions)
+
+
+def write_results(out_dir: Path, data_file: str | Path, metrics: dict[str, Any], records: list[QARecord],
+                  predictions: list[str]) -> dict[str, Path]:
+    """eval-NAME.json and predictions-NAME.csv, each written atomically; results of another file with the
+    same name (data/a/x.csv after data/b/x.csv) are replaced with a warning."""
+    paths = rundir.eval_outputs(out_dir, data_file)
+    try:
+        before = json.loads(paths["metrics"].read_text(encoding="utf-8")).get("data_file")
+    except (OSError, ValueError, AttributeError):
+        before = None
+    if before and Path(before).resolve() != Path(data_file).resolve():
+        log.warning("replacing %s, the results of %s (files of one name share their results' names)",
+                    paths["metrics"].name, before)
+    atomic.atomic_write_text(paths["metrics"], json.dumps(metrics, indent=2) + "\n")
     write_predictions(paths["predictions"], records, predictions)
-    return metrics, paths
+    return paths
 
 
 def write_predictions(path: Path, records: list[QARecord], predictions: list[str]) -> None:
     """CSV with one row per question; the em and f1 columns (0-100) average to the reported metrics."""
-    with open(path, "w", encoding="utf-8", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(["row", "question", "gold", "prediction", "em", "f1"])
-        for record, prediction in zip(records, predictions, strict=True):
-            em, f1 = best_scores(prediction, record.answers)
-            writer.writerow([record.row, record.question, " | ".join(record.answers), prediction,
-                             round(100 * em), round(100 * f1, 2)])
+    buffer = io.StringIO()
+    writer = csv.writer(buffer)
+    writer.writerow(["row", "question", "gold", "prediction", "em", "f1"])
+    for record, prediction in zip(records, predictions, strict=True):
+        em, f1 = best_scores(prediction, record.answers)
+        writer.writerow([record.row, record.question, " | ".join(record.answers), prediction,
+                         round(100 * em), round(100 * f1, 2)])
+    atomic.atomic_write_text(path, buffer.getvalue())
 
 
 def _safe_exp(loss: float | None) -> float | None:

@@ -2,6 +2,8 @@
 
 import csv
 import json
+import shutil
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -11,6 +13,12 @@ from tests.conftest import FIXTURES
 from qatune.cli import cli
 
 pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def run(serve_run, tmp_path):
+    """A copy of the session's tiny run: eval writes its results into the run directory."""
+    return Path(shutil.copytree(serve_run, tmp_path / "run"))
 
 
 @pytest.fixture
@@ -30,23 +38,37 @@ def held_out_workbook(tmp_path):
     return tmp_path / "held.xlsx"
 
 
-def test_eval_reads_another_layout_with_set(serve_run, held_out_workbook):
+def test_eval_reads_another_layout_with_set(run, held_out_workbook):
     data = str(held_out_workbook)
-    plain = CliRunner().invoke(cli, ["eval", str(serve_run), "--data", data])
+    plain = CliRunner().invoke(cli, ["eval", str(run), "--data", data])
     assert plain.exit_code == 1
     assert "set data.question_column" in plain.stderr and "['Notes', 'Held out']" in plain.stderr
-    result = CliRunner().invoke(cli, ["eval", str(serve_run), "--data", data, "--json", "--set", "data.sheet=Held out",
+    result = CliRunner().invoke(cli, ["eval", str(run), "--data", data, "--json", "--set", "data.sheet=Held out",
                                       "--set", "data.question_column=Q", "--set", "data.answer_column=Reply"])
     assert result.exit_code == 0, result.output
     metrics = json.loads(result.stdout)
     assert metrics["num_examples"] == 5 and metrics["rows_dropped"] == 0
     # The run's own saved config is untouched by --set.
-    assert "question_column: question" in (serve_run / "config.yaml").read_text()
+    assert "question_column: question" in (run / "config.yaml").read_text()
 
 
-def test_eval_set_takes_only_how_the_file_is_read(serve_run, held_out_workbook):
-    result = CliRunner().invoke(cli, ["eval", str(serve_run), "--data", str(held_out_workbook),
+def test_eval_set_takes_only_how_the_file_is_read(run, held_out_workbook):
+    result = CliRunner().invoke(cli, ["eval", str(run), "--data", str(held_out_workbook),
                                       "--set", "train.epochs=3"])
     assert result.exit_code == 1
     assert result.stderr.startswith("error: --set train.epochs: a run is evaluated with its own saved config; --set "
                                     "may change only how the held-out file is read: data.sheet, ")
+
+
+def test_results_of_another_file_of_the_same_name_are_replaced_with_a_warning(run, tmp_path):
+    for sub in ("a", "b"):
+        (tmp_path / sub).mkdir()
+        (tmp_path / sub / "held.csv").write_text("question,answer\nwhat is item 1?,x\n", encoding="utf-8")
+    first = CliRunner().invoke(cli, ["eval", str(run), "--data", str(tmp_path / "a" / "held.csv")])
+    again = CliRunner().invoke(cli, ["eval", str(run), "--data", str(tmp_path / "a" / "held.csv")])
+    other = CliRunner().invoke(cli, ["eval", str(run), "--data", str(tmp_path / "b" / "held.csv")])
+    assert first.exit_code == again.exit_code == other.exit_code == 0
+    assert "replacing" not in again.stderr
+    assert f"replacing eval-held.json, the results of {tmp_path / 'a' / 'held.csv'}" in other.stderr
+    assert json.loads((run / "eval-held.json").read_text())["data_file"] == str(tmp_path / "b" / "held.csv")
+    assert (run / "predictions-held.csv").read_text(encoding="utf-8").startswith("row,question,gold,")
