@@ -81,8 +81,10 @@ def test_a_missing_passage_or_field_is_refused_before_the_model_loads(with_conte
     monkeypatch.setattr(qatune.model_folder, "load_model_folder", no_loading)
     one_line_error(generate(with_context, QUESTION), NEEDS)
     one_line_error(generate(without_context, QUESTION, "--context", PASSAGE), REFUSES)
-    result = generate(without_context, QUESTION)  # its prompt needs {score}
-    assert result.exit_code == 1 and "score" in result.stderr and "AssertionError" not in result.output
+    for fields in ([], ["--field", "score= "]):  # its prompt needs {score}; a blank value is none
+        result = generate(without_context, QUESTION, *fields)
+        assert result.exit_code == 1 and "AssertionError" not in result.output
+        assert "needs the column(s) ['score']" in result.stderr
 
 
 def test_a_file_without_the_passage_column_is_refused_before_the_model_loads(with_context, tmp_path, monkeypatch):

@@ -75,16 +75,16 @@ class PromptTemplate:
         """Values given for the template's columns, matched by name ignoring case, spaces, _ and -.
 
         Returns the values by the names the template uses, the given names it does not use, and the
-        names it uses that were not given.
+        names it uses that were not given (or given blank: in training a blank cell drops its row).
         """
         by_key = {column_key(name): name for name in self.fields}
         values: dict[str, str] = {}
         unknown: list[str] = []
         for name, value in given.items():
-            if column_key(name) in by_key:
-                values[by_key[column_key(name)]] = value
-            else:
+            if column_key(name) not in by_key:
                 unknown.append(name)
+            elif value.strip():
+                values[by_key[column_key(name)]] = value
         missing = [name for name in self.fields if name not in values]
         return values, unknown, missing
 
