@@ -200,6 +200,9 @@ def eval_command(run_dir: str | None, data_file: str | None, which: str, base: b
               help="A column the run's prompt names besides the question, e.g. --field 'Total Marks=3' (repeatable).")
 @click.option("--output", default=None,
               help="With --file: where to write the answers (.csv, .tsv, .xlsx, .json or .jsonl, by its suffix).")
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
+              help="With --file: how the file is read, e.g. --set data.sheet=0 or --set data.question_column=Q "
+                   "(data.sheet/encoding/delimiter/*_column/answer_separator).")
 @click.option("--model", "which", type=click.Choice(["final", "best"]), default="final", show_default=True)
 @click.option("--max-new-tokens", type=click.IntRange(min=1), default=None, help="Longest generated answer.")
 @click.option("--temperature", type=click.FloatRange(min=0.0), default=None, help="0 is greedy; above 0 samples.")
@@ -208,7 +211,7 @@ def eval_command(run_dir: str | None, data_file: str | None, which: str, base: b
 @click.option("--seed", type=int, default=None, help="Seed for sampling.")
 @verbose_option
 def generate(run_dir: str, question: str | None, context: str | None, context_file: str | None,
-             data_file: str | None, fields: tuple[str, ...], output: str | None, which: str,
+             data_file: str | None, fields: tuple[str, ...], output: str | None, overrides: tuple[str, ...], which: str,
              max_new_tokens: int | None, temperature: float | None, top_p: float | None, seed: int | None) -> None:
     """Answer a question (or every row of --file) with a trained run. Prints the answer only."""
     from qatune.generate import answer_file, answer_one
@@ -222,9 +225,11 @@ def generate(run_dir: str, question: str | None, context: str | None, context_fi
         if given:
             raise QatuneError(f"{given[0]} goes with a single QUESTION; with --file, passages and other columns "
                               "come from the file's columns")
-        path = answer_file(run_dir, data_file, output, which, options, seed)
+        path = answer_file(run_dir, data_file, output, which, options, seed, reading=overrides)
         click.echo(str(path))
         return
+    if overrides:
+        raise QatuneError("--set goes with --file (how the file is read); a single QUESTION needs none")
     if question is None or not question.strip():
         raise QatuneError("the question is empty; pass a question in quotes, e.g. "
                           "qatune generate RUN \"Who wrote it?\"")

@@ -263,7 +263,8 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
 
 READING_KEYS = ("data.sheet", "data.encoding", "data.delimiter", "data.question_column", "data.answer_column",
                 "data.context_column", "data.answer_start_column", "data.answer_separator")
-"""How a file is read: what ``qatune eval RUN --set`` may change for a held-out file laid out differently."""
+"""How a file is read: what ``qatune eval RUN --set`` / ``generate RUN --file --set`` may change for a file laid
+out unlike the training file."""
 
 
 def with_reading_overrides(config: Config, overrides: list[str] | tuple[str, ...]) -> Config:
@@ -271,8 +272,8 @@ def with_reading_overrides(config: Config, overrides: list[str] | tuple[str, ...
     keys = {item.partition("=")[0].strip() for item in overrides}
     other = sorted(keys - set(READING_KEYS))
     if other:
-        raise ConfigError(f"--set {other[0]}: a run is evaluated with its own saved config; --set may change only how "
-                          f"the held-out file is read: {', '.join(READING_KEYS)}")
+        raise ConfigError(f"--set {other[0]}: a trained run keeps its own saved config; --set may change only how "
+                          f"the file is read: {', '.join(READING_KEYS)}")
     raw = config.model_dump(mode="json")
     problems = [problem for item in overrides if (problem := _apply_override(raw, item))]
     if problems:

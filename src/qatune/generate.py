@@ -20,7 +20,7 @@ from pydantic import ValidationError
 from tqdm.auto import tqdm
 
 from qatune.atomic import atomic_write_bytes, atomic_write_text
-from qatune.config import DataConfig, GenerateConfig
+from qatune.config import DataConfig, GenerateConfig, with_reading_overrides
 from qatune.data.extractive import Feature, SpanCollator, best_span, prepare_features
 from qatune.data.generative import PromptEncoder, PromptTemplate, Seq2SeqEncoder
 from qatune.data.padding import left_pad, right_pad
@@ -196,8 +196,10 @@ ANSWER_FORMATS = (".csv", ".tsv", ".xlsx", ".json", ".jsonl")
 
 
 def answer_file(run_dir: str | Path, data_file: str | Path, output: str | Path | None = None, which: str = "final",
-                options: dict[str, Any] | None = None, seed: int | None = None) -> Path:
-    """Answer every row of a spreadsheet and return the path of the answers.
+                options: dict[str, Any] | None = None, seed: int | None = None,
+                reading: list[str] | tuple[str, ...] = ()) -> Path:
+    """Answer every row of a spreadsheet and return the path of the answers (``reading``: ``key=value``
+    changes to how the file is read, over config.READING_KEYS, for a file laid out unlike the training file).
 
     The answers file has the columns row, question, the input's other columns (in their order) and
     answer, in the format its suffix names (ANSWER_FORMATS; default RUN/answers-NAME.csv).
@@ -208,14 +210,15 @@ def answer_file(run_dir: str | Path, data_file: str | Path, output: str | Path |
 
     path = _answers_path(run_dir, data_file, output)
     config, info = read_model_folder(find_model_folder(run_dir, which))  # the file is read before the model loads
-    records, _ = load_from_config(config.data, data_file, with_answers=False, with_context=uses_context(info))
+    data = with_reading_overrides(config, reading).data if reading else config.data
+    records, _ = load_from_config(data, data_file, with_answers=False, with_context=uses_context(info))
     loaded = load_model_folder(run_dir, which)
     _seed(seed)
     generate = _generate_config(loaded.config.generate, options)
     answers = answer_questions(loaded.model, loaded.tokenizer, loaded.info, [r.question for r in records],
                                [r.context for r in records], generate, loaded.config.train.eval_batch_size,
                                progress=True, fields=[r.fields for r in records])
-    header, rows = _answer_table(loaded.config.data, Path(data_file), records, answers)
+    header, rows = _answer_table(data, Path(data_file), records, answers)
     path.parent.mkdir(parents=True, exist_ok=True)
     _write_table(path, header, rows)
     return path

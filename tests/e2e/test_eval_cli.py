@@ -50,14 +50,19 @@ def test_eval_reads_another_layout_with_set(run, held_out_workbook):
     assert metrics["num_examples"] == 5 and metrics["rows_dropped"] == 0
     # The run's own saved config is untouched by --set.
     assert "question_column: question" in (run / "config.yaml").read_text()
+    answers = CliRunner().invoke(cli, ["generate", str(run), "--file", data, "--output", str(run / "a.csv"),
+                                       "--set", "data.sheet=1", "--set", "data.question_column=Q"])
+    assert answers.exit_code == 0, answers.output
+    with open(run / "a.csv", encoding="utf-8") as f:
+        assert next(csv.reader(f)) == ["row", "question", "Reply", "answer"]
 
 
 def test_eval_set_takes_only_how_the_file_is_read(run, held_out_workbook):
     result = CliRunner().invoke(cli, ["eval", str(run), "--data", str(held_out_workbook),
                                       "--set", "train.epochs=3"])
     assert result.exit_code == 1
-    assert result.stderr.startswith("error: --set train.epochs: a run is evaluated with its own saved config; --set "
-                                    "may change only how the held-out file is read: data.sheet, ")
+    assert result.stderr.startswith("error: --set train.epochs: a trained run keeps its own saved config; --set "
+                                    "may change only how the file is read: data.sheet, ")
 
 
 def test_results_of_another_file_of_the_same_name_are_replaced_with_a_warning(run, tmp_path):
