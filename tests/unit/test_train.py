@@ -1,5 +1,6 @@
 import copy
 import json
+import logging
 import math
 import os
 
@@ -364,13 +365,15 @@ def test_cpu_training_asks_for_freed_memory_to_be_kept(tmp_path, monkeypatch):
     assert calls == [1]
 
 
-def test_rows_whose_answer_is_not_in_the_context_are_no_longer_counted_as_kept(tmp_path):
+def test_rows_whose_answer_is_not_in_the_context_are_no_longer_counted_as_kept(tmp_path, caplog):
     rows = [*SPAN_ROWS, ("what colour is thing 9?", "thing 9 is grey.", "purple"),
             ("what colour is thing 8?", "thing 8 is pink.", "orange")]
     config = shared_tiny_config(tmp_path, rows, "task=extractive", "data.context_column=context",
                                 "data.max_length=64", "data.doc_stride=16")
-    report = prepare(config, with_model=False).reports["train_file"]
+    with caplog.at_level(logging.INFO, logger="qatune"):
+        report = prepare(config, with_model=False).reports["train_file"]
     assert (report["rows_read"], report["kept"], report["dropped"]) == (7, 5, {"answer not in context": [7, 8]})
+    assert "data: qa.csv: 7 rows read, 5 kept, 2 dropped (answer not in context: rows 7, 8)" in caplog.messages
 
 
 LONG_QUESTIONS = [(f"what is item number {i} in the long list?", f"thing {i}") for i in range(12)]

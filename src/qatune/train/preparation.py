@@ -111,6 +111,8 @@ def prepare(config: Config, train_records: list[QARecord] | None = None,
         encoded = _encode_generative(config, built, train_records, reports)
     else:
         encoded = _encode_extractive(config, built, train_records, train_report, reports)
+    if train_report.file != GIVEN:  # after encoding: rows whose answer is not in their context are dropped there
+        log.info("data: %s", train_report.summary())
     if not encoded.items:
         reasons = "; ".join(f.message for f in encoded.findings) or "see the data report"
         raise DataError(f"no training examples are left in {config.data.train_file}: {reasons}")
@@ -126,16 +128,19 @@ def prepare(config: Config, train_records: list[QARecord] | None = None,
                     precision=precision)
 
 
+GIVEN = "(records)"
+"""The file name of rows given to prepare() directly, from Python."""
+
+
 def _setup_records(config: Config, train_records: list[QARecord] | None, eval_records: list[QARecord] | None,
                    reports: dict[str, Any]) -> tuple[list[QARecord], list[QARecord], LoadReport]:
     """Training and validation rows: from the files, or given; validation split off when asked."""
     if train_records is None:
         train_records, train_report = load_from_config(config.data, config.data.train_file)
-        log.info("data: %s", train_report.summary())
     else:
-        train_report = LoadReport(file="(records)", rows_read=len(train_records), kept=len(train_records))
+        train_report = LoadReport(file=GIVEN, rows_read=len(train_records), kept=len(train_records))
     reports["train_file"] = train_report.to_dict()
-    source = "(records)"
+    source = GIVEN
     if eval_records is None and config.data.eval_file:
         eval_records, eval_report = load_from_config(config.data, config.data.eval_file)
         reports["eval_file"] = eval_report.to_dict()
