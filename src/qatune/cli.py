@@ -259,8 +259,12 @@ def check(config_path: str, overrides: tuple[str, ...], as_json: bool, overfit: 
     from qatune.check import render_report, run_check
     from qatune.config import load_config
 
-    config = load_config(config_path, overrides)
-    report = run_check(config, overfit=overfit, overfit_steps=overfit_steps)
+    try:
+        report = run_check(load_config(config_path, overrides), overfit=overfit, overfit_steps=overfit_steps)
+    except QatuneError as exc:
+        if as_json:  # scripts read stdout: a problem that stops the check is JSON there too (and the line on stderr)
+            click.echo(json.dumps({"ok": False, "error": str(exc)}, indent=2, ensure_ascii=False))
+        raise
     click.echo(json.dumps(report, indent=2, ensure_ascii=False) if as_json else render_report(report))
     if not report["ok"]:
         raise click.exceptions.Exit(1)

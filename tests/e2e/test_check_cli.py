@@ -93,3 +93,8 @@ def test_check_refuses_settings_this_machine_cannot_train_with(tmp_path):
                                       "--set", "train.precision=fp16"])
     assert result.exit_code == 1
     assert result.stderr.strip() == "error: train.precision fp16 needs a GPU; on CPU use bf16 or fp32"
+    result = CliRunner().invoke(cli, ["check", "--config", str(config), "--json", "--set", "train.device=cpu",
+                                      "--set", "train.precision=fp16"])
+    assert result.exit_code == 1
+    assert json.loads(result.stdout) == {"ok": False,
+                                         "error": "train.precision fp16 needs a GPU; on CPU use bf16 or fp32"}
