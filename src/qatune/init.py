@@ -54,7 +54,11 @@ def inspect(path: Path, sheet: str | int | None = None, task: str = "auto", ques
             answer_column: str | None = None, context_column: str | None = None,
             delimiter: str | None = None) -> Inspection:
     """Guess the columns (those given are taken as they are) and the task."""
-    header, rows, _ = read_table(path, sheet=sheet, delimiter=delimiter)
+    try:
+        header, rows, _ = read_table(path, sheet=sheet, delimiter=delimiter)
+    except DataError as exc:  # its hints name config keys; init has flags for them
+        raise DataError(str(exc).replace("set data.sheet", "pass --sheet NAME")
+                        .replace("set data.delimiter", "pass --delimiter")) from None
     try:
         found = _guess(path, header, rows, sheet, task, question_column, answer_column, context_column)
     except DataError as exc:
@@ -127,8 +131,12 @@ def _cannot_tell(what: str, path: Path, columns: dict[str, list[str | None]]) ->
         sample = next((v for v in values if v), "")
         sample = sample if len(sample) <= 60 else sample[:57] + "..."
         lines.append(f"  {name!r:24} e.g. {sample!r}")
-    lines.append("  (more than one column in the prompt: set data.prompt_template in the config it writes, "
-                 "e.g. \"Marks: {Total Marks}\\nAnswer: {Coding}\\nFeedback:\")")
+    separator = next((sep for sep in (";", "\t", "|") if len(columns) == 1 and sep in next(iter(columns))), None)
+    if separator:
+        lines.append(f"  (the header looks {separator!r}-separated: pass --delimiter {separator!r})")
+    if len(columns) >= 3:  # a question may be several of them
+        lines.append("  (more than one column in the prompt: set data.prompt_template in the config it writes, "
+                     "e.g. \"Marks: {Total Marks}\\nAnswer: {Coding}\\nFeedback:\")")
     return "\n".join(lines)
 
 

