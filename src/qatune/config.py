@@ -283,8 +283,11 @@ def with_reading_overrides(config: Config, overrides: list[str] | tuple[str, ...
 
 def validate_config(raw: dict[str, Any], where: str = "config", set_keys: set[str] = frozenset()) -> Config:
     """``raw`` as a Config; ``set_keys``: keys given with --set, whose problems are named as such."""
+    def from_set(key: str) -> bool:
+        return any(given == key or given.startswith(key + ".") for given in set_keys)
+
     def marked(problems: list[str]) -> list[str]:
-        return [f"--set {p}" if p.partition(":")[0] in set_keys else p for p in problems]
+        return [f"--set {p}" if from_set(p.partition(":")[0]) else p for p in problems]
 
     try:
         config = Config.model_validate(raw)
