@@ -232,10 +232,11 @@ class Service:
         if self.positions:
             room = min(room, self.positions - len(prompt))
             if requested is not None and requested > room:
-                raise ApiError(400, f"max_tokens={requested} leaves {self.positions - requested} of the model's "
-                               f"{self.positions} positions for the prompt, which needs {len(prompt)} even with the "
-                               f"question cut; lower max_tokens to at most {room}", param="max_tokens",
-                               code="context_length_exceeded")
+                what = (f"is not less than the model's {self.positions} positions" if requested >= self.positions
+                        else f"leaves {self.positions - requested} of the model's {self.positions} positions for the "
+                             f"prompt, which needs {len(prompt)} even with the question cut")
+                raise ApiError(400, f"max_tokens={requested} {what}; lower max_tokens to at most {room}",
+                               param="max_tokens", code="context_length_exceeded")
         sampling = Sampling(
             max_tokens=requested or min(defaults.max_new_tokens, room),
             temperature=body.temperature if body.temperature is not None else defaults.temperature,
