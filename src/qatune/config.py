@@ -30,7 +30,7 @@ class Section(BaseModel):
         types = _types(cls.model_fields[info.field_name].annotation)
         # pydantic takes true/false as 1/0 for numbers: `seed: true` silently became seed 1.
         if isinstance(value, bool) and bool not in types and {int, float} & types:
-            raise ValueError(f"must be a number, not {str(value).lower()}")
+            raise ValueError(f"must be a number, not {str(value).lower()} (YAML reads true/yes/on as true)")
         # A column named 2024 (YAML reads it as a number) where only text is taken.
         if isinstance(value, int) and not isinstance(value, bool) and str in types and not {int, float} & types:
             return str(value)
@@ -423,9 +423,12 @@ def _describe(error: dict[str, Any]) -> str:
         return f"{key}: unknown key; valid keys here are {valid}"
     if kind == "missing":
         return f"{key}: required"
+    if kind in ("model_type", "model_attributes_type", "dict_type"):
+        return f"{key}: is a section: set its keys ({key}.KEY: VALUE), not a value (got {error.get('input')!r})"
     message = error["msg"]
     message = message.removeprefix("Value error, ").replace("Input should be", "must be")
-    if kind.startswith(("greater", "less", "int_", "float_", "bool_", "string_", "literal_")) or "got" not in message:
+    if (kind.startswith(("greater", "less", "int_", "float_", "bool_", "string_", "literal_")) or "got" not in message
+            ) and "YAML reads" not in message:
         message = f"{message} (got {error.get('input')!r})"
     return f"{key}: {message}"
 

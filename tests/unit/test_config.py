@@ -100,6 +100,9 @@ def test_set_overrides_with_type_checking(tmp_path):
         load_config(path, ["train.bach_size=4"])
     with pytest.raises(ConfigError, match=r": --set foo: unknown key"):
         load_config(path, ["foo.bar=1"])
+    with pytest.raises(ConfigError, match=r": --set data: is a section: set its keys \(data\.KEY: VALUE\), not a "
+                                          r"value \(got 3\)$"):
+        load_config(path, ["data=3"])
     (tmp_path / "typo.yaml").write_text(BASE + "seed: yes\n")  # in the file, not on the command line
     with pytest.raises(ConfigError, match=r"typo\.yaml: seed: must be a number"):
         load_config(tmp_path / "typo.yaml", ["train.epochs=2"])
