@@ -152,6 +152,14 @@ def _tree_size(folder: Path) -> int:
         return 0
 
 
+def folder_id(folder: Path) -> str | None:
+    """A short digest of a folder's manifest: it changes whenever the folder is written anew (None: no manifest)."""
+    try:
+        return hashlib.sha256((Path(folder) / MANIFEST).read_bytes()).hexdigest()[:16]
+    except OSError:
+        return None
+
+
 def write_manifest(folder: Path) -> None:
     """Record every file's size (and sha256 when small) so that damage is found before loading."""
     files = {}

@@ -123,6 +123,8 @@ def evaluate_run(run_dir: str | Path, data_file: str | Path, which: str = rundir
     )
     metrics["data_file"] = str(data_file)
     metrics["rows_dropped"] = report.dropped_total
+    metrics["model"] = str(loaded.folder)
+    metrics["model_id"] = atomic.folder_id(loaded.folder)  # which writing of that folder was evaluated
     paths = write_results(rundir.results_dir(Path(run_dir), loaded.folder), data_file, metrics, records, predictions)
     return metrics, paths
 

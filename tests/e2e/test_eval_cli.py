@@ -48,6 +48,7 @@ def test_eval_reads_another_layout_with_set(run, held_out_workbook):
     assert result.exit_code == 0, result.output
     metrics = json.loads(result.stdout)
     assert metrics["num_examples"] == 5 and metrics["rows_dropped"] == 0
+    assert metrics["model"] == str(run / "final") and len(metrics["model_id"]) == 16
     # The run's own saved config is untouched by --set.
     assert "question_column: question" in (run / "config.yaml").read_text()
     answers = CliRunner().invoke(cli, ["generate", str(run), "--file", data, "--output", str(run / "a.csv"),

@@ -83,6 +83,22 @@ def test_models_health_summary_page_and_loss_curve(causal):
     assert curve.headers["content-type"] == "image/png" and curve.content[:4] == b"\x89PNG"
 
 
+def test_the_summary_shows_only_evaluations_of_the_served_model(runs, causal):
+    from qatune.atomic import folder_id
+
+    run = runs["causal"]
+    written = {"current": {"f1": 50.0, "model_id": folder_id(run / "final")},
+               "before-resume": {"f1": 10.0, "model_id": "0123456789abcdef"},
+               "older-qatune": {"f1": 20.0}}
+    try:
+        for name, metrics in written.items():
+            (run / f"eval-{name}.json").write_text(json.dumps(metrics))
+        assert sorted(causal.get("/run").json()["evaluations"]) == ["current", "older-qatune"]
+    finally:
+        for name in written:
+            (run / f"eval-{name}.json").unlink()
+
+
 @pytest.mark.parametrize("kind", ["causal", "seq2seq", "lora"])
 def test_generative_runs_answer_as_qatune_generate_does(runs, kind):
     loaded = load_model_folder(runs[kind], device="cpu")

@@ -19,6 +19,7 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.responses import FileResponse, HTMLResponse
 
+from qatune.atomic import folder_id
 from qatune.data.generative import PromptEncoder, PromptTemplate, Seq2SeqEncoder
 from qatune.generate import prompt_budget, uses_context
 from qatune.model import model_max_positions
@@ -357,11 +358,16 @@ class Service:
         status = read_status(self.run_dir)
         result = status.get("result") or {}
         evaluations = {}
+        served = folder_id(self.loaded.folder)
         for path in sorted(self.run_dir.glob("eval-*.json")):
             try:
-                evaluations[path.stem.removeprefix("eval-")] = json.loads(path.read_text(encoding="utf-8"))
+                metrics = json.loads(path.read_text(encoding="utf-8"))
             except (OSError, ValueError):
                 continue
+            # Results of another model folder, or of this one before it was written again (a resumed run), are
+            # not this model's.
+            if isinstance(metrics, dict) and metrics.get("model_id", served) == served:
+                evaluations[path.stem.removeprefix("eval-")] = metrics
         return {
             "id": self.model_id, "task": self.info.task, "kind": self.kind, "base_model": self.base_model,
             "prompt_template": self.info.prompt_template, "uses_context": self.uses_context,
