@@ -149,16 +149,18 @@ def find_model_folder(path: str | Path, which: str = FINAL) -> Path:
 
 def _why_no_model(run_dir: Path, which: str) -> str:
     """Why a run directory has no ``which``/ model, and what to do about it."""
-    status = read_status(run_dir).get("status", "unknown")
+    recorded = read_status(run_dir)
+    status = recorded.get("status", "unknown")
+    validation = (recorded.get("data") or {}).get("validation") or {}
     owner = _read_lock(run_dir.parent / f".{run_dir.absolute().name}.qatune-lock")
     checkpoint = f"or pass a checkpoint folder ({run_dir / CHECKPOINTS}/step-N)"
+    if which == BEST and (status == "complete" or validation.get("rows") == 0):
+        return (f"{run_dir} has no best/ model: best/ is kept only when the run has validation data "
+                "(data.eval_file or data.validation_fraction); use final/ (the default)")
     if _alive(owner):
         return (f"{run_dir} is still training (qatune process {owner.get('pid')}, started "
                 f"{owner.get('started', '?')}); its {which}/ model is written when it finishes: wait for it, "
                 f"{checkpoint}")
-    if which == BEST and status == "complete":
-        return (f"{run_dir} has no best/ model: best/ is kept only when the run has validation data "
-                "(data.eval_file or data.validation_fraction); use final/ (the default)")
     if status in ("running", "stopped"):
         return (f"{run_dir} has no {which}/ model: the run stopped before it finished (run status: {status}); "
                 f"continue it with qatune train --resume {run_dir}, {checkpoint}")

@@ -141,6 +141,10 @@ def test_find_model_folder_errors(tmp_path):
     with RunLock(tmp_path):  # this process trains there
         with pytest.raises(RunDirError, match=rf"{tmp_path} is still training \(qatune process {os.getpid()}, "):
             find_model_folder(tmp_path)
+        (tmp_path / "run.json").write_text('{"status": "running", "data": {"validation": {"rows": 0}}}')
+        with pytest.raises(RunDirError, match=r"no best/ model: best/ is kept only when the run has validation"):
+            find_model_folder(tmp_path, "best")  # it never will have one
+        (tmp_path / "run.json").write_text('{"status": "running"}')
     with pytest.raises(RunDirError, match="the run stopped before it finished \\(run status: running\\)"):
         find_model_folder(tmp_path)  # its process is gone
 
