@@ -74,7 +74,7 @@ def test_a_run_longer_than_its_config_file_is_not_ended_by_it_and_resumes_with_t
     monkeypatch.undo()
     assert stopped.exit_code == 130, stopped.output + stopped.stderr
     message = last_line(stopped)
-    assert "training stopped by SIGINT at step 4 (epoch 2)" in message
+    assert "training stopped by SIGINT at step 4 (in epoch 2)" in message
     assert message.endswith(f"; resume with: qatune train --resume {run}")   # no placeholder to fill in
 
     # The config file says 1 epoch: it used to end the run after 4 of its 9 steps and mark it complete.

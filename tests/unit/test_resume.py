@@ -60,7 +60,7 @@ def test_resume_continues_exactly_where_it_stopped(tmp_path, monkeypatch):
     interrupt_at(monkeypatch, 4)
     with pytest.raises(TrainingInterrupted) as err:
         train(config_for(tmp_path), output_dir=tmp_path / "stopped", progress=False)
-    assert "training stopped by SIGINT at step 4 (epoch 2)" in str(err.value)
+    assert "training stopped by SIGINT at step 4 (in epoch 2)" in str(err.value)
     assert f"--resume {tmp_path / 'stopped'}" in str(err.value)
     assert json.loads((tmp_path / "stopped" / "run.json").read_text())["status"] == "stopped"
     assert find_checkpoint(tmp_path / "stopped").name == "step-0000004"
@@ -208,9 +208,10 @@ def test_the_stop_message_names_the_command_that_resumes(tmp_path):
 
     checkpoint = tmp_path / "my runs" / "faq" / "checkpoints" / "step-0000005"
     one = TrainingInterrupted("SIGTERM", TrainState(step=5, epoch=1), checkpoint)
-    assert str(one) == (f"training stopped by SIGTERM at step 5 (epoch 2); checkpoint saved in {checkpoint}; "
+    assert str(one) == (f"training stopped by SIGTERM at step 5 (after epoch 1); checkpoint saved in {checkpoint}; "
                         f"resume with: qatune train --resume '{tmp_path / 'my runs' / 'faq'}'")
-    two = TrainingInterrupted("SIGINT", TrainState(step=5), checkpoint, processes=2)
+    two = TrainingInterrupted("SIGINT", TrainState(step=5, epoch=1, consumed=2), checkpoint, processes=2)
+    assert str(two).startswith("training stopped by SIGINT at step 5 (in epoch 2);")
     assert str(two).endswith("--num-processes 2")
 
 

@@ -53,8 +53,8 @@ class TrainingInterrupted(TrainingError):
         self.checkpoint = checkpoint
         where = f"; checkpoint saved in {checkpoint}" if checkpoint else ""
         how = f"; resume with: {resume_command(checkpoint.parent.parent, processes)}" if checkpoint else ""
-        super().__init__(f"training stopped by {signal_name} at step {state.step} (epoch {state.epoch + 1})"
-                         f"{where}{how}")
+        when = f"in epoch {state.epoch + 1}" if state.consumed else f"after epoch {state.epoch}"
+        super().__init__(f"training stopped by {signal_name} at step {state.step} ({when}){where}{how}")
 
 
 def resume_command(run_dir: Path, processes: int = 1) -> str:
