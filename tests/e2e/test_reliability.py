@@ -353,7 +353,7 @@ def test_ctrl_c_during_validation_stops_after_the_epoch_checkpoint(tmp_path, mon
     run = tmp_path / "run"
     with pytest.raises(TrainingInterrupted) as err:
         train(config_for(tmp_path, "data.validation_fraction=0.25"), output_dir=run, progress=False)
-    assert "at step 3 (epoch 2)" in str(err.value) and "step-0000003" in str(err.value)
+    assert "at step 3 (after epoch 1)" in str(err.value) and "step-0000003" in str(err.value)
     assert json.loads((run / "run.json").read_text())["status"] == "stopped"
     assert not (run / "final").exists() and (run / "best" / "model.safetensors").is_file()
     state = json.loads((find_checkpoint(run) / "trainer_state.json").read_text())
