@@ -333,7 +333,7 @@ def serve(run_dir: str, host: str, port: int, api_key: str | None, which: str, m
               help="auto: extractive when a context column holds the answers.")
 @click.option("--sheet", default=None, help="Excel sheet name or 0-based index (default: the first sheet).")
 @click.option("--delimiter", default=None,
-              help="Cell separator of a text file, e.g. ';' (default: ',', or tab for .tsv).")
+              help="Cell separator of a text file, e.g. ';' or tab (default: ',', or tab for .tsv).")
 @click.option("--question", "question_column", default=None, help="The column with the questions (else guessed).")
 @click.option("--answer", "answer_column", default=None, help="The column with the answers (else guessed).")
 @click.option("--context", "context_column", default=None, help="The column with the passages (else guessed).")
@@ -349,8 +349,13 @@ def init(data_file: str, task: str, sheet: str | None, delimiter: str | None, qu
     """Guess the question/answer/context columns of a spreadsheet and write a config for it."""
     from pathlib import Path
 
+    from qatune.config import delimiter_character
     from qatune.init import choose_model, describe, inspect, write_config
 
+    try:
+        delimiter = delimiter_character(delimiter) if delimiter is not None else None
+    except ValueError as exc:
+        raise QatuneError(f"--delimiter: {exc}") from None
     path = Path(data_file)
     found = inspect(path, sheet=sheet, task=task, question_column=question_column, answer_column=answer_column,
                     context_column=context_column, delimiter=delimiter)

@@ -37,6 +37,15 @@ class Section(BaseModel):
         return value
 
 
+def delimiter_character(text: str) -> str:
+    """A cell separator as typed (``;``, ``tab``, ``\\t`` from a shell or YAML) as the one character it is."""
+    if text.lower() in ("tab", "\\t"):
+        return "\t"
+    if len(text) != 1:
+        raise ValueError(f"must be one character, or tab (got {text!r})")
+    return text
+
+
 def _types(annotation: Any) -> set[Any]:
     """The plain types an annotation admits (``int | None`` -> {int, NoneType})."""
     args = typing.get_args(annotation)
@@ -111,7 +120,7 @@ class DataConfig(Section):
     encoding: str | None = None
     """Text encoding of csv/tsv/json files (default UTF-8, with or without BOM), e.g. cp1252."""
     delimiter: str | None = None
-    """Field separator for text tables (default: ',' for .csv, tab for .tsv)."""
+    """Field separator for text tables (default: ',' for .csv, tab for .tsv); one character, or tab."""
     answer_separator: str | None = None
     """Split answer cells on this text into several gold answers, e.g. '|'. The first is trained on."""
     drop_duplicates: bool = False
@@ -149,6 +158,11 @@ class DataConfig(Section):
         if number < 8:
             raise ValueError(f"must be at least 8 tokens, or 'auto' (got {number})")
         return number
+
+    @field_validator("delimiter", mode="before")
+    @classmethod
+    def _delimiter(cls, value: Any) -> Any:
+        return delimiter_character(value) if isinstance(value, str) else value
 
     @field_validator("sheet", mode="before")
     @classmethod

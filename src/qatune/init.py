@@ -131,9 +131,10 @@ def _cannot_tell(what: str, path: Path, columns: dict[str, list[str | None]]) ->
         sample = next((v for v in values if v), "")
         sample = sample if len(sample) <= 60 else sample[:57] + "..."
         lines.append(f"  {name!r:24} e.g. {sample!r}")
-    separator = next((sep for sep in (";", "\t", "|") if len(columns) == 1 and sep in next(iter(columns))), None)
+    separator = next((typed for sep, typed in ((";", "';'"), ("\t", "tab"), ("|", "'|'"))
+                      if len(columns) == 1 and sep in next(iter(columns))), None)
     if separator:
-        lines.append(f"  (the header looks {separator!r}-separated: pass --delimiter {separator!r})")
+        lines.append(f"  (the header looks {separator}-separated: pass --delimiter {separator})")
     if len(columns) >= 3:  # a question may be several of them
         lines.append("  (more than one column in the prompt: set data.prompt_template in the config it writes, "
                      "e.g. \"Marks: {Total Marks}\\nAnswer: {Coding}\\nFeedback:\")")

@@ -106,6 +106,10 @@ def test_set_overrides_with_type_checking(tmp_path):
     (tmp_path / "typo.yaml").write_text(BASE + "seed: yes\n")  # in the file, not on the command line
     with pytest.raises(ConfigError, match=r"typo\.yaml: seed: must be a number"):
         load_config(tmp_path / "typo.yaml", ["train.epochs=2"])
+    assert load_config(path, ["data.delimiter=tab"]).data.delimiter == "\t"
+    assert load_config(path, [r"data.delimiter=\t"]).data.delimiter == "\t"
+    with pytest.raises(ConfigError, match=r"--set data\.delimiter: must be one character, or tab \(got ';;'\)"):
+        load_config(path, ["data.delimiter=;;"])
     # A column named by a number (YAML reads 2024 as one) is the column's name.
     assert load_config(path, ["data.question_column=2024"]).data.question_column == "2024"
     with pytest.raises(ConfigError, match="expected KEY=VALUE"):

@@ -110,6 +110,17 @@ def test_init_hints_name_its_own_flags(tmp_path):
     semi.write_text("question;answer\nwho, then?;me\n", encoding="utf-8")  # a comma: the file fails to parse
     result = init(semi, "--output", tmp_path / "c.yaml")
     assert result.exit_code == 1 and "the header looks ';'-separated, pass --delimiter" in result.stderr
+    tabs = tmp_path / "tabs.csv"
+    tabs.write_text("question\tanswer\n" + "".join(f"who is {i}?\tperson {i}\n" for i in range(30)), encoding="utf-8")
+    result = init(tabs, "--output", tmp_path / "c.yaml")
+    assert result.exit_code == 1 and "(the header looks tab-separated: pass --delimiter tab)" in result.stderr
+    for typed in ("tab", "\\t"):  # as typed in a shell
+        result = init(tabs, "--delimiter", typed, "--model", "gpt2", "--output", tmp_path / "t.yaml", "--force")
+        assert result.exit_code == 0, result.output
+        assert load_config(tmp_path / "t.yaml").data.delimiter == "\t"
+    result = init(tabs, "--delimiter", ";;", "--output", tmp_path / "t.yaml", "--force")
+    assert result.exit_code == 1
+    assert result.stderr.strip() == "error: --delimiter: must be one character, or tab (got ';;')"
     book = Workbook()
     book.active.append(["question", "answer"])
     book.save(tmp_path / "one.xlsx")

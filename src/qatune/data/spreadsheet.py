@@ -346,6 +346,8 @@ def _read_text_table(path: Path, encoding: str | None, delimiter: str) -> pd.Dat
                     else f"; quote cells that contain {delimiter!r} or fix that row")
             raise DataError(f"{path} line {line} has {saw} cells but the header has {expected}{hint}") from None
         raise DataError(f"{path} cannot be parsed as a {delimiter!r}-separated table: {detail}") from None
+    except ValueError as exc:  # (after ParserError, one too) a separator pandas cannot use: longer than one character
+        raise DataError(f"{path} cannot be read with the cell separator {delimiter!r}: {exc}") from None
 
 
 def _check_text_head(path: Path, head: bytes, encoding: str | None) -> None:
