@@ -295,8 +295,8 @@ def test_a_question_longer_than_the_model_positions_is_cut_as_qatune_generate_cu
         assert "max_tokens=125" in error["message"] and f"{positions} positions" in error["message"]
         error = assert_error(client.post("/v1/completions", json={"prompt": question, "max_tokens": positions + 72}),
                              400, None, "context_length_exceeded")
-        assert error["message"].startswith(f"max_tokens={positions + 72} is not less than the model's {positions} "
-                                           "positions; lower max_tokens to at most ")
+        assert error["message"] == (f"max_tokens={positions + 72} is not less than the model's {positions} "
+                                    "positions (the prompt needs some of them); send a lower max_tokens")
         too_long = assert_error(client.post("/v1/completions", json={"prompt": "where " * 1100}), 400,
                                 "messages", "context_length_exceeded")  # --max-prompt-tokens, a server limit
         assert "more than this server allows (1000)" in too_long["message"] and "max_tokens" not in too_long["message"]

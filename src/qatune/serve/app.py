@@ -218,6 +218,10 @@ class Service:
         if requested is not None and requested > self.limits.max_tokens:
             raise ApiError(400, f"max_tokens={requested} is more than this server allows ({self.limits.max_tokens})",
                            param="max_tokens", code="max_tokens_too_large")
+        if requested is not None and self.positions and not self.info.seq2seq and requested >= self.positions:
+            raise ApiError(400, f"max_tokens={requested} is not less than the model's {self.positions} positions "
+                           "(the prompt needs some of them); send a lower max_tokens", param="max_tokens",
+                           code="context_length_exceeded")
         self._check_prompt_chars(len(question) + len(context or "") + sum(map(len, fields.values())))
         prompt = self.encoder.prompt_ids(question, context, None, fields=fields)
         self._check_prompt_length(len(prompt))
@@ -233,11 +237,10 @@ class Service:
         if self.positions:
             room = min(room, self.positions - len(prompt))
             if requested is not None and requested > room:
-                what = (f"is not less than the model's {self.positions} positions" if requested >= self.positions
-                        else f"leaves {self.positions - requested} of the model's {self.positions} positions for the "
-                             f"prompt, which needs {len(prompt)} even with the question cut")
-                raise ApiError(400, f"max_tokens={requested} {what}; lower max_tokens to at most {room}",
-                               param="max_tokens", code="context_length_exceeded")
+                raise ApiError(400, f"max_tokens={requested} leaves {self.positions - requested} of the model's "
+                               f"{self.positions} positions for the prompt, which needs {len(prompt)} even with the "
+                               f"question cut; lower max_tokens to at most {room}", param="max_tokens",
+                               code="context_length_exceeded")
         sampling = Sampling(
             max_tokens=requested or min(defaults.max_new_tokens, room),
             temperature=body.temperature if body.temperature is not None else defaults.temperature,
