@@ -8,6 +8,7 @@ import pytest
 import torch
 from tests.conftest import tiny_config as shared_tiny_config
 
+from qatune.errors import DataError
 from qatune.train import LengthGroupedBatches, build_optimizer, build_schedulers, fit, prepare
 
 
@@ -398,3 +399,14 @@ def test_most_rows_not_fitting_is_an_error_not_a_warning(tmp_path):
     assert [f.level for f in dropped] == ["error"]
     assert dropped[0].message.startswith("most rows cannot be trained: 8 of 12 rows dropped: the answer alone does "
                                          "not fit max_length=12 (rows 2, 3, 4, 5, 6, 7, 8, 9)")
+
+
+def test_seq2seq_rows_whose_question_would_be_cut_to_nothing_are_dropped(tmp_path):
+    rows = [(f"q{i}?", f"a{i}") for i in range(8)] + [(q, "thing thing thing") for q, _ in LONG_QUESTIONS[:4]]
+    overrides = ("model.scratch.architecture=t5",)
+    kept = prepare(shared_tiny_config(tmp_path, rows, *overrides, "data.max_length=18"), with_model=False)
+    fixed = kept.dataset.items[0].input_ids  # every source cut to the template and one token of its question
+    assert len(fixed) == 18 and len(kept.dataset.items) == 12
+    with pytest.raises(DataError, match=r"12 of 12 rows dropped: they do not fit max_length=17 even with the "
+                                        r"question cut to nothing; the prompt's own text is 17 tokens"):
+        prepare(shared_tiny_config(tmp_path, rows, *overrides, "data.max_length=17"), with_model=False)

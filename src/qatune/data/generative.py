@@ -294,6 +294,10 @@ class PromptEncoder:
         """Tokens of a row's prompt without its question and context: the template's own text."""
         return len(self._encode_prompt("", "" if record.context is not None else None, record.fields))
 
+    def answer_too_long(self, record: QARecord, max_length: int) -> bool:
+        """Whether the answer alone leaves no room for the prompt in max_length."""
+        return len(self.answer_ids(record.answer)) >= max_length
+
     def full_length(self, record: QARecord) -> int:
         return len(self._encode_prompt(record.question, record.context, record.fields)) + len(
             self.answer_ids(record.answer))
@@ -355,7 +359,13 @@ class Seq2SeqEncoder(PromptEncoder):
         if source is None or len(target) > max_length:
             return None
         full = self._encode_prompt(record.question, record.context, record.fields)
+        if len(source) < len(full) and len(source) <= self.fixed_length(record):
+            return None  # the question cut to nothing: no example to learn from
         return Seq2SeqExample(input_ids=source, target_ids=target, row=record.row, truncated=len(source) < len(full))
+
+    def answer_too_long(self, record: QARecord, max_length: int) -> bool:
+        """Whether the answer (the decoder's target) is longer than max_length."""
+        return len(self.answer_ids(record.answer)) > max_length
 
     def full_length(self, record: QARecord) -> int:
         return max(len(self._encode_prompt(record.question, record.context, record.fields)),
@@ -416,7 +426,7 @@ def encode_examples(encoder: PromptEncoder, records: list[QARecord],
         example = encoder.example(record, max_length)
         if example is None:
             stats.too_long_rows.append(record.row)
-            if len(encoder.answer_ids(record.answer)) >= max_length:
+            if encoder.answer_too_long(record, max_length):
                 stats.answer_too_long_rows.append(record.row)
             continue
         if example.truncated:

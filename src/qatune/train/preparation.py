@@ -205,16 +205,15 @@ def _encode_generative(config: Config, built: _Model, records: list[QARecord], r
     return _Encoded(examples, collator, info, records, findings)
 
 
-def _too_long(stats: EncodeStats, encoder: Any, records: list[QARecord], max_length: int) -> Finding:
+def _too_long(stats: EncodeStats, encoder: PromptEncoder, records: list[QARecord], max_length: int) -> Finding:
     """Rows that do not fit max_length, and why; an error when they are most of the data."""
     rows = stats.too_long_rows
     if len(stats.answer_too_long_rows) == len(rows):
         why = f"the answer alone does not fit max_length={max_length}"
     else:
-        why = f"they do not fit max_length={max_length} even with the question cut to nothing"
-        if hasattr(encoder, "fixed_length"):
-            first = next(r for r in records if r.row == rows[0])
-            why += f"; the prompt's own text is {encoder.fixed_length(first)} tokens"
+        first = next(r for r in records if r.row == rows[0])
+        why = (f"they do not fit max_length={max_length} even with the question cut to nothing; the prompt's own "
+               f"text is {encoder.fixed_length(first)} tokens")
         if stats.answer_too_long_rows:
             why += f"; {len(stats.answer_too_long_rows)} of their answers alone do not fit"
     text = (f"{len(rows)} of {len(records)} rows dropped: {why} (rows {row_list(rows)}); raise data.max_length or "
