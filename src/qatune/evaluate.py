@@ -27,7 +27,7 @@ from qatune.data.generative import (
 )
 from qatune.data.spreadsheet import QARecord, load_from_config
 from qatune.errors import ConfigError
-from qatune.generate import answer_questions, extract_answers, inference_precision, score_windows
+from qatune.generate import answer_questions, extract_answers, inference_precision, score_windows, uses_context
 from qatune.metrics import best_scores, corpus_scores
 from qatune.model import (
     load_model_config,
@@ -35,7 +35,7 @@ from qatune.model import (
     load_tokenizer,
     model_max_positions,
 )
-from qatune.model_folder import ModelInfo, load_model_folder
+from qatune.model_folder import ModelInfo, load_model_folder, read_model_folder
 from qatune.objectives import CausalLMObjective, Seq2SeqObjective, model_inputs
 
 log = logging.getLogger("qatune")
@@ -113,10 +113,10 @@ def evaluate_run(run_dir: str | Path, data_file: str | Path, which: str = rundir
     ``reading``: ``key=value`` changes to how the file is read (sheet, columns, delimiter: READING_KEYS),
     for a held-out file laid out unlike the training file.
     """
+    config, info = read_model_folder(rundir.find_model_folder(run_dir, which))  # the file is read before the model
+    data = with_reading_overrides(config, reading).data if reading else config.data
+    records, report = load_from_config(data, data_file, with_context=uses_context(info))
     loaded = load_model_folder(run_dir, which)
-    data = with_reading_overrides(loaded.config, reading).data if reading else loaded.config.data
-    records, report = load_from_config(data, data_file, with_context=loaded.info.task == "extractive"
-                                       or PromptTemplate(loaded.info.prompt_template).uses_context)
     metrics, predictions = evaluate_records(
         loaded.model, loaded.tokenizer, loaded.info, records, loaded.config.generate,
         batch_size or loaded.config.train.eval_batch_size, progress,
@@ -172,11 +172,12 @@ def write_results(out_dir: Path, data_file: str | Path, metrics: dict[str, Any],
     """eval-NAME.json and predictions-NAME.csv, each written atomically; results of another file with the
     same name (data/a/x.csv after data/b/x.csv) are replaced with a warning."""
     paths = rundir.eval_outputs(out_dir, data_file)
+    metrics["data_path"] = str(Path(data_file).resolve())
     try:
-        before = json.loads(paths["metrics"].read_text(encoding="utf-8")).get("data_file")
+        before = json.loads(paths["metrics"].read_text(encoding="utf-8")).get("data_path")
     except (OSError, ValueError, AttributeError):
         before = None
-    if before and Path(before).resolve() != Path(data_file).resolve():
+    if before and before != metrics["data_path"]:
         log.warning("replacing %s, the results of %s (files of one name share their results' names)",
                     paths["metrics"].name, before)
     atomic.atomic_write_text(paths["metrics"], json.dumps(metrics, indent=2) + "\n")

@@ -78,3 +78,14 @@ def test_results_of_another_file_of_the_same_name_are_replaced_with_a_warning(ru
     assert f"replacing eval-held.json, the results of {tmp_path / 'a' / 'held.csv'}" in other.stderr
     assert json.loads((run / "eval-held.json").read_text())["data_file"] == str(tmp_path / "b" / "held.csv")
     assert (run / "predictions-held.csv").read_text(encoding="utf-8").startswith("row,question,gold,")
+
+
+def test_a_wrong_set_or_column_fails_before_the_model_loads(run, held_out_workbook, monkeypatch):
+    import qatune.evaluate
+
+    def no_loading(*args, **kwargs):
+        raise AssertionError("the model was loaded before the file was read")
+
+    monkeypatch.setattr(qatune.evaluate, "load_model_folder", no_loading)
+    result = CliRunner().invoke(cli, ["eval", str(run), "--data", str(held_out_workbook), "--set", "data.sheet=1"])
+    assert result.exit_code == 1 and "column 'question' not found" in result.stderr, result.output
