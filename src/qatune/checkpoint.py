@@ -39,6 +39,10 @@ RESUME_FILES = (TRAINER_STATE, "optimizer.pt", "scheduler.pt", "rng.pt")
 """What a checkpoint holds beyond a model folder."""
 
 
+LOG_WINDOW_KEYS = ("loss_sum", "items", "tokens", "seconds")
+"""What a checkpoint saves of the open logging window (qatune.train.logs.LogWindow)."""
+
+
 @dataclass
 class TrainState:
     """Where training stands; saved as trainer_state.json in every checkpoint."""
@@ -56,7 +60,7 @@ class TrainState:
     first_loss: float = float("nan")
     last_loss: float = float("nan")
     bad_steps: list[int] = field(default_factory=list)
-    log_window: dict[str, float] | None = None
+    log_window: dict[str, float] | None = None  # LOG_WINDOW_KEYS
     """The open logging window (loss sum, items, tokens, seconds since the last metrics line). None in
     checkpoints written before it was saved: a run resumed from one starts an empty window."""
 
@@ -185,9 +189,9 @@ def load_state(checkpoint: Path) -> TrainState:
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             raise ValueError(f"{name} must be a whole number >= 0, found {value!r}")
     window = state.log_window
-    if window is not None and not (isinstance(window, dict) and all(
+    if window is not None and not (isinstance(window, dict) and set(window) == set(LOG_WINDOW_KEYS) and all(
             isinstance(v, int | float) and not isinstance(v, bool) for v in window.values())):
-        raise ValueError(f"log_window must be an object of numbers, found {window!r}")
+        raise ValueError(f"log_window must be an object of the numbers {list(LOG_WINDOW_KEYS)}, found {window!r}")
     return state
 
 

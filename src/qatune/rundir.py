@@ -154,7 +154,7 @@ def _why_no_model(run_dir: Path, which: str) -> str:
     validation = (recorded.get("data") or {}).get("validation") or {}
     owner = _read_lock(run_dir.parent / f".{run_dir.absolute().name}.qatune-lock")
     checkpoint = f"or pass a checkpoint folder ({run_dir / CHECKPOINTS}/step-N)"
-    if which == BEST and (status == "complete" or validation.get("rows") == 0):
+    if which == BEST and (validation.get("rows") == 0 or (status == "complete" and not validation)):
         return (f"{run_dir} has no best/ model: best/ is kept only when the run has validation data "
                 "(data.eval_file or data.validation_fraction); use final/ (the default)")
     if _alive(owner):

@@ -117,6 +117,23 @@ def test_a_checkpoint_written_before_logging_windows_were_saved_resumes_with_an_
     assert json.loads((run / "run.json").read_text())["status"] == "complete"
 
 
+def test_a_saved_logging_window_without_all_its_numbers_marks_the_checkpoint_damaged(tmp_path, monkeypatch):
+    from qatune import atomic
+    from qatune.checkpoint import damage
+
+    interrupt_at(monkeypatch, 6)
+    with pytest.raises(TrainingInterrupted) as err:
+        train(config_for(tmp_path, "train.logging_steps=4"), output_dir=tmp_path / "run", progress=False)
+    checkpoint = err.value.checkpoint
+    assert damage(checkpoint) is None
+    state = json.loads((checkpoint / "trainer_state.json").read_text())
+    del state["log_window"]["seconds"]
+    (checkpoint / "trainer_state.json").write_text(json.dumps(state))
+    atomic.write_manifest(checkpoint)
+    assert "log_window must be an object of the numbers ['loss_sum', 'items', 'tokens', 'seconds']" in damage(
+        checkpoint)
+
+
 def test_checkpoints_keep_the_last_k(tmp_path):
     run = train(config_for(tmp_path, "train.keep_checkpoints=2"), output_dir=tmp_path / "run", progress=False)
     assert [p.name for p in list_checkpoints(run)] == ["step-0000008", "step-0000009"]
