@@ -259,9 +259,12 @@ class Loop:
         """Epoch-interval decay, validation (best/ when it improves), a checkpoint."""
         if self.prepared.config.train.scheduler.interval == "epoch":
             with warnings.catch_warnings():
-                # Resumed after an epoch's last step, this process has not stepped the optimizer yet; torch
-                # warns of a skipped learning rate, but the restored schedule is exact.
-                warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step", category=UserWarning)
+                if self.state.step > 0:
+                    # Resumed after an epoch's last step, this process has not stepped the optimizer yet; torch
+                    # warns of a skipped learning rate, but the restored schedule is exact. (With no step at all,
+                    # the warning stays.)
+                    warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step",
+                                            category=UserWarning)
                 self.schedulers["decay"].step()
         self.state.epoch, self.state.consumed = self.state.epoch + 1, 0
         if self.prepared.eval_records:
