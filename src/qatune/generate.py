@@ -212,15 +212,15 @@ def answer_file(run_dir: str | Path, data_file: str | Path, output: str | Path |
     config, info = read_model_folder(find_model_folder(run_dir, which))  # the file is read before the model loads
     data = with_reading_overrides(config, reading).data if reading else config.data
     records, _ = load_from_config(data, data_file, with_answers=False, with_context=uses_context(info))
+    names, rows = _input_table(data, Path(data_file), records)
     loaded = load_model_folder(run_dir, which)
     _seed(seed)
     generate = _generate_config(loaded.config.generate, options)
     answers = answer_questions(loaded.model, loaded.tokenizer, loaded.info, [r.question for r in records],
                                [r.context for r in records], generate, loaded.config.train.eval_batch_size,
                                progress=True, fields=[r.fields for r in records])
-    header, rows = _answer_table(data, Path(data_file), records, answers)
     path.parent.mkdir(parents=True, exist_ok=True)
-    _write_table(path, header, rows)
+    _write_table(path, [*names, "answer"], [[*row, answer] for row, answer in zip(rows, answers, strict=True)])
     return path
 
 
@@ -239,9 +239,9 @@ def _answers_path(run_dir: str | Path, data_file: str | Path, output: str | Path
     return path
 
 
-def _answer_table(data: DataConfig, data_file: Path, records: list[QARecord],
-                  answers: list[str]) -> tuple[list[str], list[list[Any]]]:
-    """row, question, the input's other columns as they are in the file, answer: one row per answered record."""
+def _input_table(data: DataConfig, data_file: Path, records: list[QARecord]) -> tuple[list[str], list[list[Any]]]:
+    """row, question and the input's other columns as they are in the file, one row per record (read once,
+    before any answer is generated; the answer column is added after)."""
     from qatune.data.spreadsheet import read_table, resolve_column
 
     header, cells, first_row = read_table(data_file, sheet=data.sheet, encoding=data.encoding,
@@ -252,11 +252,10 @@ def _answer_table(data: DataConfig, data_file: Path, records: list[QARecord],
     for i in others:
         names.append(_free_name(str(header[i]).strip() or f"column {i + 1}", [*names, "answer"]))
     rows = []
-    for record, answer in zip(records, answers):
+    for record in records:
         line = cells[record.row - first_row]
-        rows.append([record.row, record.question, *(_plain(line[i] if i < len(line) else None) for i in others),
-                     answer])
-    return [*names, "answer"], rows
+        rows.append([record.row, record.question, *(_plain(line[i] if i < len(line) else None) for i in others)])
+    return names, rows
 
 
 def _free_name(name: str, taken: list[str]) -> str:
