@@ -38,6 +38,11 @@ class Guess:
     reason: str
 
 
+INIT_FLAGS = {"sheet": "--sheet NAME", "delimiter": "--delimiter", "question_column": "--question COLUMN",
+              "answer_column": "--answer COLUMN", "context_column": "--context COLUMN"}
+"""The init flag of each data key the readers' messages name."""
+
+
 @dataclass
 class Inspection:
     task: str
@@ -56,13 +61,15 @@ def inspect(path: Path, sheet: str | int | None = None, task: str = "auto", ques
     """Guess the columns (those given are taken as they are) and the task."""
     try:
         header, rows, _ = read_table(path, sheet=sheet, delimiter=delimiter)
-    except DataError as exc:  # its hints name config keys; init has flags for them
-        raise DataError(str(exc).replace("set data.sheet", "pass --sheet NAME")
-                        .replace("set data.delimiter", "pass --delimiter")) from None
-    try:
-        found = _guess(path, header, rows, sheet, task, question_column, answer_column, context_column)
-    except DataError as exc:
-        raise with_sheets_hint(exc, path, sheet, "pass --sheet NAME") from None
+        try:
+            found = _guess(path, header, rows, sheet, task, question_column, answer_column, context_column)
+        except DataError as exc:
+            raise with_sheets_hint(exc, path, sheet, "pass --sheet NAME") from None
+    except DataError as exc:  # the hints of the readers name config keys; init has flags for them
+        message = str(exc)
+        for key, flag in INIT_FLAGS.items():
+            message = message.replace(f"set data.{key}", f"pass {flag}")
+        raise DataError(message) from None
     found.delimiter = delimiter
     return found
 

@@ -82,6 +82,7 @@ def test_a_sheet_it_cannot_read_lists_its_columns_with_samples_and_the_flags(tmp
     assert (config.data.question_column, config.data.answer_column) == ("Coding", "Feedback")
     wrong = init(data, "--question", "Codng", "--output", tmp_path / "d.yaml", "--force")
     assert wrong.exit_code == 1 and "column 'Codng' not found in marks.csv; columns are" in wrong.stderr
+    assert wrong.stderr.strip().endswith("pass --question COLUMN")
 
 
 def test_two_columns_of_one_name_are_refused_before_a_config_is_written(tmp_path):
