@@ -152,7 +152,7 @@ def _why_no_model(run_dir: Path, which: str) -> str:
     recorded = read_status(run_dir)
     status = recorded.get("status", "unknown")
     validation = (recorded.get("data") or {}).get("validation") or {}
-    owner = _read_lock(run_dir.parent / f".{run_dir.absolute().name}.qatune-lock")
+    owner = _read_lock(lock_path(run_dir))
     checkpoint = f"or pass a checkpoint folder ({run_dir / CHECKPOINTS}/step-N)"
     if which == BEST and (validation.get("rows") == 0 or (status == "complete" and not validation)):
         return (f"{run_dir} has no best/ model: best/ is kept only when the run has validation data "
@@ -183,6 +183,12 @@ def find_lora_base(folder: Path) -> Path | None:
     return None
 
 
+def lock_path(folder: Path) -> Path:
+    """The lock file of a run directory (or export target): hidden, beside it."""
+    folder = Path(folder).absolute()
+    return folder.parent / f".{folder.name}.qatune-lock"
+
+
 class RunLock:
     """One qatune process at a time on a run directory (or an export target).
 
@@ -194,7 +200,7 @@ class RunLock:
     def __init__(self, folder: Path, what: str = "run directory"):
         folder = Path(folder).absolute()
         self.folder, self.what = folder, what
-        self.path = folder.parent / f".{folder.name}.qatune-lock"
+        self.path = lock_path(folder)
         self.held = False
 
     def __enter__(self) -> Self:
