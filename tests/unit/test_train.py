@@ -390,6 +390,8 @@ def test_rows_that_fit_only_with_no_question_left_are_dropped_and_said_so(tmp_pa
                                          "cut to nothing; the prompt's own text is 6 tokens (rows 10, 11, 12, 13)")
     assert [example.row for example in prepared.dataset.items] == list(range(2, 10))
     assert all(example.prompt_length > 6 for example in prepared.dataset.items)
+    report = prepared.reports["train_file"]
+    assert (report["kept"], report["dropped"]) == (8, {"does not fit max_length=10": [10, 11, 12, 13]})
 
 
 def test_most_rows_not_fitting_is_an_error_not_a_warning(tmp_path):

@@ -108,7 +108,7 @@ def prepare(config: Config, train_records: list[QARecord] | None = None,
     train_records, eval_records, train_report = _setup_records(config, train_records, eval_records, reports)
     built = _setup_model(config, train_records, with_model)
     if config.task == "generative":
-        encoded = _encode_generative(config, built, train_records, reports)
+        encoded = _encode_generative(config, built, train_records, train_report, reports)
     else:
         encoded = _encode_extractive(config, built, train_records, train_report, reports)
     if train_report.file != GIVEN:  # after encoding: rows whose answer is not in their context are dropped there
@@ -181,7 +181,8 @@ def _setup_model(config: Config, train_records: list[QARecord], with_model: bool
     return built
 
 
-def _encode_generative(config: Config, built: _Model, records: list[QARecord], reports: dict[str, Any]) -> _Encoded:
+def _encode_generative(config: Config, built: _Model, records: list[QARecord], train_report: LoadReport,
+                       reports: dict[str, Any]) -> _Encoded:
     source = config.model.name_or_path or "the scratch model"
     template = resolve_template(config.data, built.tokenizer, source)
     encoder = (Seq2SeqEncoder if built.seq2seq else PromptEncoder)(built.tokenizer, template)
@@ -189,6 +190,9 @@ def _encode_generative(config: Config, built: _Model, records: list[QARecord], r
     lengths = [encoder.full_length(r) for r in records]
     max_length = choose_max_length(lengths, config.data.max_length, built.limit)
     examples, stats = encode_examples(encoder, records, max_length)
+    for row in stats.too_long_rows:
+        train_report.drop_kept(f"does not fit max_length={max_length}", row)
+    reports["train_file"] = train_report.to_dict()
     reports["encoding"] = {"max_length": max_length, "truncated_rows": stats.truncated_rows,
                            "too_long_rows": stats.too_long_rows, "lengths": _length_summary(lengths)}
     findings = []
