@@ -1,4 +1,5 @@
 import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -129,3 +130,32 @@ def tiny_llama(tokenizer, seed=0):
                          tie_word_embeddings=True, bos_token_id=tokenizer.bos_token_id,
                          eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
     return LlamaForCausalLM(config)
+
+
+def interrupt_at(monkeypatch, step):
+    """A SIGINT (as from Ctrl-C) once the training loop has taken optimizer step ``step``."""
+    from qatune.train import loop as loop_module
+
+    original = loop_module.train_step
+
+    def stepping(loop, window):
+        done = original(loop, window)
+        if loop.state.step == step:
+            os.kill(os.getpid(), signal.SIGINT)
+        return done
+
+    monkeypatch.setattr(loop_module, "train_step", stepping)
+
+
+def notes_then_data_workbook(path, question, answer):
+    """An .xlsx whose first sheet ('Notes') holds a note and whose second ('Data') holds one QA row."""
+    from openpyxl import Workbook
+
+    book = Workbook()
+    book.active.title = "Notes"
+    book.active.append(["notes"])
+    book.active.append(["made in May"])
+    book.create_sheet("Data").append(["question", "answer"])
+    book["Data"].append([question, answer])
+    book.save(path)
+    return path

@@ -2,17 +2,14 @@
 config, and a config file that would end a stopped run early."""
 
 import json
-import os
 import shlex
-import signal
 
 import pytest
 import yaml
 from click.testing import CliRunner
-from tests.conftest import tiny_config
+from tests.conftest import interrupt_at, tiny_config
 
 from qatune.cli import cli
-from qatune.train import loop as loop_module
 
 pytestmark = pytest.mark.slow
 
@@ -25,19 +22,6 @@ def invoke(*args):
 
 def last_line(result):
     return result.stderr.strip().splitlines()[-1]
-
-
-def stop_after_step(monkeypatch, step):
-    """A SIGINT once the loop has taken optimizer step ``step``."""
-    original = loop_module.train_step
-
-    def stepping(loop, window):
-        done = original(loop, window)
-        if loop.state.step == step:
-            os.kill(os.getpid(), signal.SIGINT)
-        return done
-
-    monkeypatch.setattr(loop_module, "train_step", stepping)
 
 
 @pytest.fixture
@@ -69,7 +53,7 @@ def test_a_run_longer_than_its_config_file_is_not_ended_by_it_and_resumes_with_t
     result = invoke("train", "--config", config_file, "--set", "train.epochs=3", "--output-dir", straight, "--quiet")
     assert result.exit_code == 0, result.output + result.stderr
     run = tmp_path / "run"
-    stop_after_step(monkeypatch, 4)                                          # in epoch 2 of 3
+    interrupt_at(monkeypatch, 4)                                          # in epoch 2 of 3
     stopped = invoke("train", "--config", config_file, "--set", "train.epochs=3", "--output-dir", run, "--quiet")
     monkeypatch.undo()
     assert stopped.exit_code == 130, stopped.output + stopped.stderr
@@ -99,7 +83,7 @@ def test_a_run_longer_than_its_config_file_is_not_ended_by_it_and_resumes_with_t
 
 def test_resume_without_config_takes_set_of_the_resumable_keys_only(tmp_path, config_file, monkeypatch):
     run = tmp_path / "run"
-    stop_after_step(monkeypatch, 2)
+    interrupt_at(monkeypatch, 2)
     assert invoke("train", "--config", config_file, "--output-dir", run, "--quiet").exit_code == 130
     monkeypatch.undo()
     refused = invoke("train", "--resume", run, "--set", "train.learning_rate=1e-4", "--quiet")

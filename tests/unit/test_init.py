@@ -2,7 +2,7 @@ import pytest
 import yaml
 from click.testing import CliRunner
 from openpyxl import Workbook
-from tests.conftest import FIXTURES, ROOT
+from tests.conftest import FIXTURES, ROOT, notes_then_data_workbook
 
 from qatune.cli import cli
 from qatune.config import load_config
@@ -143,15 +143,7 @@ def test_generative_keeps_the_passages_of_a_reading_comprehension_sheet(tmp_path
 
 
 def test_data_on_a_second_sheet_is_pointed_at(tmp_path):
-    from openpyxl import Workbook
-
-    book = Workbook()
-    book.active.title = "Notes"
-    book.active.append(["notes"])
-    book.active.append(["made in May"])
-    book.create_sheet("Data").append(["question", "answer"])
-    book["Data"].append(["who?", "me"])
-    book.save(tmp_path / "two.xlsx")
+    notes_then_data_workbook(tmp_path / "two.xlsx", "who?", "me")
     result = init(tmp_path / "two.xlsx", "--output", tmp_path / "c.yaml")
     assert result.exit_code == 1
     assert result.stderr.strip().splitlines()[-1] == ("that was the first sheet of ['Notes', 'Data']: if the data is "

@@ -14,13 +14,12 @@ import pytest
 import torch
 from click.testing import CliRunner
 from safetensors.torch import load_file
-from tests.conftest import tiny_config
+from tests.conftest import interrupt_at, tiny_config
 
 from qatune.checkpoint import find_checkpoint, list_checkpoints
 from qatune.cli import cli
 from qatune.errors import ConfigError, RunDirError
 from qatune.train import TrainingInterrupted, train
-from qatune.train import loop as loop_module
 from qatune.train import validation as validation_module
 
 ROWS = [(f"question number {i}", f"answer {i % 5}") for i in range(12)]
@@ -41,18 +40,6 @@ def config_for(tmp_path, *overrides):
 def losses(run_dir):
     lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     return {line["step"]: line["loss"] for line in lines if line["event"] == "train"}
-
-
-def interrupt_at(monkeypatch, step):
-    original = loop_module.train_step
-
-    def stepping(loop, window):
-        done = original(loop, window)
-        if loop.state.step == step:
-            os.kill(os.getpid(), signal.SIGINT)
-        return done
-
-    monkeypatch.setattr(loop_module, "train_step", stepping)
 
 
 def test_resume_continues_exactly_where_it_stopped(tmp_path, monkeypatch):

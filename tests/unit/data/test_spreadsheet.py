@@ -2,6 +2,7 @@ import json
 
 import pytest
 from openpyxl import Workbook
+from tests.conftest import notes_then_data_workbook
 
 from qatune.data.spreadsheet import load_records, split_validation
 from qatune.errors import DataError
@@ -84,13 +85,7 @@ def test_xlsx_wrong_sheet_names_the_sheets(tmp_path):
 
 
 def test_column_missing_on_the_first_of_several_sheets_names_the_others(tmp_path):
-    book = Workbook()
-    book.active.title = "Notes"
-    book.active.append(["notes"])
-    book.active.append(["made in May"])
-    book.create_sheet("Data").append(["question", "answer"])
-    book["Data"].append(["q?", "a"])
-    book.save(tmp_path / "two.xlsx")
+    notes_then_data_workbook(tmp_path / "two.xlsx", "q?", "a")
     with pytest.raises(DataError) as error:
         load_records(tmp_path / "two.xlsx")
     assert str(error.value) == ("column 'question' not found in two.xlsx (first sheet); columns are ['notes']; set "
