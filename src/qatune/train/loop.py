@@ -113,9 +113,10 @@ def train_step(loop: Loop, window: list[dict[str, torch.Tensor]]) -> dict[str, A
         if guard.scale_skip():
             return None
     if not (math.isfinite(loss) and math.isfinite(grad_norm)):
-        optimizer.zero_grad(set_to_none=True)
+        # The diagnosis reads the gradients (per-layer norms) before they are dropped.
         guard.record(state.step + 1, state.epoch + 1, loss, grad_norm, _batch_rows(window), lr, loop.named_grads(),
                      absmax)
+        optimizer.zero_grad(set_to_none=True)
         if guard.should_stop():
             raise TrainingError(guard.stop_message())
         return None
