@@ -56,6 +56,9 @@ class CausalLMObjective(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, labels: torch.Tensor,
                 shared_prefix: int = 0, **_: Any) -> dict[str, torch.Tensor]:
+        # The last column predicts nothing (no target follows it) and, the model being causal, no other position
+        # reads it: it is left out of the forward, exactly (for QA rows of ~20 tokens, 5% of the work).
+        input_ids, attention_mask = input_ids[:, :-1], attention_mask[:, :-1]
         targets = labels[:, 1:]
         supervised = targets != IGNORE_INDEX
         if self.lean:
@@ -63,9 +66,9 @@ class CausalLMObjective(nn.Module):
             logits = self.model.get_output_embeddings()(hidden)
         elif self.selective:
             hidden = _backbone(self.model)(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-            logits = _head_on_rows(self.model.get_output_embeddings(), hidden[:, :-1][supervised])
+            logits = _head_on_rows(self.model.get_output_embeddings(), hidden[supervised])
         else:
-            logits = self.model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1][supervised]
+            logits = self.model(input_ids=input_ids, attention_mask=attention_mask).logits[supervised]
         loss_sum = F.cross_entropy(logits.float(), targets[supervised], reduction="sum")
         return {"loss_sum": loss_sum, "count": supervised.sum(), "logit_absmax": _absmax(logits)}
 

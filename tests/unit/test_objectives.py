@@ -69,8 +69,9 @@ def test_the_last_block_runs_on_the_supervised_positions_only():
     model.transformer.h[-1].mlp.register_forward_hook(lambda module, args, out: rows_seen.append(args[0].shape[0]))
     model.transformer.h[0].mlp.register_forward_hook(lambda module, args, out: rows_seen.append(args[0].shape[0]))
     CausalLMObjective(model)(**batch, shared_prefix=3)
-    # First block: the 3 shared tokens once + 3 rows x 6 remaining positions; last block: the 9 supervised.
-    assert rows_seen[-2:] == [3 + 3 * 6, 9]
+    # First block: the 3 shared tokens once + 3 rows x 5 remaining positions (the last of the 9 columns predicts
+    # nothing and is left out); last block: the 9 supervised.
+    assert rows_seen[-2:] == [3 + 3 * 5, 9]
 
 
 def test_with_dropout_every_row_draws_its_own_noise_on_the_prefix():
@@ -108,7 +109,29 @@ def test_other_architectures_keep_the_selective_head():
     assert objective.selective and not objective.lean
     assert objective.describe() == "LM head on the supervised positions only"
     batch = qa_batch()
+    widths = []
+    model.model.register_forward_hook(lambda module, args, kwargs, out: widths.append(kwargs["input_ids"].shape[1]),
+                                      with_kwargs=True)
     torch.testing.assert_close(objective(**batch, shared_prefix=3)["loss_sum"], reference_loss(model, batch))
+    assert widths == [8, 9]  # the objective (the last column predicts nothing), then the reference
+
+
+def test_full_logits_leave_out_the_last_column_with_the_same_loss_and_gradients():
+    model = tiny_gpt2()
+    model._qatune_selective_head = False  # as for a model whose logits are not a plain head
+    objective = CausalLMObjective(model)
+    assert not objective.selective and not objective.lean
+    batch = qa_batch()
+    expected = grads(model, reference_loss(model, batch))
+    widths = []
+    model.register_forward_hook(lambda module, args, kwargs, out: widths.append(kwargs["input_ids"].shape[1]),
+                                with_kwargs=True)
+    out = objective(**batch)
+    assert widths == [8]
+    torch.testing.assert_close(out["loss_sum"], reference_loss(model, batch), rtol=1e-5, atol=1e-5)
+    got = grads(model, out["loss_sum"])
+    for name, grad in expected.items():
+        torch.testing.assert_close(got[name], grad, rtol=1e-4, atol=1e-6, msg=name)
 
 
 def test_lora_wrapped_gpt2_takes_the_lean_path_with_its_adapters():

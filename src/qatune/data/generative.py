@@ -456,13 +456,15 @@ class CausalCollator:
     pad_token_id: int
     train_on_prompt: bool = False
     pad_to_multiple_of: int = 1
-    """Round the batch width up (a few distinct shapes beat many where each new one costs kernel builds or
-    warm-up: bf16 on CPU, GPUs; see train.device.pad_multiple)."""
+    """Round the width the model computes up (a few distinct shapes beat many where each new one costs kernel
+    builds or warm-up: bf16 on CPU, GPUs; see train.device.pad_multiple). That width is the batch's less its
+    last column, which the objective leaves out (it predicts nothing)."""
     max_width: int | None = None
     """The model's positions: no width past them (None: no limit known)."""
 
     def __call__(self, batch: list[Example]) -> dict[str, torch.Tensor]:
-        width = batch_width(max(len(example) for example in batch), self.pad_to_multiple_of, self.max_width)
+        longest = max(len(example) for example in batch)
+        width = 1 + batch_width(longest - 1, self.pad_to_multiple_of, self.max_width and self.max_width - 1)
         input_ids = torch.full((len(batch), width), self.pad_token_id, dtype=torch.long)
         attention_mask = torch.zeros((len(batch), width), dtype=torch.long)
         labels = torch.full((len(batch), width), IGNORE_INDEX, dtype=torch.long)
