@@ -10,12 +10,12 @@ from qatune.data.padding import IGNORE_INDEX
 from qatune.objectives import CausalLMObjective
 
 
-def tiny_gpt2(dropout: float = 0.0, seed: int = 0):
+def tiny_gpt2(dropout: float = 0.0, seed: int = 0, tied: bool = True):
     from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(seed)
     config = GPT2Config(n_layer=3, n_embd=32, n_head=4, vocab_size=50, n_positions=32, resid_pdrop=dropout,
-                        embd_pdrop=dropout, attn_pdrop=dropout)
+                        embd_pdrop=dropout, attn_pdrop=dropout, tie_word_embeddings=tied)
     return GPT2LMHeadModel(config)
 
 
@@ -47,9 +47,10 @@ def grads(model, loss):
     return {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
 
 
-@pytest.mark.parametrize("shared_prefix", [0, 3])
-def test_lean_gpt2_loss_and_gradients_equal_the_models_own(shared_prefix):
-    model = tiny_gpt2()
+@pytest.mark.parametrize(("shared_prefix", "tied"), [(0, True), (3, True), (3, False)])
+def test_lean_gpt2_loss_and_gradients_equal_the_models_own(shared_prefix, tied):
+    model = tiny_gpt2(tied=tied)
+    assert (model.lm_head.weight is model.transformer.wte.weight) == tied
     batch = qa_batch()
     objective = CausalLMObjective(model)
     assert objective.lean and objective.describe().startswith("GPT-2 lean path")
@@ -58,6 +59,10 @@ def test_lean_gpt2_loss_and_gradients_equal_the_models_own(shared_prefix):
     assert out["count"] == 9
     torch.testing.assert_close(out["loss_sum"], reference_loss(model, batch), rtol=1e-5, atol=1e-5)
     got = grads(model, out["loss_sum"])
+    assert got.keys() == expected.keys()
+    # The tied token embeddings' lookup has a sparse gradient, summed into the head's dense one: the
+    # optimizer (fused AdamW takes dense gradients only) sees dense gradients everywhere.
+    assert not any(grad.is_sparse for grad in got.values())
     for name, grad in expected.items():
         torch.testing.assert_close(got[name], grad, rtol=1e-4, atol=1e-6, msg=name)
 
