@@ -13,13 +13,18 @@ import platform
 import time
 from pathlib import Path
 
+VECTOR_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16")
+"""The /proc/cpuinfo flags that decide torch's CPU kernels (recorded with every result)."""
+
 
 def describe() -> dict:
-    """The CPU's model name, core count and whether it does bf16 natively (AVX512-BF16 or AMX)."""
+    """The CPU's model name, core count, its vector flags and whether it does bf16 natively (AVX512-BF16 or AMX)."""
     text = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
     model = next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("model name")),
                  platform.processor())
-    info = {"cpu": model, "cores": os.cpu_count(), "avx512_bf16": "avx512_bf16" in text, "amx_bf16": "amx_bf16" in text}
+    flags = set(next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), []))
+    info = {"cpu": model, "cores": os.cpu_count(), "avx512_bf16": "avx512_bf16" in flags,
+            "amx_bf16": "amx_bf16" in flags, "flags": [f for f in VECTOR_FLAGS if f in flags]}
     caps = {name: os.environ[name] for name in ISA_CAPS if name in os.environ}
     return {**info, "isa_caps": caps} if caps else info
 
@@ -74,8 +79,9 @@ def matmul_peak(dtype, n: int = 2048, repeats: int = 10) -> float:
 
 
 def headline(info: dict) -> str:
+    flags = " ".join(info.get("flags", [])) or "none of " + " ".join(VECTOR_FLAGS)
     return (f"CPU: {info['cpu']} ({info['cores']} cores; avx512_bf16={info['avx512_bf16']}, "
-            f"amx_bf16={info['amx_bf16']})" + (f"; GPU: {info['gpu']}" if info.get("gpu") else "")
+            f"amx_bf16={info['amx_bf16']}; flags: {flags})" + (f"; GPU: {info['gpu']}" if info.get("gpu") else "")
             + (f"; kernels capped: {info['isa_caps']}" if info.get("isa_caps") else ""))
 
 

@@ -15,7 +15,8 @@ both arms, so the data order of the last steps does not matter), and model FLOPs
 (6 x parameters x non-padding tokens/s over a matmul peak measured here, for bf16 and fp32). MFU counts
 model FLOPs, the work a full forward/backward of every non-padding token represents; qatune executes
 less than that (no LM head, and no last-block projection/MLP, on prompt positions; a shared prompt
-prefix once per batch), so its MFU can exceed the share of peak its matrix products actually reach.
+prefix once per batch; not the batch's last column, which predicts nothing), so its MFU can exceed the share
+of peak its matrix products actually reach.
 Final losses are compared per seed (both arms of a round shuffle with the same seed; the batch order
 still differs between the arms' samplers, which moves the loss by about +-0.1).
 

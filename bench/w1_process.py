@@ -11,6 +11,7 @@ in the other order. Prints per-round ratios and their median, and which CPU ran 
     python bench/w1_process.py --rounds 5 --rows 1000
     python bench/w1_process.py --fp32        # both arms in fp32 (as on a CPU without native bf16): w1_process_fp32.json
     python bench/w1_process.py --avx2-only   # torch held to AVX2 (an fp32-only CPU): w1_process_avx2.json
+    python bench/w1_process.py --json bench/w1_process_no_bf16_cpu.json   # on a CPU without native bf16
 """
 
 from __future__ import annotations
@@ -56,11 +57,14 @@ def main() -> int:
     parser.add_argument("--avx2-only", action="store_true", help="both arms with torch's kernels kept to AVX2 "
                         "(this CPU as one without native bf16; both arms choose their precision as they would "
                         "there); writes w1_process_avx2.json")
+    parser.add_argument("--json", type=Path, metavar="PATH", help="where to write the results (default: "
+                        "w1_process.json, w1_process_fp32.json with --fp32, w1_process_avx2.json with --avx2-only)")
     args = parser.parse_args()
     out = OUT.with_name(OUT.stem + "_fp32.json") if args.fp32 else OUT
     if args.avx2_only:
         os.environ.update(AVX2_ONLY)  # read by torch in each child process (and recorded by describe())
         out = OUT.with_name(OUT.stem + "_avx2.json")
+    out = args.json or out
     info = describe()
     print(headline(info), flush=True)
     runs: dict[str, list[dict]] = {"qatune": [], "trainer": []}
