@@ -267,6 +267,28 @@ def test_glibc_is_told_to_keep_freed_memory_unless_the_user_set_it(env, expected
     assert done.stdout.strip() == expected
 
 
+@pytest.mark.skipif(not GLIBC, reason="glibc's malloc only")
+def test_kept_freed_memory_is_handed_back_to_the_kernel():
+    import subprocess
+    import sys
+
+    # 400 MB in 4 MB tensors, freed: kept in the heap (below the raised mmap threshold), then handed back.
+    code = (
+        "import torch\n"
+        "from qatune.train.device import hand_back_freed_memory, keep_freed_memory\n"
+        "def rss(): return int(open('/proc/self/statm').read().split()[1]) * 4096 >> 20\n"
+        "assert keep_freed_memory()\n"
+        "held = [torch.ones(1 << 20) for _ in range(100)]\n"
+        "del held\n"
+        "kept = rss()\n"
+        "assert hand_back_freed_memory()\n"
+        "print(kept - rss())\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "GLIBC_TUNABLES"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    assert int(done.stdout) > 300
+
+
 @pytest.mark.parametrize(("device_type", "precision", "expected"), [
     ("cpu", "bf16", 2), ("cpu", "fp32", 1), ("cuda", "fp32", 32), ("cuda", "bf16", 32), ("mps", "fp32", 1)])
 def test_batch_widths_are_rounded_where_new_shapes_cost_a_kernel_build(device_type, precision, expected):
@@ -361,11 +383,12 @@ def test_check_shows_a_rows_tokens_without_the_padding_a_rounded_width_adds(tmp_
     assert render_trained_tokens(prepared, example) == plain
 
 
-def test_cpu_training_asks_for_freed_memory_to_be_kept(tmp_path, monkeypatch):
+def test_cpu_training_asks_for_freed_memory_to_be_kept_and_hands_it_back_at_the_end(tmp_path, monkeypatch):
     calls = []
-    monkeypatch.setattr("qatune.train.loop.keep_freed_memory", lambda: calls.append(1) or True)
+    monkeypatch.setattr("qatune.train.loop.keep_freed_memory", lambda: calls.append("keep") or True)
+    monkeypatch.setattr("qatune.train.loop.hand_back_freed_memory", lambda: calls.append("hand back") or True)
     fit(prepare(tiny_config(tmp_path, ROWS)), None, progress=False)
-    assert calls == [1]
+    assert calls == ["keep", "hand back"]
 
 
 def test_rows_whose_answer_is_not_in_the_context_are_no_longer_counted_as_kept(tmp_path, caplog):

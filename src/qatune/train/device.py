@@ -126,7 +126,8 @@ def keep_freed_memory() -> bool:
     pages in again. Raising the mmap threshold to its maximum (32 MiB) and the trim threshold to 1 GiB keeps
     them in the heap: W1 steps ~5% faster in bf16 and fp32, 2.5-3.8x fewer page faults
     (bench/cpu_allocator.json, bench/cpu_allocator_fp32.json). Not done off glibc, nor when the user set
-    glibc's malloc tunables; a training process's peak memory is set by what is alive, not by this.
+    glibc's malloc tunables. During training the peak memory is set by what is alive, not by this; once
+    training is over, :func:`hand_back_freed_memory` returns what was kept.
     """
     user_set = (any(name in os.environ for name in _USER_MALLOC_SETTINGS)
                 or "glibc.malloc" in os.environ.get("GLIBC_TUNABLES", ""))
@@ -137,6 +138,20 @@ def keep_freed_memory() -> bool:
     except OSError:
         return False
     return bool(libc.mallopt(_M_MMAP_THRESHOLD, 32 << 20)) and bool(libc.mallopt(_M_TRIM_THRESHOLD, 1 << 30))
+
+
+def hand_back_freed_memory() -> bool:
+    """Return the freed memory glibc's malloc holds (see :func:`keep_freed_memory`) to the kernel; returns
+    whether it ran. Called when training is over: what follows (final/, the report's plotting library) would
+    otherwise add to the process's peak on top of it (W1: 186 MB handed back, the peak 20 MB lower)."""
+    if not _glibc():
+        return False
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return False
+    libc.malloc_trim(0)
+    return True
 
 
 def _glibc() -> bool:

@@ -29,7 +29,7 @@ from qatune.errors import TrainingError, row_list
 from qatune.model import attention_for_training
 from qatune.model_folder import save_model
 from qatune.objectives import count_items, count_tokens, model_inputs, objective_for
-from qatune.train.device import keep_freed_memory, make_accelerator, pad_multiple
+from qatune.train.device import hand_back_freed_memory, keep_freed_memory, make_accelerator, pad_multiple
 from qatune.train.guard import NonFiniteGuard
 from qatune.train.logs import LogWindow, MetricsLog
 from qatune.train.master import MasterWeights
@@ -303,6 +303,8 @@ class Loop:
         self.metrics_log.close()
         if self.masters is not None:
             self.masters.release()
+        if self.accelerator.device.type == "cpu":
+            hand_back_freed_memory()
         if self.run_dir is not None and self.main:
             prepared, final = self.prepared, self.run_dir / rundir.FINAL
             if self.last_checkpoint is not None and checkpoint_step(self.last_checkpoint) == self.state.step:
