@@ -9,6 +9,9 @@ import signal
 import subprocess
 import sys
 import threading
+import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 from tests.conftest import FIXTURES, ROOT, cli_ok
@@ -79,9 +82,23 @@ class ServerProcess:
             listening.set()
 
         threading.Thread(target=read, daemon=True).start()
-        if not listening.wait(120) or not self.url:
+        if not listening.wait(120) or not self.url or not self._answers(60):
             self.process.kill()
             raise AssertionError("qatune serve did not start:\n" + "".join(self.log))
+
+    def _answers(self, timeout: float) -> bool:
+        """Wait for an answer to GET /health: the start line comes before the event loop runs, and a Ctrl-C in between
+        (a test that stops at once, e.g. skipped) would be an interrupted start-up, not a shutdown."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and self.process.poll() is None:
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=5):
+                    return True
+            except urllib.error.HTTPError:  # answered, with an error (an --api-key server wants the key)
+                return True
+            except OSError:
+                time.sleep(0.05)
+        return False
 
     def stop(self, timeout: float = 60) -> int:
         """Ctrl-C, then the exit code."""
