@@ -82,10 +82,13 @@ def _token_embeddings(model: nn.Module, wte: nn.Module, ids: torch.Tensor) -> to
     a zero-filled (vocab, dim) tensor (W1: forward and backward 2% faster). The weight's gradient stays
     dense, as the optimizer needs; an untied wte (whose only gradient this is) keeps the dense lookup."""
     head = model.get_output_embeddings()
-    if type(wte) is nn.Embedding and wte.weight.requires_grad and head is not None and head.weight is wte.weight:
-        return F.embedding(ids, wte.weight, wte.padding_idx, wte.max_norm, wte.norm_type, wte.scale_grad_by_freq,
-                           sparse=True)
-    return wte(ids)
+    if not (type(wte) is nn.Embedding and wte.weight.requires_grad and head is not None and head.weight is wte.weight):
+        return wte(ids)
+    sparse, wte.sparse = wte.sparse, True  # through the module itself: its hooks still run
+    try:
+        return wte(ids)
+    finally:
+        wte.sparse = sparse
 
 
 class _Layout:
