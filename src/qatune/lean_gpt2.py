@@ -59,7 +59,7 @@ def supervised_hidden(model: nn.Module, input_ids: torch.Tensor, selected: torch
     ids, places = input_ids[:, prefix:].reshape(-1), arange[prefix:].repeat(batch)
     if prefix:
         ids, places = torch.cat([input_ids[0, :prefix], ids]), torch.cat([arange[:prefix], places])
-    x = gpt.drop(_token_embeddings(model, gpt.wte, ids) + gpt.wpe(places))
+    x = gpt.drop(gpt.wte(ids) + gpt.wpe(places))
     rows, cols = selected.nonzero(as_tuple=True)
     picked = prefix + rows * rest + (cols - prefix)  # flat index of each selected position
     layout = _Layout(batch, width, prefix, input_ids.device)
@@ -74,21 +74,6 @@ def supervised_hidden(model: nn.Module, input_ids: torch.Tensor, selected: torch
     x = x.index_select(0, picked) + attn.resid_dropout(attn.c_proj(core))
     x = x + last.mlp(last.ln_2(x))
     return gpt.ln_f(x)
-
-
-def _token_embeddings(model: nn.Module, wte: nn.Module, ids: torch.Tensor) -> torch.Tensor:
-    """``wte(ids)``. When wte is tied to the LM head, the lookup's gradient is sparse: autograd sums it into
-    the head's dense gradient before the weight receives it, adding the rows of this batch's tokens instead of
-    a zero-filled (vocab, dim) tensor (W1: forward and backward 2% faster). The weight's gradient stays
-    dense, as the optimizer needs; an untied wte (whose only gradient this is) keeps the dense lookup."""
-    head = model.get_output_embeddings()
-    if not (type(wte) is nn.Embedding and wte.weight.requires_grad and head is not None and head.weight is wte.weight):
-        return wte(ids)
-    sparse, wte.sparse = wte.sparse, True  # through the module itself: its hooks still run
-    try:
-        return wte(ids)
-    finally:
-        wte.sparse = sparse
 
 
 class _Layout:
