@@ -1,0 +1,88 @@
+"""Causal training leaves each batch's last column out of the forward (it predicts nothing, and no other
+position reads it). What that saves on W1, measured per training step inside qatune's own loop.
+
+One process, one model: the loop is set up as `qatune train` sets it up (malloc keeping freed memory, the
+GPT-2 lean path in fp32, bf16 masters where bf16 is native), and every batch of the epoch is trained twice,
+alternating which goes first: once as the collator made it, once with one more padding column, which the
+objective's cut then removes, so that the model computes the width it computed before the change. Prints
+the summed step times of both and their ratio per pass over the batches, and their median.
+
+    python bench/causal_last_column.py               # 2 passes over W1's 63 batches, ~3 minutes on 2 cores
+    python bench/causal_last_column.py --passes 4 --rows 500
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import torch
+from bench_machine import W1_CONFIG, describe_torch, headline, json_option, write_json, write_nq_rows
+
+ROOT = Path(__file__).resolve().parent.parent
+SHARED = Path(os.environ.get("QATUNE_SHARED_DATA", ROOT.parent / "shared" / "data"))
+
+
+def with_last_column(batch: dict) -> dict:
+    """The batch one padding column wider: the objective's cut leaves the width it had before."""
+    wider = dict(batch)
+    for key, fill in (("input_ids", 0), ("attention_mask", 0), ("labels", -100)):
+        tensor = batch[key]
+        wider[key] = torch.cat([tensor, tensor.new_full((tensor.shape[0], 1), fill)], dim=1)
+    return wider
+
+
+def main() -> int:
+    from qatune.config import load_config
+    from qatune.train import prepare
+    from qatune.train.loop import Loop, train_step
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", type=int, default=1000)
+    parser.add_argument("--passes", type=int, default=2)
+    json_option(parser, __file__)
+    args = parser.parse_args()
+    info = describe_torch()
+    print(headline(info), flush=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        data = write_nq_rows(SHARED, args.rows, Path(tmp) / "nq.csv")
+        config = Path(tmp) / "w1.yaml"
+        config.write_text(W1_CONFIG.format(seed=42, data=data, precision="auto"), encoding="utf-8")
+        prepared = prepare(load_config(config, []))
+    loop = Loop.setup(prepared, None, None)
+    loop.start_epoch(0)
+    batches = list(loop.loader)
+    for batch in batches[:3]:  # warm-up: first calls of every kernel
+        train_step(loop, [batch])
+    passes = []
+    for number in range(args.passes):
+        seconds = {"left out": 0.0, "computed": 0.0}
+        for i, batch in enumerate(batches):
+            arms = [("left out", batch), ("computed", with_last_column(batch))]
+            for arm, step_batch in arms if (i + number) % 2 == 0 else reversed(arms):
+                start = time.perf_counter()
+                train_step(loop, [step_batch])
+                seconds[arm] += time.perf_counter() - start
+        ratio = seconds["computed"] / seconds["left out"]
+        passes.append({**seconds, "ratio": ratio})
+        print(f"pass {number + 1}: last column left out {seconds['left out']:.2f} s, computed "
+              f"{seconds['computed']:.2f} s: x{ratio:.3f}", flush=True)
+    median = statistics.median(p["ratio"] for p in passes)
+    per_pass = ", ".join(f"x{p['ratio']:.3f}" for p in passes)
+    print(f"\nsteps with the last column left out are x{median:.3f} faster (median of {per_pass}); precision "
+          f"{prepared.precision}, {len(batches)} batches")
+    write_json(args.json, {"machine": info, "rows": args.rows, "precision": prepared.precision,
+                           "batches": len(batches), "passes": passes, "median_ratio": median})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
