@@ -43,6 +43,17 @@ def test_labels_mask_prompt_and_padding_but_never_the_eos_even_when_pad_is_eos(c
     assert (batch["labels"][0, 9:] == IGNORE_INDEX).all()
 
 
+@pytest.mark.parametrize(("multiple", "limit", "width"), [(1, None, 13), (4, None, 13), (8, None, 17), (8, 15, 15)])
+def test_a_rounded_width_rounds_the_columns_the_model_computes(char_tokenizer, multiple, limit, width):
+    # A 13-token row: the model computes 12 columns (the last predicts nothing), and 12 is what is rounded,
+    # never past the model's positions.
+    encoder = PromptEncoder(char_tokenizer, TEMPLATE)
+    row = encoder.example(QARecord("abcd", ["xy"]), 64)
+    batch = CausalCollator(pad_token_id=0, pad_to_multiple_of=multiple, max_width=limit)([row])
+    assert batch["input_ids"].shape == (1, width)
+    assert batch["labels"][0].tolist() == [IGNORE_INDEX] * 9 + ids(" xy") + [0] + [IGNORE_INDEX] * (width - 13)
+
+
 def test_train_on_prompt_labels_everything_but_padding(char_tokenizer):
     encoder = PromptEncoder(char_tokenizer, TEMPLATE)
     example = encoder.example(QARecord("a", ["b"]), 64)
