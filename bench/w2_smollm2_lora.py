@@ -17,7 +17,9 @@ over its last logged window: each arm shuffles its own way, so those windows hol
 trained model's loss over all its training rows afterwards (mean cross-entropy per answer token, the same
 code for both arms, each on the sequences it trained on: the like-for-like loss), and MFU against the
 measured bf16 peak (6 x trainable-path parameters is not used: LoRA's backward still runs through the
-frozen base, so MFU counts 6 x all parameters; against the fp32 peak where bf16 is not native).
+frozen base, so MFU counts 6 x all parameters; against the fp32 peak where bf16 is not native). That count
+includes work neither arm does (the frozen weights' gradients) and, for qatune, the LM head on prompt
+positions, so near a compute-bound peak it exceeds 100%: read it as a ratio between the arms.
 
     python bench/w2_smollm2_lora.py                  # 2 rounds of 500 rows: ~35 minutes on 2 cores, bf16
     python bench/w2_smollm2_lora.py --rows 200 --rounds 3
