@@ -236,7 +236,7 @@ def main() -> int:
                       f"peak RSS {result['peak_rss_mb']:.0f} MB", flush=True)
             ratio = runs["qatune"][-1]["tokens_per_s"] / runs["trl"][-1]["tokens_per_s"]
             print(f"round {round_ + 1} qatune / TRL tokens/s: x{ratio:.2f}", flush=True)
-            # After every round: a run stopped later (a round is ~80 minutes without native bf16) keeps these.
+            # After every round: a run stopped later (a round took 47 minutes without native bf16) keeps these.
             ratios = [q["tokens_per_s"] / t["tokens_per_s"] for q, t in zip(runs["qatune"], runs["trl"])]
             args.json.write_text(json.dumps({
                 "machine": info, f"{precision}_peak_flops": peak, "precision": precision, "rows": args.rows,
