@@ -16,7 +16,7 @@ from qatune.model import (
     resolve_model_path,
     train_scratch_tokenizer,
 )
-from qatune.model_folder import ModelInfo, save_model
+from qatune.model_folder import NO_WEIGHT_CONVERSIONS, ModelInfo, save_model
 from qatune.rundir import RunLock, find_model_folder
 from qatune.train import fit, prepare
 
@@ -106,6 +106,28 @@ def test_save_model_is_atomic_and_self_contained(tiny_gpt2, tmp_path):
     assert find_model_folder(tmp_path) == tmp_path / "final"
     assert find_model_folder(tmp_path / "final") == tmp_path / "final"
     assert ModelInfo.load(tmp_path / "final") == info
+
+
+@pytest.mark.parametrize("task, architecture", [("generative", "auto"), ("generative", "t5"), ("extractive", "auto")])
+def test_scratch_models_save_without_the_weight_conversion_lookup(task, architecture, tmp_path):
+    """save_pretrained skips its table of weight conversions for the scratch classes: exact only while the
+    installed transformers converts none of their weights, which this checks, and the files match."""
+    from safetensors.torch import load_file
+    from transformers.core_model_loading import revert_weight_conversion
+
+    tokenizer = train_scratch_tokenizer(task, TEXTS, 400, architecture)
+    shape = ScratchModel(n_layer=1, n_embd=32, n_head=2, n_positions=64, architecture=architecture)
+    model = build_scratch(shape, task, tokenizer)
+    assert type(model).__name__ in NO_WEIGHT_CONVERSIONS
+    state = model.state_dict()
+    assert revert_weight_conversion(model, state) is state  # transformers found no conversion to revert
+    model.save_pretrained(tmp_path / "original")
+    config = load_config(None, ["model.scratch.n_layer=1", "data.train_file=x.csv"])
+    save_model(tmp_path / "qatune", model, tokenizer, config, ModelInfo(task=task, max_length=32))
+    original = load_file(tmp_path / "original" / "model.safetensors")
+    ours = load_file(tmp_path / "qatune" / "model.safetensors")
+    assert sorted(ours) == sorted(original)
+    assert all(torch.equal(ours[k], original[k]) for k in original)
 
 
 @pytest.mark.parametrize("umask, folder_mode, file_mode", [(0o022, 0o755, 0o644), (0o077, 0o700, 0o600)])
