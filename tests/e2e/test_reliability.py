@@ -364,7 +364,7 @@ def test_ctrl_c_during_validation_stops_after_the_epoch_checkpoint(tmp_path, mon
 
 
 def test_ctrl_c_during_the_report_leaves_a_complete_run(tmp_path, monkeypatch):
-    def interrupted_report(run_dir):
+    def interrupted_report(run_dir, drawn=None):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(run_module, "write_report", interrupted_report)

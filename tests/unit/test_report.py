@@ -41,6 +41,38 @@ def test_report_and_plot(tmp_path):
     assert f1s == sorted(f1s)
 
 
+def test_the_plot_is_drawn_on_its_own_thread_while_the_last_checkpoint_is_written(tmp_path, monkeypatch):
+    import threading
+
+    import qatune.report
+    import qatune.train.loop
+    import qatune.train.run
+
+    order, drawn = [], []
+    draw, start, save = qatune.report._draw, qatune.train.run.draw_in_background, qatune.train.loop.save_checkpoint
+
+    def recording_draw(train, evals):
+        drawn.append((threading.current_thread().name, [x["step"] for x in train]))
+        return draw(train, evals)
+
+    def recording_start(run_dir):
+        order.append("plot started")
+        return start(run_dir)
+
+    def recording_save(run_dir, state, *args):
+        order.append(f"checkpoint {state.step}")
+        return save(run_dir, state, *args)
+
+    monkeypatch.setattr(qatune.report, "_draw", recording_draw)
+    monkeypatch.setattr(qatune.train.run, "draw_in_background", recording_start)
+    monkeypatch.setattr(qatune.train.loop, "save_checkpoint", recording_save)
+    run_dir = run(tmp_path)
+    logged = [json.loads(x)["step"] for x in (run_dir / "metrics.jsonl").read_text().splitlines() if '"train"' in x]
+    assert order == ["checkpoint 3", "checkpoint 6", "plot started", "checkpoint 9"]  # 3 epochs of 3 steps
+    assert len(drawn) == 1 and drawn[0][0].startswith("qatune-plot") and drawn[0][1] == logged
+    assert (run_dir / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 def test_tensorboard_logs(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 

@@ -43,12 +43,14 @@ from qatune.train.validation import evaluate_epoch
 log = logging.getLogger("qatune")
 
 
-def fit(prepared: Prepared, run_dir: Path | None, progress: bool = True,
-        resume_from: Path | None = None) -> dict[str, Any]:
+def fit(prepared: Prepared, run_dir: Path | None, progress: bool = True, resume_from: Path | None = None,
+        when_trained: Callable[[], Any] | None = None) -> dict[str, Any]:
     """The training loop. Returns the first/final training loss and the best evaluation metrics.
 
     With ``run_dir``, a resumable checkpoint is written every ``train.save_every`` steps, at each
     epoch end, and when SIGINT/SIGTERM asks to stop. ``resume_from`` continues from a checkpoint.
+    ``when_trained`` is called once the last epoch's updates and validation are done, before its
+    checkpoint is written (nothing is logged after it).
     """
     train_cfg = prepared.config.train
     loop = Loop.setup(prepared, run_dir, resume_from)
@@ -66,7 +68,7 @@ def fit(prepared: Prepared, run_dir: Path | None, progress: bool = True,
                 if stop.requested:
                     bar.close()
                     raise TrainingInterrupted(stop.requested, state, loop.checkpoint(), loop.processes)
-            loop.end_epoch()
+            loop.end_epoch(when_trained if epoch == train_cfg.epochs - 1 else None)
             # a stop that came during validation: the checkpoint is written
             if stop.requested and state.epoch < train_cfg.epochs:
                 bar.close()
@@ -256,8 +258,9 @@ class Loop:
         if train_cfg.save_every and state.step % train_cfg.save_every == 0:
             self.checkpoint()
 
-    def end_epoch(self) -> None:
-        """Epoch-interval decay, validation (best/ when it improves), a checkpoint."""
+    def end_epoch(self, before_checkpoint: Callable[[], Any] | None = None) -> None:
+        """Epoch-interval decay, validation (best/ when it improves), ``before_checkpoint`` (by the main
+        process), a checkpoint."""
         if self.prepared.config.train.scheduler.interval == "epoch":
             with warnings.catch_warnings():
                 if self.state.step > 0:
@@ -275,6 +278,8 @@ class Loop:
                                           self.accelerator)
             if improved:
                 self.state.best_checkpoint = f"step-{self.state.step:07d}"
+        if before_checkpoint is not None and self.main:
+            before_checkpoint()
         self.checkpoint()
         self.accelerator.wait_for_everyone()
 

@@ -14,7 +14,7 @@ from qatune import __version__, rundir
 from qatune.config import Config
 from qatune.errors import RunDirError, TrainingError
 from qatune.model_folder import ModelInfo, save_model
-from qatune.report import write_report
+from qatune.report import draw_in_background, write_report
 from qatune.train.device import is_main_process
 from qatune.train.loop import fit
 from qatune.train.preparation import Prepared, prepare
@@ -76,8 +76,14 @@ def run_and_record(prepared: Prepared, run_dir: Path, progress: bool, resume_fro
     """fit() with the run's status kept in run.json (by the main process)."""
     main = is_main_process()
     status = _status_writer(main)
+    drawn = []  # loss.png, drawn while the last checkpoint is written
+
+    def when_trained() -> None:
+        drawn.append(draw_in_background(run_dir))
+
     try:
-        result = fit(prepared, run_dir, progress=progress, resume_from=resume_from)
+        result = fit(prepared, run_dir, progress=progress, resume_from=resume_from,
+                     when_trained=when_trained if main else None)
     except TrainingInterrupted as exc:
         status(run_dir, status="stopped", error=str(exc))
         _report(run_dir, main)
@@ -93,7 +99,7 @@ def run_and_record(prepared: Prepared, run_dir: Path, progress: bool, resume_fro
         status(run_dir, status="failed", error=f"{type(exc).__name__}: {exc}")
         raise
     status(run_dir, status="complete", finished=time.strftime("%Y-%m-%d %H:%M:%S"), result=result)
-    _report(run_dir, main)
+    _report(run_dir, main, drawn[0] if drawn else None)
     log.info("run complete: %s (model in %s)", run_dir, run_dir / rundir.FINAL)
     return run_dir
 
@@ -126,11 +132,12 @@ def fingerprint(prepared: Prepared) -> str:
     return digest.hexdigest()[:16]
 
 
-def _report(run_dir: Path, main: bool) -> None:
-    """report.md and loss.png; a failure here never hides the run's own outcome."""
+def _report(run_dir: Path, main: bool, drawn: Any = None) -> None:
+    """report.md and loss.png (``drawn``: by draw_in_background); a failure here never hides the run's own
+    outcome."""
     if not main:
         return
     try:
-        write_report(run_dir)
+        write_report(run_dir, drawn)
     except Exception as exc:  # the report is a convenience: say so and move on
         log.warning("could not write report.md: %s", exc)
