@@ -12,7 +12,8 @@ import io
 import json
 import logging
 import sys
-from concurrent.futures import Future, ThreadPoolExecutor
+import threading
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -27,11 +28,18 @@ def draw_in_background(run_dir: str | Path) -> Future[bytes | None]:
     more will be logged). Importing matplotlib and drawing take a training run ~0.9 s of Python; run while
     the last checkpoint is written, which mostly waits on the disk, most of it is hidden. Pass the result to
     :func:`write_report`."""
-    executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="qatune-plot")
-    try:
-        return executor.submit(_draw_yielding, *_metrics(Path(run_dir)))
-    finally:
-        executor.shutdown(wait=False)
+    drawn: Future[bytes | None] = Future()
+    train, evals = _metrics(Path(run_dir))
+
+    def draw() -> None:
+        try:
+            drawn.set_result(_draw_yielding(train, evals))
+        except BaseException as exc:  # handed to write_report, which reports it
+            drawn.set_exception(exc)
+
+    # A daemon: a process that ends before the report (an error) does not wait for the plot.
+    threading.Thread(target=draw, name="qatune-plot", daemon=True).start()
+    return drawn
 
 
 def write_report(run_dir: str | Path, drawn: Future[bytes | None] | None = None) -> Path:

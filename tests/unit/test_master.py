@@ -144,8 +144,9 @@ def test_console_entry_freezes_the_collector_before_exit(monkeypatch, code):
     calls = []
     monkeypatch.setattr(cli, "main", lambda: calls.append("main") or code)
     monkeypatch.setattr(gc, "freeze", lambda: calls.append("freeze"))
+    monkeypatch.setattr(cli, "exit_without_teardown", lambda c: calls.append(f"exit {c}"))
     assert cli.entry() == code
-    assert calls == ["main", "freeze"]
+    assert calls == ["main", "freeze", f"exit {code}"]
 
 
 def test_lora_under_bf16_trains_fp32_adapters_over_a_bf16_base_and_keeps_base_in_fp32(tmp_path):
