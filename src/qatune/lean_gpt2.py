@@ -52,7 +52,7 @@ def supervised_hidden(model: nn.Module, input_ids: torch.Tensor, selected: torch
     """
     gpt = _base(model).transformer
     batch, width = input_ids.shape
-    prefix = shared_prefix if batch > 1 and 0 < shared_prefix < width and not _dropout_active(model) else 0
+    prefix = shared_prefix if batch > 1 and 0 < shared_prefix < width and not dropout_active(model) else 0
     rest = width - prefix
     # Hidden states are kept flat: the prefix's tokens once, then every row's remaining tokens.
     arange = torch.arange(width, device=input_ids.device)
@@ -148,13 +148,16 @@ def _base(model: nn.Module) -> Any:
 
 
 def has_dropout(model: nn.Module) -> bool:
-    """Any dropout with p > 0 in the model (adapters included); checked once per model."""
+    """Any dropout with p > 0 in the model (adapters included): a dropout module, or the rate that
+    attention applies itself in Llama-like models (``config.attention_dropout``); checked once per model."""
     found = getattr(model, "_qatune_has_dropout", None)
     if found is None:
-        found = any(isinstance(m, nn.Dropout) and m.p > 0 for m in model.modules())
+        rate = getattr(getattr(_base(model), "config", None), "attention_dropout", 0.0)
+        found = (any(isinstance(m, nn.Dropout) and m.p > 0 for m in model.modules())
+                 or (isinstance(rate, float) and rate > 0))
         model._qatune_has_dropout = found
     return found
 
 
-def _dropout_active(model: nn.Module) -> bool:
+def dropout_active(model: nn.Module) -> bool:
     return model.training and has_dropout(model)

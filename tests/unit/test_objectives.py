@@ -102,20 +102,91 @@ def test_a_path_that_does_not_reproduce_the_model_is_not_used(monkeypatch):
     torch.testing.assert_close(objective(**batch, shared_prefix=3)["loss_sum"], reference_loss(model, batch))
 
 
-def test_other_architectures_keep_the_selective_head():
+def tiny_llama(dropout: float = 0.0):
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    model = LlamaForCausalLM(LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                         num_attention_heads=4, num_key_value_heads=4, vocab_size=50))
+    torch.manual_seed(0)
+    return LlamaForCausalLM(LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                        num_attention_heads=4, num_key_value_heads=2, vocab_size=50,
+                                        attention_dropout=dropout))
+
+
+def backbone_widths(backbone):
+    """(rows, columns) of every forward of ``backbone``."""
+    seen = []
+    backbone.register_forward_hook(lambda module, args, kwargs, out: seen.append(tuple(kwargs["input_ids"].shape)),
+                                   with_kwargs=True)
+    return seen
+
+
+def test_other_architectures_compute_the_shared_prefix_once_through_their_cache():
+    model = tiny_llama()
     objective = CausalLMObjective(model)
-    assert objective.selective and not objective.lean
-    assert objective.describe() == "LM head on the supervised positions only"
+    assert objective.selective and not objective.lean and objective.prefix_once
+    assert objective.describe() == ("LM head on the supervised positions only, shared prompt prefix computed once "
+                                    "per batch (through the model's cache)")
     batch = qa_batch()
-    widths = []
-    model.model.register_forward_hook(lambda module, args, kwargs, out: widths.append(kwargs["input_ids"].shape[1]),
-                                      with_kwargs=True)
-    torch.testing.assert_close(objective(**batch, shared_prefix=3)["loss_sum"], reference_loss(model, batch))
-    assert widths == [8, 9]  # the objective (the last column predicts nothing), then the reference
+    expected = grads(model, reference_loss(model, batch))
+    seen = backbone_widths(model.model)
+    out = objective(**batch, shared_prefix=3)
+    # The prefix once for one row, then every row after it: 9 columns less the last (it predicts nothing) less 3.
+    assert seen == [(1, 3), (3, 5)]
+    torch.testing.assert_close(out["loss_sum"], reference_loss(model, batch), rtol=1e-5, atol=1e-5)
+    got = grads(model, out["loss_sum"])
+    assert got.keys() == expected.keys()
+    for name, grad in expected.items():
+        torch.testing.assert_close(got[name], grad, rtol=1e-4, atol=1e-6, msg=name)
+    seen.clear()
+    torch.testing.assert_close(objective(**batch, shared_prefix=0)["loss_sum"], out["loss_sum"])
+    assert seen == [(3, 8)]  # no shared prefix: the whole batch at once
+
+
+def test_lora_gradients_through_the_shared_prefix_equal_the_whole_batchs():
+    from peft import LoraConfig, get_peft_model
+
+    model = get_peft_model(tiny_llama(), LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0,
+                                                    target_modules=["q_proj", "k_proj", "v_proj", "down_proj"]))
+    for name, parameter in model.named_parameters():
+        if "lora_B" in name:  # B starts at zero: give the adapters a non-zero effect to compare
+            torch.nn.init.normal_(parameter, std=0.1)
+    objective = CausalLMObjective(model)
+    assert objective.prefix_once
+    batch = qa_batch()
+    expected = grads(model, reference_loss(model, batch))
+    out = objective(**batch, shared_prefix=3)
+    got = grads(model, out["loss_sum"])
+    assert got.keys() == expected.keys() and all("lora_" in name for name in got)
+    for name, grad in expected.items():
+        torch.testing.assert_close(got[name], grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_with_dropout_the_prefix_is_computed_per_row():
+    model = tiny_llama(dropout=0.2)
+    model.train()
+    objective = CausalLMObjective(model)
+    assert "prompt prefix not shared while training: dropout is active" in objective.describe()
+    seen = backbone_widths(model.model)
+    objective(**qa_batch(), shared_prefix=3)
+    assert seen == [(3, 8)]
+    model.eval()
+    seen.clear()
+    objective(**qa_batch(), shared_prefix=3)
+    assert seen == [(1, 3), (3, 5)]  # evaluation draws no noise: shared again
+
+
+def test_a_cache_that_does_not_reproduce_the_batch_is_not_used(monkeypatch):
+    import qatune.objectives as objectives
+
+    real = objectives._after_shared_prefix
+    monkeypatch.setattr(objectives, "_after_shared_prefix", lambda *args: real(*args) + 0.01)
+    model = tiny_llama()
+    objective = CausalLMObjective(model)
+    assert objective.selective and not objective.prefix_once
+    assert objective.describe() == "LM head on the supervised positions only"
+    seen = backbone_widths(model.model)
+    torch.testing.assert_close(objective(**qa_batch(), shared_prefix=3)["loss_sum"],
+                               reference_loss(model, qa_batch()))
+    assert seen[0] == (3, 8)
 
 
 def test_full_logits_leave_out_the_last_column_with_the_same_loss_and_gradients():
