@@ -8,8 +8,13 @@ batch of the first ``--rows`` rows is trained twice, alternating which goes firs
 it, once with its shared prefix set to 0, so that every row computes it. Prints the summed step times of both
 and their ratio per pass over the batches, and their median; and, from the first batch, the loss both ways.
 
+``--workload w1``: W1's GPT-2 instead (2 shared tokens, `Question:`, of ~21 per row), its lean path turned
+off, so that it takes the cache path GPT-2 takes where the lean path is not used (bf16): what a short prefix
+costs or saves.
+
     python bench/shared_prefix_cache.py               # 3 passes over 6 batches, ~12 minutes on 2 cores in fp32
     python bench/shared_prefix_cache.py --rows 96 --passes 2
+    python bench/shared_prefix_cache.py --workload w1 --rows 1000 --json bench/shared_prefix_cache_w1.json
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from bench_machine import describe_torch, headline, json_option, write_json
+from bench_machine import W1_CONFIG, describe_torch, headline, json_option, write_json, write_nq_rows
 
 
 def main() -> int:
@@ -37,6 +42,7 @@ def main() -> int:
     from qatune.train.loop import Loop, train_step
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--workload", choices=["w2", "w1"], default="w2")
     parser.add_argument("--rows", type=int, default=48)
     parser.add_argument("--passes", type=int, default=3)
     json_option(parser, __file__)
@@ -44,8 +50,15 @@ def main() -> int:
     info = describe_torch()
     print(headline(info), flush=True)
     with tempfile.TemporaryDirectory() as tmp:
-        paths = w2.setup(argparse.Namespace(rows=args.rows), Path(tmp))
-        prepared = prepare(load_config(None, w2.qatune_overrides(paths["model"], paths["data"])))
+        if args.workload == "w2":
+            paths = w2.setup(argparse.Namespace(rows=args.rows), Path(tmp))
+            prepared = prepare(load_config(None, w2.qatune_overrides(paths["model"], paths["data"])))
+        else:
+            data = write_nq_rows(w2.SHARED, args.rows, Path(tmp) / "nq.csv")
+            config = Path(tmp) / "w1.yaml"
+            config.write_text(W1_CONFIG.format(seed=42, data=data, precision="auto"), encoding="utf-8")
+            prepared = prepare(load_config(config, []))
+            prepared.model._qatune_lean_path = False  # as if the lean path had not matched: the cache path
         loop = Loop.setup(prepared, None, None)
     print(f"loss: {loop.objective.describe()}", flush=True)
     loop.start_epoch(0)
@@ -74,7 +87,8 @@ def main() -> int:
     tokens = sum(len(item) for item in prepared.dataset.items)
     print(f"\nsteps with the prefix shared are x{median:.3f} faster (median of {per_pass}); precision "
           f"{prepared.precision}, {len(batches)} batches, shared prefixes {prefixes}, {tokens} tokens")
-    write_json(args.json, {"machine": info, "rows": args.rows, "precision": prepared.precision,
+    write_json(args.json, {"machine": info, "workload": args.workload, "loss": loop.objective.describe(),
+                           "rows": args.rows, "precision": prepared.precision,
                            "batches": len(batches), "shared_prefixes": prefixes, "tokens": tokens,
                            "first_batch_loss_sum": losses, "passes": passes, "median_ratio": median})
     return 0

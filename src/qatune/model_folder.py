@@ -68,8 +68,8 @@ NO_WEIGHT_CONVERSIONS = ("GPT2LMHeadModel", "T5ForConditionalGeneration", "BertF
 def _save_format(model: Any) -> dict[str, Any]:
     """save_pretrained's arguments for ``model``. A model that transformers loaded carries the weight
     conversions it applied; one built from a config carries none, and save_pretrained then builds its table of
-    every architecture's conversions (900 regular expressions, 0.6 s of the first save in a process) only to find
-    no entry. For a class known to have none, skipping that lookup writes the same files."""
+    every architecture's conversions (900 regular expressions compiled on the first save in a process) only to
+    find no entry. For a class known to have none, skipping that lookup writes the same files."""
     if type(model).__name__ in NO_WEIGHT_CONVERSIONS and getattr(model, "_weight_conversions", None) is None:
         return {"save_original_format": False}
     return {}

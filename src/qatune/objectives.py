@@ -44,7 +44,10 @@ class CausalLMObjective(nn.Module):
         self.selective = _selective_head_matches(model)
         self.lean_refused = self.selective and not lean and lean_gpt2.supported(model)
         self.lean = self.selective and lean and _lean_path_matches(model)
-        self.prefix_once = self.selective and not self.lean and _prefix_sharing_matches(model)
+        # Not for GPT-2 outside its lean path (bf16): two forwards per step for a 2-token `Question:` prefix
+        # were not measured there (bench/shared_prefix_cache.py --workload w1 measures it).
+        self.prefix_once = (self.selective and not self.lean and not self.lean_refused
+                            and _prefix_sharing_matches(model))
 
     def describe(self) -> str:
         if self.lean:

@@ -116,7 +116,7 @@ def _data_section(data: dict[str, Any], max_length: Any) -> list[str]:
 
 def _draw_yielding(train: list[dict], evals: list[dict]) -> bytes | None:
     """_draw, handing the interpreter lock back every 0.2 ms instead of 5: each of the checkpoint's writes and
-    fsyncs gives it up and must get it back (on W1, checkpoint and report took 1.24 s at 5 ms, 1.05 s at 0.2)."""
+    fsyncs gives it up and must get it back (W1 at 64 rows: checkpoint and report 1.24 s at 5 ms, 1.05 s at 0.2)."""
     before = sys.getswitchinterval()
     sys.setswitchinterval(0.0002)
     try:

@@ -308,3 +308,13 @@ def test_lm_head_runs_on_a_row_count_rounded_up_to_64_and_returns_the_real_rows(
         logits.sum().backward()                                   # the padding rows get no gradient path
         torch.testing.assert_close(rows.grad, head.weight.sum(0).expand(n, 8))
     assert seen == [64, 64, 64, 128] and HEAD_ROWS_MULTIPLE == 64
+
+
+def test_gpt2_outside_its_lean_path_computes_the_prefix_per_row():
+    model = tiny_gpt2()
+    objective = CausalLMObjective(model, lean=False)  # as under bf16
+    assert objective.selective and objective.lean_refused and not objective.prefix_once
+    expected = reference_loss(model, qa_batch())
+    seen = backbone_widths(model.transformer)
+    torch.testing.assert_close(objective(**qa_batch(), shared_prefix=3)["loss_sum"], expected)
+    assert seen == [(3, 8)]
