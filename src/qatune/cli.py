@@ -19,6 +19,7 @@ import click
 
 from qatune import __version__
 from qatune.errors import QatuneError
+from qatune.process import exit_without_teardown
 
 log = logging.getLogger("qatune")
 
@@ -416,24 +417,6 @@ def entry() -> int:
     gc.freeze()
     exit_without_teardown(code)
     return code
-
-
-def exit_without_teardown(code: int) -> None:
-    """End the process as a normal exit would, less the freeing of every object: the atexit handlers
-    run, the standard streams are flushed, and then ``os._exit``. Returns (for the normal exit) while
-    a thread that a normal exit waits for is still running."""
-    import atexit
-    import threading
-
-    if any(t.is_alive() and not t.daemon for t in threading.enumerate() if t is not threading.main_thread()):
-        return
-    atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):  # a closed pipe or stream: a normal exit would not report it either
-            pass
-    os._exit(code)
 
 
 def main(argv: list[str] | None = None) -> int:

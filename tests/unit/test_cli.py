@@ -94,7 +94,7 @@ def test_a_closed_pipe_is_not_an_internal_error():
 
 EXIT_SCRIPT = """
 import atexit, sys, threading, time
-from qatune.cli import exit_without_teardown
+from qatune.process import exit_without_teardown
 atexit.register(lambda: print("atexit handler ran", file=sys.stderr))
 sys.stdout.write("buffered output")  # a pipe: block-buffered, written only by the flush
 if sys.argv[1] == "thread":
