@@ -98,6 +98,19 @@ def write_json(path: Path, results: dict) -> None:
     print(f"wrote {path}")
 
 
+def timed_pass(batches: list, arms: list, step, number: int) -> dict[str, float]:
+    """One pass over ``batches``: each batch stepped once per arm (``(name, batch -> batch)`` pairs), the arms'
+    order alternating from batch to batch and from pass to pass. The summed seconds of each arm's steps."""
+    seconds = {name: 0.0 for name, _ in arms}
+    for i, batch in enumerate(batches):
+        for name, shape in arms if (i + number) % 2 == 0 else reversed(arms):
+            step_batch = shape(batch)
+            start = time.perf_counter()
+            step(step_batch)
+            seconds[name] += time.perf_counter() - start
+    return seconds
+
+
 def write_nq_rows(shared: Path, rows: int, path: Path) -> Path:
     """The first ``rows`` NQ-open rows as a question/answer CSV (the W1 data)."""
     with open(shared / "nq_open" / "nq_open.csv", encoding="utf-8", newline="") as f:

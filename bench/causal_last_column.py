@@ -18,14 +18,13 @@ import os
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import torch
-from bench_machine import W1_CONFIG, describe_torch, headline, json_option, write_json, write_nq_rows
+from bench_machine import W1_CONFIG, describe_torch, headline, json_option, timed_pass, write_json, write_nq_rows
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = Path(os.environ.get("QATUNE_SHARED_DATA", ROOT.parent / "shared" / "data"))
@@ -64,13 +63,8 @@ def main() -> int:
         train_step(loop, [batch])
     passes = []
     for number in range(args.passes):
-        seconds = {"left out": 0.0, "computed": 0.0}
-        for i, batch in enumerate(batches):
-            arms = [("left out", batch), ("computed", with_last_column(batch))]
-            for arm, step_batch in arms if (i + number) % 2 == 0 else reversed(arms):
-                start = time.perf_counter()
-                train_step(loop, [step_batch])
-                seconds[arm] += time.perf_counter() - start
+        seconds = timed_pass(batches, [("left out", lambda b: b), ("computed", with_last_column)],
+                             lambda b: train_step(loop, [b]), number)
         ratio = seconds["computed"] / seconds["left out"]
         passes.append({**seconds, "ratio": ratio})
         print(f"pass {number + 1}: last column left out {seconds['left out']:.2f} s, computed "

@@ -24,13 +24,12 @@ import os
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from bench_machine import W1_CONFIG, describe_torch, headline, json_option, write_json, write_nq_rows
+from bench_machine import W1_CONFIG, describe_torch, headline, json_option, timed_pass, write_json, write_nq_rows
 
 
 def main() -> int:
@@ -71,13 +70,8 @@ def main() -> int:
     print(f"first batch, summed loss: shared {losses['shared']:.6f}, per row {losses['per row']:.6f}", flush=True)
     passes = []
     for number in range(args.passes):
-        seconds = {"shared": 0.0, "per row": 0.0}
-        for i, batch in enumerate(batches):
-            arms = [("shared", batch), ("per row", {**batch, "shared_prefix": 0})]
-            for arm, step_batch in arms if (i + number) % 2 == 0 else reversed(arms):
-                start = time.perf_counter()
-                train_step(loop, [step_batch])
-                seconds[arm] += time.perf_counter() - start
+        seconds = timed_pass(batches, [("shared", lambda b: b), ("per row", lambda b: {**b, "shared_prefix": 0})],
+                             lambda b: train_step(loop, [b]), number)
         ratio = seconds["per row"] / seconds["shared"]
         passes.append({**seconds, "ratio": ratio})
         print(f"pass {number + 1}: prefix shared {seconds['shared']:.1f} s, per row {seconds['per row']:.1f} s: "
