@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from qatune import lean_gpt2
+from qatune import lean_gpt2, lean_lora
 from qatune.data.generative import IGNORE_INDEX
 
 log = logging.getLogger("qatune")
@@ -159,6 +159,10 @@ def objective_for(task: str, model: nn.Module, precision: str = "fp32") -> nn.Mo
     """The training objective of a model; ``precision`` as training runs it (the lean GPT-2 path is taken in
     fp32 only: measured slower than the plain forward under bf16 autocast, see bench/lean_precision.py)."""
     fuse_activations(model)
+    one_pass = lean_lora.install(model)
+    if one_pass:
+        log.info("LoRA: %d adapted layers add their adapter's product into the base layer's (one pass, where no "
+                 "autocast or adapter dropout is active)", one_pass)
     if task == "extractive":
         return SpanObjective(model)
     if is_encoder_decoder(model):

@@ -1,0 +1,96 @@
+"""LoRA layers' adapter product added inside the base layer's matrix product (qatune.lean_lora) against
+peft's own forward (base, adapter product, its scaled copy and their sum as separate full-size tensors),
+per training step of W2 (SmolLM2-135M-Instruct, LoRA r=16 on all seven projections of its 30 layers) inside
+qatune's own loop.
+
+One process, one model, set up as `qatune train` sets it up for W2 (bench/w2_smollm2_lora.py's config). Every
+batch of the first ``--rows`` rows is trained twice, alternating which goes first: once with the one-pass
+forward, once with peft's. Prints the summed step times of both and their ratio per pass over the batches,
+and their median; and, from the first batch after one update (peft starts the adapters' B at zero), the
+summed loss and the largest gradient difference both ways.
+The one-pass forward is taken in fp32 only (under autocast it hands over to peft's), so on a CPU with native
+bf16 this script runs with `train.precision: fp32`.
+
+    python bench/lean_lora.py               # 3 passes over 6 batches, ~12 minutes on 2 cores in fp32
+    python bench/lean_lora.py --rows 96 --passes 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+from bench_machine import describe_torch, headline, json_option, timed_pass, write_json
+
+
+def main() -> int:
+    import w2_smollm2_lora as w2
+
+    from qatune import lean_lora
+    from qatune.config import load_config
+    from qatune.objectives import model_inputs
+    from qatune.train import prepare
+    from qatune.train.loop import Loop, train_step
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", type=int, default=48)
+    parser.add_argument("--passes", type=int, default=3)
+    json_option(parser, __file__)
+    args = parser.parse_args()
+    info = describe_torch()
+    print(headline(info), flush=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        paths = w2.setup(argparse.Namespace(rows=args.rows), Path(tmp))
+        prepared = prepare(load_config(None, [*w2.qatune_overrides(paths["model"], paths["data"]),
+                                              "train.precision=fp32"]))
+        loop = Loop.setup(prepared, None, None)
+    model = prepared.model
+    layers = lean_lora.install(model)
+    print(f"loss: {loop.objective.describe()}; {layers} LoRA layers", flush=True)
+    loop.start_epoch(0)
+    batches = list(loop.loader)
+    arms = [("one pass", lambda b: (lean_lora.install(model), b)[1]),
+            ("peft", lambda b: (lean_lora.remove(model), b)[1])]
+    train_step(loop, [batches[-1]])  # one update first: LoRA's B starts at zero, where A's gradient is zero too
+    first = {}
+    for name, shape in arms:
+        batch = shape(batches[0])
+        loop.optimizer.zero_grad(set_to_none=True)
+        loss = loop.objective(**model_inputs(batch))["loss_sum"]
+        loss.backward()
+        grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+        first[name] = (float(loss.detach()), grads)
+    loop.optimizer.zero_grad(set_to_none=True)
+    gap = max(float((g - first["peft"][1][n]).abs().max()) for n, g in first["one pass"][1].items())
+    scale = max(float(g.abs().max()) for g in first["peft"][1].values())
+    losses = {name: value[0] for name, value in first.items()}
+    print(f"first batch, summed loss: one pass {losses['one pass']:.6f}, peft {losses['peft']:.6f}; largest "
+          f"gradient difference {gap:.2e} (largest gradient {scale:.2e})", flush=True)
+    passes = []
+    for number in range(args.passes):
+        seconds = timed_pass(batches, arms, lambda b: train_step(loop, [b]), number)
+        ratio = seconds["peft"] / seconds["one pass"]
+        passes.append({**seconds, "ratio": ratio})
+        print(f"pass {number + 1}: one pass {seconds['one pass']:.1f} s, peft {seconds['peft']:.1f} s: x{ratio:.3f}",
+              flush=True)
+    median = statistics.median(p["ratio"] for p in passes)
+    per_pass = ", ".join(f"x{p['ratio']:.3f}" for p in passes)
+    tokens = sum(len(item) for item in prepared.dataset.items)
+    print(f"\nsteps with the one-pass LoRA product are x{median:.3f} faster (median of {per_pass}); precision "
+          f"{prepared.precision}, {len(batches)} batches, {tokens} tokens")
+    write_json(args.json, {"machine": info, "loss": loop.objective.describe(), "lora_layers": layers,
+                           "rows": args.rows, "precision": prepared.precision, "batches": len(batches),
+                           "tokens": tokens, "first_batch_loss_sum": losses, "first_batch_largest_grad_gap": gap,
+                           "first_batch_largest_grad": scale, "passes": passes, "median_ratio": median})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
