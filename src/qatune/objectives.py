@@ -7,8 +7,6 @@ calling its parts from the loop) keeps DDP and mixed-precision hooks on the path
 
 from __future__ import annotations
 
-import functools
-import inspect
 import logging
 from typing import Any
 
@@ -16,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from qatune import lean_gpt2, lean_lora
+from qatune import lean_causal, lean_gpt2, lean_lora
 from qatune.data.generative import IGNORE_INDEX
 
 log = logging.getLogger("qatune")
@@ -32,10 +30,10 @@ class CausalLMObjective(nn.Module):
 
     When the model's logits are a plain linear head over the last hidden state, the head is applied
     to the supervised positions alone (for QA that is the answer and its EOS, a small share of the
-    sequence); otherwise the full logits are computed. A prompt prefix shared by the batch's rows
-    (``shared_prefix``, from the collator: a chat template's system prompt, say) is computed once and
-    reaches every row through the model's own key/value cache (:func:`_after_shared_prefix`). GPT-2 goes
-    further (see :mod:`qatune.lean_gpt2`): its last block also runs on the supervised positions only.
+    sequence), and the backbone computes only what those positions need (:mod:`qatune.lean_causal`: a
+    prompt prefix shared by the batch's rows computed once, the last layer's projections on the supervised
+    positions; each checked per model). Otherwise the full logits are computed. GPT-2
+    has its own lean path (:mod:`qatune.lean_gpt2`).
     """
 
     def __init__(self, model: nn.Module, lean: bool = True):
@@ -44,15 +42,22 @@ class CausalLMObjective(nn.Module):
         self.selective = _selective_head_matches(model)
         self.lean_refused = self.selective and not lean and lean_gpt2.supported(model)
         self.lean = self.selective and lean and _lean_path_matches(model)
-        # Not for GPT-2 outside its lean path (bf16): two forwards per step for a 2-token `Question:` prefix
-        # were not measured there (bench/shared_prefix_cache.py --workload w1 measures it).
-        self.prefix_once = (self.selective and not self.lean and not self.lean_refused
-                            and _prefix_sharing_matches(model))
+        self.paths: dict[str, bool] = {}
+        if self.selective and not self.lean:
+            for feature in lean_causal.FEATURES:
+                # Not for GPT-2 outside its lean path (bf16): two forwards per step for a 2-token `Question:`
+                # prefix were not measured there (bench/shared_prefix_cache.py --workload w1 measures it).
+                wanted = not (feature == "prefix" and self.lean_refused)
+                self.paths[feature] = wanted and lean_causal.check(model, feature, self.paths)
+        self.prefix_once = self.paths.get("prefix", False)
+        self.last_rows = self.paths.get("last_rows", False)
 
     def describe(self) -> str:
         if self.lean:
             return f"GPT-2 lean path (LM head and last block on the supervised positions only, {self._prefix()})"
         head = "LM head on the supervised positions only"
+        if self.last_rows:
+            head = "LM head and the last layer's projections on the supervised positions only"
         if self.prefix_once:
             through = "" if lean_gpt2.has_dropout(self.model) else " (through the model's cache)"
             head += f", {self._prefix()}{through}"
@@ -79,12 +84,9 @@ class CausalLMObjective(nn.Module):
             logits = self.model.get_output_embeddings()(hidden)
         elif self.selective:
             prefix = shared_prefix if self.prefix_once and not lean_gpt2.dropout_active(self.model) else 0
-            if 0 < prefix < input_ids.shape[1] and input_ids.shape[0] > 1:
-                hidden = _after_shared_prefix(_backbone(self.model), input_ids, attention_mask, prefix)
-                hidden = hidden[supervised[:, prefix:]]  # the collator keeps every supervised position after it
-            else:
-                hidden = _backbone(self.model)(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-                hidden = hidden[supervised]
+            # The collator keeps every supervised position after the shared prefix.
+            hidden = lean_causal.supervised_hidden(self.model, input_ids, attention_mask, supervised, prefix,
+                                                   self.last_rows)
             logits = _head_on_rows(self.model.get_output_embeddings(), hidden)
         else:
             logits = self.model(input_ids=input_ids, attention_mask=attention_mask).logits[supervised]
@@ -225,97 +227,19 @@ def _head_on_rows(head: nn.Module, rows: torch.Tensor) -> torch.Tensor:
     return head(torch.cat([rows, rows.new_zeros(extra, rows.shape[1])]))[:n]
 
 
-def _after_shared_prefix(backbone: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                         prefix: int) -> torch.Tensor:
-    """The backbone's last hidden states of every row after its first ``prefix`` positions, which hold the
-    same tokens in every row and are computed once: their keys and values reach each row through the
-    model's own cache, and their gradients add up over the rows through it. The same result as the whole
-    batch at once (checked per model by :func:`_prefix_sharing_matches`), with ``prefix`` x (rows - 1)
-    positions fewer to compute."""
-    name = _cache_argument(backbone)
-    first = backbone(input_ids=input_ids[:1, :prefix], attention_mask=attention_mask[:1, :prefix], use_cache=True)
-    cache = getattr(first, name)
-    cache.batch_repeat_interleave(input_ids.shape[0])
-    return backbone(input_ids=input_ids[:, prefix:], attention_mask=attention_mask, use_cache=True,
-                    **{name: cache}).last_hidden_state
-
-
-@functools.cache
-def _cache_argument_of(forward: Any) -> str:
-    return "cache" if "cache" in inspect.signature(forward).parameters else "past_key_values"
-
-
-def _cache_argument(backbone: nn.Module) -> str:
-    """What the backbone calls its key/value cache, in its arguments and outputs: ``cache`` (transformers from
-    5.2x on) or ``past_key_values`` (before; later ones still take it, with a deprecation warning)."""
-    return _cache_argument_of(type(backbone).forward)
-
-
 def _absmax(logits: torch.Tensor) -> torch.Tensor:
     return logits.detach().abs().max() if logits.numel() else torch.zeros((), device=logits.device)
 
 
-def _backbone(model: nn.Module) -> nn.Module:
-    # A peft model forwards attribute lookups, and its own ``model`` attribute shadows Llama's backbone
-    # (base_model_prefix "model"): look the backbone up on the wrapped transformers model.
-    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return getattr(inner, inner.base_model_prefix)
-
-
 def _selective_head_matches(model: nn.Module) -> bool:
     """True when lm_head(backbone(x)) reproduces the model's own logits (checked once per model)."""
-    return _checked_once(model, "_qatune_selective_head", _check_selective_head)
+    return lean_causal.checked_once(model, "_qatune_selective_head", _check_selective_head)
 
 
 def _lean_path_matches(model: nn.Module) -> bool:
     """True when :mod:`qatune.lean_gpt2` applies to the model and reproduces its logits (checked once)."""
-    return _checked_once(model, "_qatune_lean_path", lambda m: lean_gpt2.supported(m)
+    return lean_causal.checked_once(model, "_qatune_lean_path", lambda m: lean_gpt2.supported(m)
                          and lean_gpt2.matches_model(m, m.get_output_embeddings()))
-
-
-def _prefix_sharing_matches(model: nn.Module) -> bool:
-    """True when :func:`_after_shared_prefix` reproduces the backbone's own hidden states (checked once)."""
-    return _checked_once(model, "_qatune_prefix_once", _check_prefix_sharing)
-
-
-def _check_prefix_sharing(model: nn.Module) -> bool:
-    """Compare the hidden states after a shared prefix with the whole batch's, on a tiny batch (a padded row)."""
-    if any(getattr(module, "gradient_checkpointing", False) is True for module in model.modules()):
-        return False  # transformers turns the cache off while checkpointing
-    head = model.get_output_embeddings()
-    device = head.weight.device
-    ids = torch.tensor([[1, 2, 3, 4, 5, 6], [1, 2, 7, 8, 9, 10], [1, 2, 11, 12, 0, 0]], device=device)
-    ids = ids.remainder(head.out_features)
-    mask = torch.tensor([[1] * 6, [1] * 6, [1, 1, 1, 1, 0, 0]], device=device)
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            whole = _backbone(model)(input_ids=ids, attention_mask=mask).last_hidden_state[:, 2:][mask[:, 2:] == 1]
-            shared = _after_shared_prefix(_backbone(model), ids, mask, 2)[mask[:, 2:] == 1]
-        # Rounding only: the prefix's products run at another batch size (SmolLM2: 2e-3 on hidden states of up
-        # to 55). Any real difference (positions, masks) is of the size of the states themselves.
-        if shared.shape == whole.shape and (shared - whole).abs().max() <= 1e-3 * whole.abs().max():
-            return True
-        log.debug("shared prompt prefix: not used, the hidden states after it differ for %s", type(model).__name__)
-        return False
-    except Exception as exc:  # an architecture whose cache does not fit: every row computes its prefix
-        log.debug("shared prompt prefix: not used for %s (%s: %s)", type(model).__name__, type(exc).__name__, exc)
-        return False
-    finally:
-        model.train(was_training)
-
-
-def _checked_once(model: nn.Module, attribute: str, check: Any) -> bool:
-    """``check(model)``, remembered on the model (evaluations build objectives every epoch)."""
-    cached = getattr(model, attribute, None)
-    if cached is None:
-        cached = bool(check(model))
-        try:
-            setattr(model, attribute, cached)
-        except AttributeError:
-            pass  # a module that refuses new attributes: the check simply runs again next time
-    return cached
 
 
 def _check_selective_head(model: nn.Module) -> bool:
@@ -338,7 +262,7 @@ def _check_selective_head(model: nn.Module) -> bool:
     try:
         with torch.no_grad():
             full = model(input_ids=ids, attention_mask=mask).logits
-            hidden = _backbone(model)(input_ids=ids, attention_mask=mask).last_hidden_state
+            hidden = lean_causal.backbone(model)(input_ids=ids, attention_mask=mask).last_hidden_state
             mine = head(hidden)
         if full.shape == mine.shape and torch.allclose(full.float(), mine.float(), atol=1e-4, rtol=1e-4):
             return True

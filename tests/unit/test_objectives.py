@@ -123,8 +123,8 @@ def test_other_architectures_compute_the_shared_prefix_once_through_their_cache(
     model = tiny_llama()
     objective = CausalLMObjective(model)
     assert objective.selective and not objective.lean and objective.prefix_once
-    assert objective.describe() == ("LM head on the supervised positions only, shared prompt prefix computed once "
-                                    "per batch (through the model's cache)")
+    assert objective.describe() == ("LM head and the last layer's projections on the supervised positions only, "
+                                    "shared prompt prefix computed once per batch (through the model's cache)")
     batch = qa_batch()
     expected = grads(model, reference_loss(model, batch))
     seen = backbone_widths(model.model)
@@ -175,14 +175,16 @@ def test_with_dropout_the_prefix_is_computed_per_row():
 
 
 def test_a_cache_that_does_not_reproduce_the_batch_is_not_used(monkeypatch):
-    import qatune.objectives as objectives
+    from qatune import lean_causal
 
-    real = objectives._after_shared_prefix
-    monkeypatch.setattr(objectives, "_after_shared_prefix", lambda *args: real(*args) + 0.01)
+    real = lean_causal.supervised_hidden
+    monkeypatch.setattr(lean_causal, "supervised_hidden",
+                        lambda model, ids, mask, selected, prefix=0, *rest: real(model, ids, mask, selected, prefix,
+                                                                               *rest) + (0.01 if prefix else 0.0))
     model = tiny_llama()
     objective = CausalLMObjective(model)
-    assert objective.selective and not objective.prefix_once
-    assert objective.describe() == "LM head on the supervised positions only"
+    assert objective.selective and not objective.prefix_once and objective.last_rows
+    assert objective.describe() == "LM head and the last layer's projections on the supervised positions only"
     seen = backbone_widths(model.model)
     torch.testing.assert_close(objective(**qa_batch(), shared_prefix=3)["loss_sum"],
                                reference_loss(model, qa_batch()))
@@ -318,3 +320,28 @@ def test_gpt2_outside_its_lean_path_computes_the_prefix_per_row():
     seen = backbone_widths(model.transformer)
     torch.testing.assert_close(objective(**qa_batch(), shared_prefix=3)["loss_sum"], expected)
     assert seen == [(3, 8)]
+
+
+def test_the_last_layers_projections_run_on_the_supervised_rows_only():
+    model = tiny_llama()
+    objective = CausalLMObjective(model)
+    assert objective.last_rows
+    inputs = []
+    for layer in model.model.layers:
+        for module in (layer.self_attn.o_proj, layer.mlp):
+            module.register_forward_hook(lambda module, args, out: inputs.append(tuple(args[0].shape)))
+    batch = qa_batch()
+    expected = grads(model, reference_loss(model, batch))
+    inputs.clear()
+    out = objective(**batch, shared_prefix=3)
+    # Layer 0 on every position (the prefix for one row, then the rest of each row); layer 1 on the 9 supervised.
+    assert inputs == [(1, 3, 32), (1, 3, 32), (1, 3, 32), (1, 3, 32), (3, 5, 32), (3, 5, 32), (9, 32), (9, 32)]
+    got = grads(model, out["loss_sum"])
+    for name, grad in expected.items():
+        torch.testing.assert_close(got[name], grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_gpt2_outside_its_lean_path_keeps_its_last_block_whole():
+    model = tiny_gpt2()
+    objective = CausalLMObjective(model, lean=False)
+    assert objective.selective and not objective.last_rows and not objective.prefix_once

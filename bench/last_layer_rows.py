@@ -1,0 +1,90 @@
+"""The last decoder layer's output projection and MLP on the supervised positions only (qatune.lean_causal)
+against the whole last layer, per training step of W2 (SmolLM2-135M-Instruct with LoRA, question + context
+-> answer: rows of ~215 tokens, ~9 of them supervised; 30 layers) inside qatune's own loop.
+
+One process, one model, set up as `qatune train` sets it up for W2 (bench/w2_smollm2_lora.py's config), in
+fp32 (``--precision bf16`` on a CPU with native bf16). Every batch of the first ``--rows`` rows is trained
+twice, alternating which goes first: once with the last layer on the supervised rows, once whole. Prints the
+summed step times of both and their ratio per pass over the batches, and their median; and, from the first
+batch, the summed loss both ways.
+
+    python bench/last_layer_rows.py               # 3 passes over 6 batches, ~12 minutes on 2 cores in fp32
+    python bench/last_layer_rows.py --rows 96 --passes 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+from bench_machine import describe_torch, headline, json_option, timed_pass, write_json
+
+
+def main() -> int:
+    import w2_smollm2_lora as w2
+
+    from qatune.config import load_config
+    from qatune.objectives import model_inputs
+    from qatune.train import prepare
+    from qatune.train.loop import Loop, train_step
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", type=int, default=48)
+    parser.add_argument("--passes", type=int, default=3)
+    parser.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
+    json_option(parser, __file__)
+    args = parser.parse_args()
+    info = describe_torch()
+    print(headline(info), flush=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        paths = w2.setup(argparse.Namespace(rows=args.rows), Path(tmp))
+        prepared = prepare(load_config(None, [*w2.qatune_overrides(paths["model"], paths["data"]),
+                                              f"train.precision={args.precision}"]))
+        loop = Loop.setup(prepared, None, None)
+    objective = getattr(loop.objective, "module", loop.objective)
+    print(f"loss: {objective.describe()}", flush=True)
+    if not objective.last_rows:
+        print("the last-layer rows do not apply to this model", file=sys.stderr)
+        return 1
+
+    def rows(on: bool):
+        def shape(batch):
+            objective.last_rows = on
+            return batch
+        return shape
+
+    arms = [("last rows", rows(True)), ("whole", rows(False))]
+    loop.start_epoch(0)
+    batches = list(loop.loader)
+    losses = {name: float(loop.objective(**model_inputs(shape(batches[0])))["loss_sum"].detach())
+              for name, shape in arms}
+    loop.optimizer.zero_grad(set_to_none=True)
+    print(f"first batch, summed loss: last rows {losses['last rows']:.6f}, whole {losses['whole']:.6f}", flush=True)
+    passes = []
+    for number in range(args.passes):
+        seconds = timed_pass(batches, arms, lambda b: train_step(loop, [b]), number)
+        ratio = seconds["whole"] / seconds["last rows"]
+        passes.append({**seconds, "ratio": ratio})
+        print(f"pass {number + 1}: last rows {seconds['last rows']:.1f} s, whole {seconds['whole']:.1f} s: "
+              f"x{ratio:.3f}", flush=True)
+    median = statistics.median(p["ratio"] for p in passes)
+    per_pass = ", ".join(f"x{p['ratio']:.3f}" for p in passes)
+    tokens = sum(len(item) for item in prepared.dataset.items)
+    print(f"\nsteps with the last layer on the supervised rows are x{median:.3f} faster (median of {per_pass}); "
+          f"precision {prepared.precision}, {len(batches)} batches, {tokens} tokens")
+    objective.last_rows = True
+    write_json(args.json, {"machine": info, "loss": objective.describe(), "rows": args.rows,
+                           "precision": prepared.precision, "batches": len(batches), "tokens": tokens,
+                           "first_batch_loss_sum": losses, "passes": passes, "median_ratio": median})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

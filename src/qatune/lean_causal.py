@@ -1,0 +1,169 @@
+"""A causal LM's training forward (any transformers architecture) that computes only what the QA loss reads.
+
+The loss of a generative QA row reads the final hidden state at its answer positions alone. What follows
+from that, each part used for a model only after a check on a tiny batch (:func:`check`) has reproduced the
+model's own hidden states with it, and all of it on the model's own modules (LoRA adapters still apply):
+
+* **A shared prompt prefix computed once** (``prefix``): the leading tokens every row of the batch has in
+  common (a chat template's system prompt) run for one row; their keys and values reach every row through
+  the model's own cache, and their gradients add up over the rows through it.
+* **The last layer's position-wise work on the read positions only** (``last_rows``): every layer but the
+  last must run on every position (later layers attend to its keys and values), but the last one's
+  attention output projection and MLP matter only where the loss reads them: they run on those rows, and
+  the others get zeros (a final state that nothing reads).
+
+GPT-2 has its own path (:mod:`qatune.lean_gpt2`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import inspect
+import logging
+from typing import Any
+
+import torch
+from torch import nn
+
+log = logging.getLogger("qatune")
+
+
+def supervised_hidden(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                      selected: torch.Tensor, prefix: int = 0, last_rows: bool = False) -> torch.Tensor:
+    """The backbone's last hidden states at the ``selected`` positions ((B, T) mask), in row-major order.
+    ``prefix``: leading tokens every row shares and where nothing is selected (0: none)."""
+    net = backbone(model)
+    prefix = prefix if 0 < prefix < input_ids.shape[1] and input_ids.shape[0] > 1 else 0
+    selected = selected[:, prefix:]
+    rows = _LastRows(net, selected) if last_rows else contextlib.nullcontext()
+    if not prefix:
+        with rows:
+            return net(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state[selected]
+    name = _cache_argument(net)
+    first = net(input_ids=input_ids[:1, :prefix], attention_mask=attention_mask[:1, :prefix], use_cache=True)
+    cache = getattr(first, name)
+    cache.batch_repeat_interleave(input_ids.shape[0])
+    with rows:
+        return net(input_ids=input_ids[:, prefix:], attention_mask=attention_mask, use_cache=True,
+                   **{name: cache}).last_hidden_state[selected]
+
+
+class _LastRows:
+    """While entered: the last layer's ``self_attn.o_proj`` and ``mlp`` compute the ``selected`` rows only
+    (forward hooks gather their input rows and scatter their output rows into zeros)."""
+
+    def __init__(self, net: nn.Module, selected: torch.Tensor):
+        layer = net.layers[-1]
+        self.modules = (layer.self_attn.o_proj, layer.mlp)
+        self.index = selected.reshape(-1).nonzero().squeeze(1)
+        self.handles: list[Any] = []
+        self.shapes: dict[int, torch.Size] = {}
+
+    def __enter__(self) -> None:
+        for module in self.modules:
+            self.handles.append(module.register_forward_pre_hook(self._gather))
+            self.handles.append(module.register_forward_hook(self._scatter))
+
+    def __exit__(self, *_: Any) -> None:
+        for handle in self.handles:
+            handle.remove()
+        self.handles.clear()
+
+    def _gather(self, module: nn.Module, args: tuple) -> tuple:
+        x = args[0]
+        self.shapes[id(module)] = x.shape[:-1]
+        return (x.reshape(-1, x.shape[-1]).index_select(0, self.index), *args[1:])
+
+    def _scatter(self, module: nn.Module, args: tuple, out: torch.Tensor) -> torch.Tensor:
+        shape = self.shapes.pop(id(module))
+        full = out.new_zeros(shape.numel(), out.shape[-1]).index_copy(0, self.index, out)
+        return full.view(*shape, out.shape[-1])
+
+
+@functools.cache
+def _cache_argument_of(forward: Any) -> str:
+    return "cache" if "cache" in inspect.signature(forward).parameters else "past_key_values"
+
+
+def _cache_argument(net: nn.Module) -> str:
+    """What the backbone calls its key/value cache, in its arguments and outputs: ``cache`` (transformers from
+    5.2x on) or ``past_key_values`` (before; later ones still take it, with a deprecation warning)."""
+    return _cache_argument_of(type(net).forward)
+
+
+def backbone(model: nn.Module) -> nn.Module:
+    # A peft model forwards attribute lookups, and its own ``model`` attribute shadows Llama's backbone
+    # (base_model_prefix "model"): look the backbone up on the wrapped transformers model.
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return getattr(inner, inner.base_model_prefix)
+
+
+def checked_once(model: nn.Module, attribute: str, check: Any) -> bool:
+    """``check(model)``, remembered on the model (evaluations build objectives every epoch)."""
+    cached = getattr(model, attribute, None)
+    if cached is None:
+        cached = bool(check(model))
+        try:
+            setattr(model, attribute, cached)
+        except AttributeError:
+            pass  # a module that refuses new attributes: the check simply runs again next time
+    return cached
+
+
+FEATURES = ("prefix", "last_rows")
+
+
+def check(model: nn.Module, feature: str, accepted: dict[str, bool]) -> bool:
+    """True when :func:`supervised_hidden` with ``feature`` on (and the ``accepted`` features before it)
+    reproduces the backbone's own hidden states on a tiny batch: three rows sharing a 2-token prefix, one of
+    them right-padded; with and without the shared prefix once it is accepted. Remembered on the model."""
+    return checked_once(model, f"_qatune_{feature}", functools.partial(_check, feature=feature, accepted=accepted))
+
+
+def _check(model: nn.Module, feature: str, accepted: dict[str, bool]) -> bool:
+    net = backbone(model)
+    if feature == "prefix" and any(getattr(m, "gradient_checkpointing", False) is True for m in model.modules()):
+        return False  # transformers turns the cache off while checkpointing
+    if feature == "last_rows" and not _has_last_rows(net):
+        return False
+    head = model.get_output_embeddings()
+    device = head.weight.device
+    ids = torch.tensor([[1, 2, 3, 4, 5, 6], [1, 2, 7, 8, 9, 10], [1, 2, 11, 12, 0, 0]], device=device)
+    ids = ids.remainder(head.out_features)
+    mask = torch.tensor([[1] * 6, [1] * 6, [1, 1, 1, 1, 0, 0]], device=device)
+    selected = torch.zeros_like(mask, dtype=torch.bool)
+    selected[0, 2:] = selected[1, 4:] = selected[2, 3:4] = True
+    options = {name: accepted.get(name, False) for name in FEATURES} | {feature: True}
+    prefixes = (2,) if feature == "prefix" else (0, 2) if options["prefix"] else (0,)
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            whole = net(input_ids=ids, attention_mask=mask).last_hidden_state[selected]
+            for prefix in prefixes:
+                mine = supervised_hidden(model, ids, mask, selected, prefix, options["last_rows"])
+                # Products at another batch size or through another kernel round differently (SmolLM2: 2e-3 on
+                # hidden states of up to 55). A real difference (positions, masks) is of the size of the states.
+                if mine.shape != whole.shape or (mine - whole).abs().max() > 1e-3 * whole.abs().max():
+                    log.debug("%s: not used, the hidden states differ for %s (shared prefix %d)", _WHAT[feature],
+                              type(model).__name__, prefix)
+                    return False
+        return True
+    except Exception as exc:  # an architecture that does not fit: the backbone's own forward instead
+        log.debug("%s: not used for %s (%s: %s)", _WHAT[feature], type(model).__name__, type(exc).__name__, exc)
+        return False
+    finally:
+        model.train(was_training)
+
+
+_WHAT = {"prefix": "shared prompt prefix", "last_rows": "last layer on the supervised positions only"}
+
+
+def _has_last_rows(net: nn.Module) -> bool:
+    layers = getattr(net, "layers", None)
+    if not isinstance(layers, nn.ModuleList) or not len(layers):
+        return False
+    last = layers[-1]
+    return isinstance(getattr(last, "mlp", None), nn.Module) and isinstance(
+        getattr(getattr(last, "self_attn", None), "o_proj", None), nn.Module)
