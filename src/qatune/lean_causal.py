@@ -35,28 +35,30 @@ def supervised_hidden(model: nn.Module, input_ids: torch.Tensor, attention_mask:
     ``prefix``: leading tokens every row shares and where nothing is selected (0: none)."""
     net = backbone(model)
     prefix = prefix if 0 < prefix < input_ids.shape[1] and input_ids.shape[0] > 1 else 0
-    selected = selected[:, prefix:]
-    rows = _LastRows(net, selected) if last_rows else contextlib.nullcontext()
+    index = selected[:, prefix:].reshape(-1).nonzero().squeeze(1)  # flat, row-major: as boolean indexing orders
+    rows = _LastRows(net, index) if last_rows else contextlib.nullcontext()
     if not prefix:
         with rows:
-            return net(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state[selected]
-    name = _cache_argument(net)
-    first = net(input_ids=input_ids[:1, :prefix], attention_mask=attention_mask[:1, :prefix], use_cache=True)
-    cache = getattr(first, name)
-    cache.batch_repeat_interleave(input_ids.shape[0])
-    with rows:
-        return net(input_ids=input_ids[:, prefix:], attention_mask=attention_mask, use_cache=True,
-                   **{name: cache}).last_hidden_state[selected]
+            hidden = net(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+    else:
+        name = _cache_argument(net)
+        first = net(input_ids=input_ids[:1, :prefix], attention_mask=attention_mask[:1, :prefix], use_cache=True)
+        cache = getattr(first, name)
+        cache.batch_repeat_interleave(input_ids.shape[0])
+        with rows:
+            hidden = net(input_ids=input_ids[:, prefix:], attention_mask=attention_mask, use_cache=True,
+                         **{name: cache}).last_hidden_state
+    return hidden.reshape(-1, hidden.shape[-1]).index_select(0, index)
 
 
 class _LastRows:
-    """While entered: the last layer's ``self_attn.o_proj`` and ``mlp`` compute the ``selected`` rows only
-    (forward hooks gather their input rows and scatter their output rows into zeros)."""
+    """While entered: the last layer's ``self_attn.o_proj`` and ``mlp`` compute the rows at ``index`` (of the
+    flattened positions) only: forward hooks gather their input rows and scatter their output rows into zeros."""
 
-    def __init__(self, net: nn.Module, selected: torch.Tensor):
+    def __init__(self, net: nn.Module, index: torch.Tensor):
         layer = net.layers[-1]
         self.modules = (layer.self_attn.o_proj, layer.mlp)
-        self.index = selected.reshape(-1).nonzero().squeeze(1)
+        self.index = index
         self.handles: list[Any] = []
         self.shapes: dict[int, torch.Size] = {}
 
