@@ -240,9 +240,10 @@ class GenerateConfig(Section):
     """Extractive: longest answer span in tokens."""
     n_best: int = Field(20, ge=1)
     """Extractive: start/end candidates considered per window."""
-    precision: Literal["fp32", "bf16"] = "fp32"
+    precision: Literal["fp32", "bf16", "auto"] = "fp32"
     """Evaluation and generation: fp32, or bf16 autocast (several times faster on GPUs and on CPUs with
-    AVX512-BF16/AMX, e.g. for a model trained with train.precision bf16)."""
+    AVX512-BF16/AMX, e.g. for a model trained with train.precision bf16); auto: bf16 where it is native,
+    else fp32 (on other CPUs bf16 is emulated, far slower)."""
 
 
 class Config(Section):

@@ -99,7 +99,11 @@ def prompt_budget(positions: int | None, max_new_tokens: int) -> int | None:
 
 
 def inference_precision(precision: str, device: torch.device) -> AbstractContextManager:
-    """bf16 autocast for ``generate.precision: bf16``; fp32 runs as it is."""
+    """bf16 autocast for ``generate.precision: bf16`` (and ``auto`` where bf16 is native); fp32 runs as it is."""
+    if precision == "auto":
+        from qatune.train.device import resolve_precision
+
+        precision = resolve_precision("auto", device.type)
     if precision == "bf16":
         return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
     return nullcontext()

@@ -204,6 +204,18 @@ def test_generate_precision_bf16_runs_inference_under_bf16_autocast(tiny_gpt2):
     assert len(answers) == 2
 
 
+@pytest.mark.parametrize("native", [True, False])
+def test_generate_precision_auto_takes_bf16_only_where_it_is_native(monkeypatch, native):
+    from qatune.config import GenerateConfig
+    from qatune.generate import inference_precision
+    from qatune.train import device
+
+    monkeypatch.setattr(device, "bf16_native", lambda where, unknown=True: native)
+    assert GenerateConfig(precision="auto").precision == "auto"
+    with inference_precision("auto", torch.device("cpu")):
+        assert torch.is_autocast_enabled("cpu") == native
+
+
 def test_scratch_gpt2_uses_the_fused_kernel_of_its_own_gelu(tiny_gpt2):
     from transformers.activations import ACT2FN
 
