@@ -32,8 +32,8 @@ class CausalLMObjective(nn.Module):
     to the supervised positions alone (for QA that is the answer and its EOS, a small share of the
     sequence), and the backbone computes only what those positions need (:mod:`qatune.lean_causal`: a
     prompt prefix shared by the batch's rows computed once, the last layer's projections on the supervised
-    positions; each checked per model). Otherwise the full logits are computed. GPT-2
-    has its own lean path (:mod:`qatune.lean_gpt2`).
+    positions; each checked per model). Otherwise the full logits are computed. GPT-2 has its own lean
+    path (:mod:`qatune.lean_gpt2`).
     """
 
     def __init__(self, model: nn.Module, lean: bool = True):
@@ -239,7 +239,7 @@ def _selective_head_matches(model: nn.Module) -> bool:
 def _lean_path_matches(model: nn.Module) -> bool:
     """True when :mod:`qatune.lean_gpt2` applies to the model and reproduces its logits (checked once)."""
     return lean_causal.checked_once(model, "_qatune_lean_path", lambda m: lean_gpt2.supported(m)
-                         and lean_gpt2.matches_model(m, m.get_output_embeddings()))
+                                    and lean_gpt2.matches_model(m, m.get_output_embeddings()))
 
 
 def _check_selective_head(model: nn.Module) -> bool:
