@@ -18,8 +18,6 @@ import argparse
 import os
 import statistics
 import sys
-import tempfile
-from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -30,10 +28,7 @@ from bench_machine import describe_torch, headline, json_option, timed_pass, wri
 def main() -> int:
     import w2_smollm2_lora as w2
 
-    from qatune.config import load_config
-    from qatune.objectives import model_inputs
-    from qatune.train import prepare
-    from qatune.train.loop import Loop, train_step
+    from qatune.train.loop import train_step
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, default=48)
@@ -43,11 +38,7 @@ def main() -> int:
     args = parser.parse_args()
     info = describe_torch()
     print(headline(info), flush=True)
-    with tempfile.TemporaryDirectory() as tmp:
-        paths = w2.setup(argparse.Namespace(rows=args.rows), Path(tmp))
-        prepared = prepare(load_config(None, [*w2.qatune_overrides(paths["model"], paths["data"]),
-                                              f"train.precision={args.precision}"]))
-        loop = Loop.setup(prepared, None, None)
+    prepared, loop = w2.qatune_loop(args.rows, f"train.precision={args.precision}", groups=False)
     objective = getattr(loop.objective, "module", loop.objective)
     print(f"loss: {objective.describe()}", flush=True)
     if not objective.last_rows:
@@ -63,10 +54,7 @@ def main() -> int:
     arms = [("last rows", rows(True)), ("whole", rows(False))]
     loop.start_epoch(0)
     batches = list(loop.loader)
-    losses = {name: float(loop.objective(**model_inputs(shape(batches[0])))["loss_sum"].detach())
-              for name, shape in arms}
-    loop.optimizer.zero_grad(set_to_none=True)
-    print(f"first batch, summed loss: last rows {losses['last rows']:.6f}, whole {losses['whole']:.6f}", flush=True)
+    losses = w2.first_batch_losses(loop, batches[0], arms)
     passes = []
     for number in range(args.passes):
         seconds = timed_pass(batches, arms, lambda b: train_step(loop, [b]), number)

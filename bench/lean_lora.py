@@ -21,8 +21,6 @@ import argparse
 import os
 import statistics
 import sys
-import tempfile
-from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -34,10 +32,8 @@ def main() -> int:
     import w2_smollm2_lora as w2
 
     from qatune import lean_lora
-    from qatune.config import load_config
     from qatune.objectives import model_inputs
-    from qatune.train import prepare
-    from qatune.train.loop import Loop, train_step
+    from qatune.train.loop import train_step
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, default=48)
@@ -46,11 +42,7 @@ def main() -> int:
     args = parser.parse_args()
     info = describe_torch()
     print(headline(info), flush=True)
-    with tempfile.TemporaryDirectory() as tmp:
-        paths = w2.setup(argparse.Namespace(rows=args.rows), Path(tmp))
-        prepared = prepare(load_config(None, [*w2.qatune_overrides(paths["model"], paths["data"]),
-                                              "train.precision=fp32"]))
-        loop = Loop.setup(prepared, None, None)
+    prepared, loop = w2.qatune_loop(args.rows, "train.precision=fp32", groups=False)
     model = prepared.model
     layers = lean_lora.install(model)
     print(f"loss: {loop.objective.describe()}; {layers} LoRA layers", flush=True)

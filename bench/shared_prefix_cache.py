@@ -36,7 +36,6 @@ def main() -> int:
     import w2_smollm2_lora as w2
 
     from qatune.config import load_config
-    from qatune.objectives import model_inputs
     from qatune.train import prepare
     from qatune.train.loop import Loop, train_step
 
@@ -48,30 +47,25 @@ def main() -> int:
     args = parser.parse_args()
     info = describe_torch()
     print(headline(info), flush=True)
-    with tempfile.TemporaryDirectory() as tmp:
-        if args.workload == "w2":
-            paths = w2.setup(argparse.Namespace(rows=args.rows), Path(tmp))
-            prepared = prepare(load_config(None, w2.qatune_overrides(paths["model"], paths["data"])))
-        else:
+    if args.workload == "w2":
+        prepared, loop = w2.qatune_loop(args.rows, groups=False)
+    else:
+        with tempfile.TemporaryDirectory() as tmp:
             data = write_nq_rows(w2.SHARED, args.rows, Path(tmp) / "nq.csv")
             config = Path(tmp) / "w1.yaml"
             config.write_text(W1_CONFIG.format(seed=42, data=data, precision="auto"), encoding="utf-8")
             prepared = prepare(load_config(config, []))
             prepared.model._qatune_lean_path = False  # as if the lean path had not matched: the cache path
-        loop = Loop.setup(prepared, None, None)
+            loop = Loop.setup(prepared, None, None)
     print(f"loss: {loop.objective.describe()}", flush=True)
     loop.start_epoch(0)
     batches = list(loop.loader)
     prefixes = [int(b["shared_prefix"]) for b in batches]
-    losses = {}
-    for arm, batch in (("shared", batches[0]), ("per row", {**batches[0], "shared_prefix": 0})):
-        losses[arm] = float(loop.objective(**model_inputs(batch))["loss_sum"].detach())
-    loop.optimizer.zero_grad(set_to_none=True)
-    print(f"first batch, summed loss: shared {losses['shared']:.6f}, per row {losses['per row']:.6f}", flush=True)
+    arms = [("shared", lambda b: b), ("per row", lambda b: {**b, "shared_prefix": 0})]
+    losses = w2.first_batch_losses(loop, batches[0], arms)
     passes = []
     for number in range(args.passes):
-        seconds = timed_pass(batches, [("shared", lambda b: b), ("per row", lambda b: {**b, "shared_prefix": 0})],
-                             lambda b: train_step(loop, [b]), number)
+        seconds = timed_pass(batches, arms, lambda b: train_step(loop, [b]), number)
         ratio = seconds["per row"] / seconds["shared"]
         passes.append({**seconds, "ratio": ratio})
         print(f"pass {number + 1}: prefix shared {seconds['shared']:.1f} s, per row {seconds['per row']:.1f} s: "

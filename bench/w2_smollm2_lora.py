@@ -119,6 +119,37 @@ def qatune_overrides(model: str, data: str, seed: int = 42) -> list[str]:
     ]
 
 
+def qatune_loop(rows: int, *overrides: str, groups: bool = True):
+    """(prepared, loop) for W2's first ``rows`` rows, set up as `qatune train` sets it up, for the scripts that
+    time one change per batch (bench/lean_lora.py, last_layer_rows.py, shared_prefix_cache.py,
+    prefix_groups.py). ``groups=False``: batches and loss as before rows were grouped by their prompt prefix
+    (plain length-grouped batches, no group prefixes), as the scripts measured before that change."""
+    from qatune.config import load_config
+    from qatune.train import prepare
+    from qatune.train.loop import Loop
+
+    wanted = [] if groups else ["train.group_by_prefix=false"]
+    with tempfile.TemporaryDirectory() as tmp:
+        paths = setup(argparse.Namespace(rows=rows), Path(tmp))
+        prepared = prepare(load_config(None, [*qatune_overrides(paths["model"], paths["data"]), *wanted,
+                                              *overrides]))
+        loop = Loop.setup(prepared, None, None)
+    if not groups:
+        getattr(loop.objective, "module", loop.objective).groups = False
+    return prepared, loop
+
+
+def first_batch_losses(loop, batch, arms) -> dict[str, float]:
+    """The summed loss of ``batch`` in each arm (``(name, batch -> batch)`` pairs), with no update."""
+    from qatune.objectives import model_inputs
+
+    losses = {name: float(loop.objective(**model_inputs(shape(batch)))["loss_sum"].detach()) for name, shape in arms}
+    loop.optimizer.zero_grad(set_to_none=True)
+    print("first batch, summed loss: " + ", ".join(f"{name} {loss:.6f}" for name, loss in losses.items()),
+          flush=True)
+    return losses
+
+
 def arm_qatune(args, paths) -> dict:
     from qatune.config import load_config
     from qatune.train import fit, prepare

@@ -7,6 +7,10 @@ model's own hidden states with it, and all of it on the model's own modules (LoR
 * **A shared prompt prefix computed once** (``prefix``): the leading tokens every row of the batch has in
   common (a chat template's system prompt) run for one row; their keys and values reach every row through
   the model's own cache, and their gradients add up over the rows through it.
+* **Each group's prompt prefix computed once** (``groups``): where rows of a batch share a longer prefix by
+  group (questions about one context, :func:`qatune.data.prefixes.plan`), each group's prefix runs once, as one
+  right-padded row of a prefix batch; each row then runs its own rest with its group's keys and values from
+  the cache (padding in between masked out), at its own positions.
 * **The last layer's position-wise work on the read positions only** (``last_rows``): every layer but the
   last must run on every position (later layers attend to its keys and values), but the last one's
   attention output projection and MLP matter only where the loss reads them: they run on those rows, and
@@ -26,14 +30,20 @@ from typing import Any
 import torch
 from torch import nn
 
+from qatune.data import prefixes
+
 log = logging.getLogger("qatune")
 
 
 def supervised_hidden(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                      selected: torch.Tensor, prefix: int = 0, last_rows: bool = False) -> torch.Tensor:
+                      selected: torch.Tensor, prefix: int = 0, last_rows: bool = False,
+                      groups: dict[str, Any] | None = None) -> torch.Tensor:
     """The backbone's last hidden states at the ``selected`` positions ((B, T) mask), in row-major order.
-    ``prefix``: leading tokens every row shares and where nothing is selected (0: none)."""
+    ``prefix``: leading tokens every row shares and where nothing is selected (0: none); ``groups``: prefixes
+    shared by groups of rows instead (:func:`qatune.data.prefixes.plan`; None: ``prefix`` applies)."""
     net = backbone(model)
+    if groups is not None:
+        return _grouped(net, input_ids, attention_mask, selected, groups, last_rows)
     prefix = prefix if 0 < prefix < input_ids.shape[1] and input_ids.shape[0] > 1 else 0
     index = selected[:, prefix:].reshape(-1).nonzero().squeeze(1)  # flat, row-major: as boolean indexing orders
     rows = _LastRows(net, index) if last_rows else contextlib.nullcontext()
@@ -48,6 +58,30 @@ def supervised_hidden(model: nn.Module, input_ids: torch.Tensor, attention_mask:
         with rows:
             hidden = net(input_ids=input_ids[:, prefix:], attention_mask=attention_mask, use_cache=True,
                          **{name: cache}).last_hidden_state
+    return hidden.reshape(-1, hidden.shape[-1]).index_select(0, index)
+
+
+def _grouped(net: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, selected: torch.Tensor,
+             groups: dict[str, Any], last_rows: bool) -> torch.Tensor:
+    device, width = input_ids.device, input_ids.shape[1]
+    rows, lengths, group = (groups[key].to(device, non_blocking=True) for key in ("rows", "lengths", "group"))
+    prefix_width, suffix_width = groups["prefix_width"], groups["suffix_width"]
+    prefix_ids = input_ids.index_select(0, rows)[:, :prefix_width]  # (G, P): each group's prefix, right-padded
+    prefix_mask = (torch.arange(prefix_width, device=device) < lengths[:, None]).long()
+    columns = lengths.index_select(0, group)[:, None] + torch.arange(suffix_width, device=device)  # (B, S)
+    inside = columns < width
+    columns = columns.clamp(max=width - 1)
+    mask = attention_mask.gather(1, columns) * inside
+    chosen = selected.gather(1, columns) & inside
+    index = chosen.reshape(-1).nonzero().squeeze(1)
+    name = _cache_argument(net)
+    first = net(input_ids=prefix_ids, attention_mask=prefix_mask, use_cache=True)
+    cache = getattr(first, name)
+    cache.batch_select_indices(group)
+    with _LastRows(net, index) if last_rows else contextlib.nullcontext():
+        hidden = net(input_ids=input_ids.gather(1, columns), position_ids=columns, use_cache=True,
+                     attention_mask=torch.cat([prefix_mask.index_select(0, group), mask], 1),
+                     **{name: cache}).last_hidden_state
     return hidden.reshape(-1, hidden.shape[-1]).index_select(0, index)
 
 
@@ -113,43 +147,52 @@ def checked_once(model: nn.Module, attribute: str, check: Any) -> bool:
     return cached
 
 
-FEATURES = ("prefix", "last_rows")
+FEATURES = ("prefix", "groups", "last_rows")
 
 
 def check(model: nn.Module, feature: str, accepted: dict[str, bool]) -> bool:
     """True when :func:`supervised_hidden` with ``feature`` on (and the ``accepted`` features before it)
-    reproduces the backbone's own hidden states on a tiny batch: three rows sharing a 2-token prefix, one of
-    them right-padded; with and without the shared prefix once it is accepted. Remembered on the model."""
+    reproduces the backbone's own hidden states on a tiny batch: four rows sharing a 2-token prefix, three of
+    them a 4-token one, one right-padded; with each prefix layout accepted so far. Remembered on the model."""
     return checked_once(model, f"_qatune_{feature}", functools.partial(_check, feature=feature, accepted=accepted))
 
 
 def _check(model: nn.Module, feature: str, accepted: dict[str, bool]) -> bool:
     net = backbone(model)
-    if feature == "prefix" and any(getattr(m, "gradient_checkpointing", False) is True for m in model.modules()):
+    if feature in ("prefix", "groups") and any(getattr(m, "gradient_checkpointing", False) is True
+                                               for m in model.modules()):
         return False  # transformers turns the cache off while checkpointing
     if feature == "last_rows" and not _has_last_rows(net):
         return False
     head = model.get_output_embeddings()
     device = head.weight.device
-    ids = torch.tensor([[1, 2, 3, 4, 5, 6], [1, 2, 7, 8, 9, 10], [1, 2, 11, 12, 0, 0]], device=device)
-    ids = ids.remainder(head.out_features)
-    mask = torch.tensor([[1] * 6, [1] * 6, [1, 1, 1, 1, 0, 0]], device=device)
+    rows = [[1, 2, 3, 4, 5, 6], [1, 2, 3, 4, 9, 10], [1, 2, 11, 12, 13], [1, 2, 3, 4, 7, 8]]
+    rows = [[token % head.out_features for token in row] for row in rows]
+    ids = torch.tensor([row + [0] * (6 - len(row)) for row in rows], device=device)
+    mask = torch.tensor([[1] * len(row) + [0] * (6 - len(row)) for row in rows], device=device)
     selected = torch.zeros_like(mask, dtype=torch.bool)
-    selected[0, 2:] = selected[1, 4:] = selected[2, 3:4] = True
+    selected[0, 4:] = selected[1, 4:] = selected[2, 3:5] = selected[3, 5:] = True
     options = {name: accepted.get(name, False) for name in FEATURES} | {feature: True}
-    prefixes = (2,) if feature == "prefix" else (0, 2) if options["prefix"] else (0,)
+    layouts = [(0, None)] if feature == "last_rows" else []
+    if options["prefix"] and feature != "groups":
+        layouts.append((2, None))
+    if options["groups"]:
+        groups = prefixes.plan(rows, [4, 4, 3, 5], 6)
+        if groups is None:
+            return False  # a vocabulary too small for the check's tokens to differ
+        layouts.append((0, groups))
     was_training = model.training
     model.eval()
     try:
         with torch.no_grad():
             whole = net(input_ids=ids, attention_mask=mask).last_hidden_state[selected]
-            for prefix in prefixes:
-                mine = supervised_hidden(model, ids, mask, selected, prefix, options["last_rows"])
+            for prefix, groups in layouts:
+                mine = supervised_hidden(model, ids, mask, selected, prefix, options["last_rows"], groups)
                 # Products at another batch size or through another kernel round differently (SmolLM2: 2e-3 on
                 # hidden states of up to 55). A real difference (positions, masks) is of the size of the states.
                 if mine.shape != whole.shape or (mine - whole).abs().max() > 1e-3 * whole.abs().max():
-                    log.debug("%s: not used, the hidden states differ for %s (shared prefix %d)", _WHAT[feature],
-                              type(model).__name__, prefix)
+                    log.debug("%s: not used, the hidden states differ for %s (shared prefix %d, groups %s)",
+                              _WHAT[feature], type(model).__name__, prefix, groups is not None)
                     return False
         return True
     except Exception as exc:  # an architecture that does not fit: the backbone's own forward instead
@@ -159,7 +202,8 @@ def _check(model: nn.Module, feature: str, accepted: dict[str, bool]) -> bool:
         model.train(was_training)
 
 
-_WHAT = {"prefix": "shared prompt prefix", "last_rows": "last layer on the supervised positions only"}
+_WHAT = {"prefix": "shared prompt prefix", "groups": "prompt prefixes shared by groups of rows",
+         "last_rows": "last layer on the supervised positions only"}
 
 
 def _has_last_rows(net: nn.Module) -> bool:

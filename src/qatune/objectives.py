@@ -31,9 +31,9 @@ class CausalLMObjective(nn.Module):
     When the model's logits are a plain linear head over the last hidden state, the head is applied
     to the supervised positions alone (for QA that is the answer and its EOS, a small share of the
     sequence), and the backbone computes only what those positions need (:mod:`qatune.lean_causal`: a
-    prompt prefix shared by the batch's rows computed once, the last layer's projections on the supervised
-    positions; each checked per model). Otherwise the full logits are computed. GPT-2 has its own lean
-    path (:mod:`qatune.lean_gpt2`).
+    prompt prefix shared by the batch's rows, or by groups of them, computed once; the last layer's
+    projections on the supervised positions; each checked per model). Otherwise the full logits are
+    computed. GPT-2 has its own lean path (:mod:`qatune.lean_gpt2`).
     """
 
     def __init__(self, model: nn.Module, lean: bool = True):
@@ -47,9 +47,10 @@ class CausalLMObjective(nn.Module):
             for feature in lean_causal.FEATURES:
                 # Not for GPT-2 outside its lean path (bf16): two forwards per step for a 2-token `Question:`
                 # prefix were not measured there (bench/shared_prefix_cache.py --workload w1 measures it).
-                wanted = not (feature == "prefix" and self.lean_refused)
+                wanted = not (feature in ("prefix", "groups") and self.lean_refused)
                 self.paths[feature] = wanted and lean_causal.check(model, feature, self.paths)
         self.prefix_once = self.paths.get("prefix", False)
+        self.groups = self.paths.get("groups", False)
         self.last_rows = self.paths.get("last_rows", False)
 
     def describe(self) -> str:
@@ -58,7 +59,7 @@ class CausalLMObjective(nn.Module):
         head = "LM head on the supervised positions only"
         if self.last_rows:
             head = "LM head and the last layer's projections on the supervised positions only"
-        if self.prefix_once:
+        if self.prefix_once or self.groups:
             through = "" if lean_gpt2.has_dropout(self.model) else " (through the model's cache)"
             head += f", {self._prefix()}{through}"
         if self.lean_refused:
@@ -69,11 +70,16 @@ class CausalLMObjective(nn.Module):
         return "full logits (the model's output is not a plain linear head)"
 
     def _prefix(self) -> str:
-        return ("prompt prefix not shared while training: dropout is active" if lean_gpt2.has_dropout(self.model)
-                else "shared prompt prefix computed once per batch")
+        if lean_gpt2.has_dropout(self.model):
+            return "prompt prefix not shared while training: dropout is active"
+        if self.groups and not self.lean:
+            common = "the batch's common one, or " if self.prefix_once else ""
+            return f"shared prompt prefixes computed once per batch: {common}each group's where rows share a longer one"
+        return "shared prompt prefix computed once per batch"
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, labels: torch.Tensor,
-                shared_prefix: int = 0, **_: Any) -> dict[str, torch.Tensor]:
+                shared_prefix: int = 0, prefix_groups: dict[str, Any] | None = None, **_: Any
+                ) -> dict[str, torch.Tensor]:
         # The last column predicts nothing (no target follows it) and, the model being causal, no other position
         # reads it: it is left out of the forward, exactly (for QA rows of ~20 tokens, 5% of the work).
         input_ids, attention_mask = input_ids[:, :-1], attention_mask[:, :-1]
@@ -83,10 +89,12 @@ class CausalLMObjective(nn.Module):
             hidden = lean_gpt2.supervised_hidden(self.model, input_ids, supervised, shared_prefix)
             logits = self.model.get_output_embeddings()(hidden)
         elif self.selective:
-            prefix = shared_prefix if self.prefix_once and not lean_gpt2.dropout_active(self.model) else 0
-            # The collator keeps every supervised position after the shared prefix.
+            share = not lean_gpt2.dropout_active(self.model)
+            prefix = shared_prefix if share and self.prefix_once else 0
+            groups = prefix_groups if share and self.groups else None
+            # The collator keeps every supervised position after the shared prefixes.
             hidden = lean_causal.supervised_hidden(self.model, input_ids, attention_mask, supervised, prefix,
-                                                   self.last_rows)
+                                                   self.last_rows, groups)
             logits = _head_on_rows(self.model.get_output_embeddings(), hidden)
         else:
             logits = self.model(input_ids=input_ids, attention_mask=attention_mask).logits[supervised]

@@ -124,7 +124,8 @@ def test_other_architectures_compute_the_shared_prefix_once_through_their_cache(
     objective = CausalLMObjective(model)
     assert objective.selective and not objective.lean and objective.prefix_once
     assert objective.describe() == ("LM head and the last layer's projections on the supervised positions only, "
-                                    "shared prompt prefix computed once per batch (through the model's cache)")
+                                    "shared prompt prefixes computed once per batch: the batch's common one, or "
+                                    "each group's where rows share a longer one (through the model's cache)")
     batch = qa_batch()
     expected = grads(model, reference_loss(model, batch))
     seen = backbone_widths(model.model)
@@ -179,8 +180,9 @@ def test_a_cache_that_does_not_reproduce_the_batch_is_not_used(monkeypatch):
 
     real = lean_causal.supervised_hidden
     monkeypatch.setattr(lean_causal, "supervised_hidden",
-                        lambda model, ids, mask, selected, prefix=0, *rest: real(model, ids, mask, selected, prefix,
-                                                                               *rest) + (0.01 if prefix else 0.0))
+                        lambda model, ids, mask, selected, prefix=0, last_rows=False, groups=None: real(
+                            model, ids, mask, selected, prefix, last_rows, groups)
+                        + (0.01 if prefix or groups is not None else 0.0))
     model = tiny_llama()
     objective = CausalLMObjective(model)
     assert objective.selective and not objective.prefix_once and objective.last_rows
@@ -345,3 +347,61 @@ def test_gpt2_outside_its_lean_path_keeps_its_last_block_whole():
     model = tiny_gpt2()
     objective = CausalLMObjective(model, lean=False)
     assert objective.selective and not objective.last_rows and not objective.prefix_once
+
+
+def grouped_batch():
+    """Rows 0, 1 and 3 share the 5-token prefix [7, 8, 9, 11, 12] (one context), row 2 only [7, 8, 9]."""
+    from qatune.data.generative import CausalCollator, Example
+    from qatune.objectives import model_inputs
+
+    examples = [Example([7, 8, 9, 11, 12, 13, 21, 22, 0], prompt_length=6, row=0),
+                Example([7, 8, 9, 11, 12, 14, 31, 32, 0], prompt_length=6, row=1),
+                Example([7, 8, 9, 16, 41, 0], prompt_length=4, row=2),
+                Example([7, 8, 9, 11, 12, 15, 17, 43, 0], prompt_length=7, row=3)]
+    return model_inputs(CausalCollator(pad_token_id=0)(examples))
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_each_groups_prefix_is_computed_once_with_the_whole_batchs_loss_and_gradients(lora):
+    from peft import LoraConfig, get_peft_model
+
+    model = tiny_llama()
+    if lora:
+        model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0,
+                                                 target_modules=["q_proj", "k_proj", "v_proj", "down_proj"]))
+        for name, parameter in model.named_parameters():
+            if "lora_B" in name:
+                torch.nn.init.normal_(parameter, std=0.1)
+    objective = CausalLMObjective(model)
+    assert objective.groups and objective.prefix_once and objective.last_rows
+    assert objective.describe().endswith("shared prompt prefixes computed once per batch: the batch's common one, "
+                                         "or each group's where rows share a longer one (through the model's cache)")
+    batch = grouped_batch()
+    assert batch["prefix_groups"]["group"].tolist() == [0, 0, 1, 0]
+    expected = grads(model, reference_loss(model, batch))
+    seen = backbone_widths(objective.model.get_base_model().model if lora else model.model)
+    out = objective(**batch)
+    # Two prefixes of 5 columns (row 2's 3 tokens padded), then the rest of each row: 3 columns (to position 7).
+    assert seen == [(2, 5), (4, 3)]
+    torch.testing.assert_close(out["loss_sum"], reference_loss(model, batch), rtol=1e-5, atol=1e-5)
+    assert int(out["count"]) == 3 + 3 + 2 + 2
+    got = grads(model, out["loss_sum"])
+    assert got.keys() == expected.keys()
+    for name, grad in expected.items():
+        torch.testing.assert_close(got[name], grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_groups_that_do_not_reproduce_the_batch_are_not_used(monkeypatch):
+    from qatune import lean_causal
+
+    real = lean_causal._grouped
+    monkeypatch.setattr(lean_causal, "_grouped", lambda *args: real(*args) + 0.01)
+    model = tiny_llama()
+    objective = CausalLMObjective(model)
+    assert objective.prefix_once and not objective.groups
+    assert "each group's" not in objective.describe()
+    batch = grouped_batch()
+    expected = reference_loss(model, batch)
+    seen = backbone_widths(model.model)
+    torch.testing.assert_close(objective(**batch)["loss_sum"], expected, rtol=1e-5, atol=1e-5)
+    assert seen == [(1, 3), (4, 5)]  # the batch's common prefix instead

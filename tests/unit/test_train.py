@@ -197,6 +197,37 @@ def test_length_grouped_batches_cover_everything_once_and_reduce_padding():
     assert list(sampler) == first
 
 
+def test_families_stay_together_and_singletons_keep_the_plain_order():
+    lengths = [(i * 37) % 101 + 1 for i in range(400)]
+    singletons = [[i] for i in range(400)]
+    for group in (True, False):
+        assert list(LengthGroupedBatches(lengths, 8, seed=3, group=group, families=singletons)) == \
+            list(LengthGroupedBatches(lengths, 8, seed=3, group=group))
+    families = [list(range(start, min(start + 5, 400))) for start in range(0, 400, 5)]  # 80 contexts of 5 rows
+    for group in (True, False):
+        batches = list(LengthGroupedBatches(lengths, 8, seed=3, group=group, families=families))
+        assert sorted(i for batch in batches for i in batch) == list(range(400)) and len(batches) == 50
+        # A family of 5 in batches of 8 lies in one batch or in two: never spread wider.
+        spread = [len({b for b, batch in enumerate(batches) for i in batch if i in family}) for family in families]
+        assert max(spread) == 2 and spread.count(1) >= 30
+        plain = list(LengthGroupedBatches(lengths, 8, seed=3, group=group))
+        plain_spread = [len({b for b, batch in enumerate(plain) for i in batch if i in family}) for family in families]
+        assert sum(plain_spread) > 3 * sum(spread)  # shuffled alone: nearly every row in a batch of its own
+
+
+def test_batches_are_filled_with_whole_families_where_one_fits():
+    sizes = [5, 3, 3, 5] * 25  # 100 families, 400 rows: 50 batches of 5 + 3 need no family split
+    families, start = [], 0
+    for size in sizes:
+        families.append(list(range(start, start + size)))
+        start += size
+    for group in (True, False):
+        batches = list(LengthGroupedBatches([10] * 400, 8, seed=5, group=group, families=families))
+        assert len(batches) == 50 and all(len(batch) == 8 for batch in batches)
+        where = {i: b for b, batch in enumerate(batches) for i in batch}
+        assert all(len({where[i] for i in family}) == 1 for family in families)
+
+
 @pytest.mark.parametrize(("native", "expected"), [(True, "bf16"), (False, "fp32")])
 def test_precision_auto_is_bf16_only_where_it_is_native(monkeypatch, native, expected):
     from qatune.train import device

@@ -14,6 +14,7 @@ template's end-of-turn token.
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from qatune.config import PLACEHOLDER, template_fields
+from qatune.data import prefixes
 from qatune.data.padding import IGNORE_INDEX, batch_width, round_up
 from qatune.data.spreadsheet import QARecord, column_key
 from qatune.errors import ConfigError, DataError
@@ -448,6 +450,14 @@ class ExampleDataset(torch.utils.data.Dataset):
     def __getitem__(self, index: int) -> Any:
         return self.items[index]
 
+    @functools.cached_property
+    def prefix_families(self) -> list[list[int]] | None:
+        """Examples whose prompts share a long prefix, such as rows about one context
+        (:func:`qatune.data.prefixes.families`); None when there are none, or for other items."""
+        if not self.items or not all(type(item) is Example for item in self.items):
+            return None
+        return prefixes.families([item.input_ids[:item.prompt_length] for item in self.items])
+
 
 @dataclass
 class CausalCollator:
@@ -480,7 +490,8 @@ class CausalCollator:
         n_items = sum(self.supervised(e) for e in batch)
         n_tokens = sum(len(e) for e in batch)
         return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels, "row": rows,
-                "n_items": n_items, "n_tokens": n_tokens, "shared_prefix": self.shared_prefix(batch)}
+                "n_items": n_items, "n_tokens": n_tokens, "shared_prefix": self.shared_prefix(batch),
+                "prefix_groups": self.prefix_groups(batch, width - 1)}
 
     def supervised(self, example: Example) -> int:
         """Positions of ``example`` whose next token is trained on (its labels after the shift)."""
@@ -494,14 +505,18 @@ class CausalCollator:
     def shared_prefix(self, batch: list[Example]) -> int:
         """Leading tokens common to every row and before every row's first supervised position (the
         position that predicts the first answer token): the model may compute them once per batch."""
-        if len(batch) < 2 or self.train_on_prompt:
+        if self.train_on_prompt:
             return 0
-        limit = min(e.prompt_length for e in batch) - 1
-        first = batch[0].input_ids
-        length = 0
-        while length < limit and all(e.input_ids[length] == first[length] for e in batch):
-            length += 1
-        return length
+        return prefixes.shared_prefix([e.input_ids for e in batch], [e.prompt_length - 1 for e in batch])
+
+    def prefix_groups(self, batch: list[Example], width: int) -> dict[str, Any] | None:
+        """Groups of rows with a longer prefix in common (rows about one context) where computing each
+        group's prefix once costs less than the batch's common one (:func:`qatune.data.prefixes.plan`).
+        ``width``: what the model reads of the batch (its width less the last column)."""
+        if self.train_on_prompt:
+            return None
+        return prefixes.plan([e.input_ids[:len(e) - 1] for e in batch], [e.prompt_length - 1 for e in batch],
+                             width, self.pad_to_multiple_of)
 
 
 def percentile(values: list[int], q: float) -> int:

@@ -36,7 +36,7 @@ from qatune.train.master import MasterWeights
 from qatune.train.master import wanted as master_weights_wanted
 from qatune.train.optim import build_optimizer, build_schedulers, gradient_clipper
 from qatune.train.preparation import Prepared
-from qatune.train.sampler import LengthGroupedBatches
+from qatune.train.sampler import LengthGroupedBatches, training_batches
 from qatune.train.signals import StopSignals, TrainingInterrupted
 from qatune.train.validation import evaluate_epoch
 
@@ -178,8 +178,14 @@ class Loop:
             log.info("bf16: weights held in bf16, the optimizer updates fp32 master copies")
         optimizer = build_optimizer(masters.masters if masters else objective, train_cfg.learning_rate,
                                     train_cfg.weight_decay)
-        sampler = LengthGroupedBatches(prepared.dataset.lengths, train_cfg.batch_size, config.seed,
-                                       group=train_cfg.group_by_length)
+        sampler = training_batches(prepared.dataset, config)
+        if sampler.families is not None:
+            kept = [family for family in sampler.families if len(family) > 1]
+            how = ("each group's prefix computed once per batch" if getattr(objective, "groups", False)
+                   else "this model's path computes only a batch's common prefix once")
+            log.info("batches: %d of %d rows in %d groups that share a long prompt prefix (one context) kept "
+                     "together, %s (train.group_by_prefix)", sum(map(len, kept)), len(prepared.dataset), len(kept),
+                     how)
         # Its own generator: starting an epoch must not draw from the global RNG that dropout uses, so a
         # resumed run sees the same dropout masks as an uninterrupted one.
         loader = torch.utils.data.DataLoader(prepared.dataset, batch_sampler=sampler, collate_fn=prepared.collator,

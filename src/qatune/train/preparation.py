@@ -44,7 +44,7 @@ from qatune.model import (
 )
 from qatune.model_folder import ModelInfo
 from qatune.train.device import bf16_native, bf16_verdict, check_device, resolve_precision, seed_everything
-from qatune.train.sampler import LengthGroupedBatches
+from qatune.train.sampler import training_batches
 from qatune.validate import Finding, error, validate_batch, validate_dataset, validate_settings, warning
 
 log = logging.getLogger("qatune")
@@ -293,7 +293,7 @@ def validate_first_batches(config: Config, dataset: ExampleDataset, collator: An
     """The batch validator on the first two batches the loop will see, plus the settings checks."""
     train_cfg = config.train
     findings = validate_dataset(dataset.items)
-    sampler = LengthGroupedBatches(dataset.lengths, train_cfg.batch_size, config.seed, group=train_cfg.group_by_length)
+    sampler = training_batches(dataset, config)
     seq2seq = isinstance(collator, Seq2SeqCollator)
     for indices in list(sampler)[:2]:
         items = [dataset[i] for i in indices]

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import collections
+import itertools
 import math
 import random
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 
@@ -14,14 +17,23 @@ class LengthGroupedBatches(torch.utils.data.Sampler):
 
     Indices are shuffled, cut into mega-batches of 50 batches, each sorted by length and cut into
     batches; then the batch order is shuffled. ``group=False`` gives plain shuffled batches.
+
+    ``families`` (lists of indices, every index in one): examples kept next to each other (rows that share a
+    long prompt prefix, so that they share batches and the model computes the prefix once per batch);
+    families are shuffled as units, sorted by their longest example, and batches filled with whole families
+    where one of the next few fits (a family is split across two batches only where none does). With none
+    of them larger than one, the order is the same as without.
     """
 
-    def __init__(self, lengths: list[int], batch_size: int, seed: int, group: bool = True, mega: int = 50):
+    def __init__(self, lengths: list[int], batch_size: int, seed: int, group: bool = True, mega: int = 50,
+                 families: list[list[int]] | None = None):
         self.lengths = lengths
         self.batch_size = batch_size
         self.seed = seed
         self.group = group
         self.mega = mega
+        self.families = families if families is not None else [[i] for i in range(len(lengths))]
+        self.pack = any(len(family) > 1 for family in self.families)
         self.epoch = 0
         self._skip = 0
 
@@ -34,12 +46,13 @@ class LengthGroupedBatches(torch.utils.data.Sampler):
 
     def __iter__(self) -> Iterator[list[int]]:
         rng = random.Random(self.seed * 1_000_003 + self.epoch)
-        order = list(range(len(self.lengths)))
-        rng.shuffle(order)
+        units = list(self.families)
+        rng.shuffle(units)
+        if self.pack:
+            units = [rng.sample(unit, len(unit)) if len(unit) > 1 else unit for unit in units]
         if self.group:
-            size = self.batch_size * self.mega
-            order = [i for start in range(0, len(order), size)
-                     for i in sorted(order[start : start + size], key=lambda j: -self.lengths[j])]
+            units = self._by_length(units)
+        order = _packed(units, self.batch_size) if self.pack else [i for unit in units for i in unit]
         batches = [order[i : i + self.batch_size] for i in range(0, len(order), self.batch_size)]
         if self.group:
             rng.shuffle(batches)
@@ -48,3 +61,56 @@ class LengthGroupedBatches(torch.utils.data.Sampler):
 
     def __len__(self) -> int:
         return math.ceil(len(self.lengths) / self.batch_size)
+
+    def _by_length(self, units: list[list[int]]) -> list[list[int]]:
+        """Mega-batches of about ``batch_size * mega`` examples (whole units, each sorted by length), each
+        sorted by its units' longest example."""
+        size = self.batch_size * self.mega
+        if not self.pack:
+            chunks = [units[start : start + size] for start in range(0, len(units), size)]
+        else:
+            chunks, filled = [[]], 0
+            for unit in units:
+                if filled >= size:
+                    chunks.append([])
+                    filled = 0
+                chunks[-1].append(sorted(unit, key=lambda j: -self.lengths[j]))
+                filled += len(unit)
+        return [unit for chunk in chunks for unit in sorted(chunk, key=lambda u: -self.lengths[u[0]])]
+
+
+LOOK_AHEAD = 16
+"""How many of the next families a batch may take one from, to be filled without splitting one."""
+
+
+def _packed(units: list[list[int]], batch_size: int) -> list[int]:
+    """The units' indices in an order that, cut every ``batch_size``, splits few units: each batch starts
+    with the next unit (the rest of one split before it, if any), then takes the largest of the next
+    LOOK_AHEAD units that fits whole in what is left of it (the first of those), and splits the next unit only
+    where none does. Units of one index keep their order."""
+    pending, order, room = collections.deque(units), [], batch_size
+    while pending:
+        window = itertools.islice(pending, 1 if room == batch_size else LOOK_AHEAD)  # a batch starts in order
+        fits = [(len(unit), -k) for k, unit in enumerate(window) if len(unit) <= room]
+        if not fits:
+            unit = pending[0]
+            order += unit[:room]
+            pending[0], room = unit[room:], batch_size
+            continue
+        pick = -max(fits)[1]  # the largest that fits, the first of those
+        unit = pending[pick]
+        del pending[pick]
+        order += unit
+        room = room - len(unit) or batch_size
+    return order
+
+
+def training_batches(dataset: Any, config: Any) -> LengthGroupedBatches:
+    """The batch order a run trains in: length-grouped as train.group_by_length says, with rows that share a
+    long prompt prefix kept together as train.group_by_prefix says (generative rows, trained on the answer)."""
+    train_cfg = config.train
+    families = None
+    if train_cfg.group_by_prefix and not train_cfg.train_on_prompt:
+        families = getattr(dataset, "prefix_families", None)
+    return LengthGroupedBatches(dataset.lengths, train_cfg.batch_size, config.seed, group=train_cfg.group_by_length,
+                                families=families)
