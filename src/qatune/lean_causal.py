@@ -164,6 +164,10 @@ def _check(model: nn.Module, feature: str, accepted: dict[str, bool]) -> bool:
         return False  # transformers turns the cache off while checkpointing
     if feature == "last_rows" and not _has_last_rows(net):
         return False
+    if feature == "groups" and _windowed(getattr(model, "config", None)):
+        # Windows are counted in cache slots, and a group's padded prefix puts padding slots before each row.
+        log.debug("%s: not used for %s (sliding-window attention)", _WHAT[feature], type(model).__name__)
+        return False
     head = model.get_output_embeddings()
     device = head.weight.device
     rows = [[1, 2, 3, 4, 5, 6], [1, 2, 3, 4, 9, 10], [1, 2, 11, 12, 13], [1, 2, 3, 4, 7, 8]]
@@ -204,6 +208,12 @@ def _check(model: nn.Module, feature: str, accepted: dict[str, bool]) -> bool:
 
 _WHAT = {"prefix": "shared prompt prefix", "groups": "prompt prefixes shared by groups of rows",
          "last_rows": "last layer on the supervised positions only"}
+
+
+def _windowed(config: Any) -> bool:
+    """Whether some layer of the model attends within a sliding window (or chunks) only."""
+    layer_types = getattr(config, "layer_types", None) or ()
+    return bool(getattr(config, "sliding_window", None)) or any("sliding" in t or "chunked" in t for t in layer_types)
 
 
 def _has_last_rows(net: nn.Module) -> bool:

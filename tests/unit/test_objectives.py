@@ -405,3 +405,19 @@ def test_groups_that_do_not_reproduce_the_batch_are_not_used(monkeypatch):
     seen = backbone_widths(model.model)
     torch.testing.assert_close(objective(**batch)["loss_sum"], expected, rtol=1e-5, atol=1e-5)
     assert seen == [(1, 3), (4, 5)]  # the batch's common prefix instead
+
+
+def test_sliding_window_models_share_only_the_batchs_common_prefix(debug_log):
+    from transformers import MistralConfig, MistralForCausalLM
+
+    torch.manual_seed(0)
+    model = MistralForCausalLM(MistralConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                             num_attention_heads=4, num_key_value_heads=2, vocab_size=50,
+                                             sliding_window=16))
+    objective = CausalLMObjective(model)
+    # A group's padded prefix would put padding slots inside the window: only the common prefix is shared.
+    assert objective.prefix_once and not objective.groups
+    assert "prompt prefixes shared by groups of rows: not used for MistralForCausalLM (sliding-window attention)" \
+        in debug_log.text
+    batch = grouped_batch()
+    torch.testing.assert_close(objective(**batch)["loss_sum"], reference_loss(model, batch), rtol=1e-5, atol=1e-5)
