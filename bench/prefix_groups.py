@@ -3,7 +3,8 @@ against the batch's common prefix alone (the chat template's system prompt), per
 (SmolLM2-135M-Instruct, LoRA r=16 on all seven projections) inside qatune's own loop.
 
 One process, one model, set up as `qatune train` sets it up for W2 (bench/w2_smollm2_lora.py's config): the
-batches are those the loop trains on, rows about one context kept together (train.group_by_prefix). Every
+batches are those the loop trains on with rows about one context kept together (train.group_by_prefix:
+true). Every
 batch of the first ``--rows`` rows is trained twice, alternating which goes first: once with its group
 prefixes, once with its common prefix only. Prints the summed step times of both, their ratio per pass over
 the batches and their median, the token positions each arm computes, and the first batch's summed loss both

@@ -122,13 +122,14 @@ def qatune_overrides(model: str, data: str, seed: int = 42) -> list[str]:
 def qatune_loop(rows: int, *overrides: str, groups: bool = True):
     """(prepared, loop) for W2's first ``rows`` rows, set up as `qatune train` sets it up, for the scripts that
     time one change per batch (bench/lean_lora.py, last_layer_rows.py, shared_prefix_cache.py,
-    prefix_groups.py). ``groups=False``: batches and loss as before rows were grouped by their prompt prefix
-    (plain length-grouped batches, no group prefixes), as the scripts measured before that change."""
+    prefix_groups.py). ``groups=True``: rows about one context kept together (train.group_by_prefix: true) and
+    each group's prefix computed once; ``groups=False``: batches and loss as before group prefixes existed
+    (plain length-grouped batches, the batch's common prefix only), as the other scripts measured."""
     from qatune.config import load_config
     from qatune.train import prepare
     from qatune.train.loop import Loop
 
-    wanted = [] if groups else ["train.group_by_prefix=false"]
+    wanted = [f"train.group_by_prefix={str(groups).lower()}"]
     with tempfile.TemporaryDirectory() as tmp:
         paths = setup(argparse.Namespace(rows=rows), Path(tmp))
         prepared = prepare(load_config(None, [*qatune_overrides(paths["model"], paths["data"]), *wanted,
