@@ -1,0 +1,36 @@
+"""Typed configuration: one class per YAML section, defaults < YAML < ``--set key=value``.
+
+``load_config`` reports every problem at once, each naming its key and what would fix it.
+The resolved config is saved in each run directory, so a run can be rebuilt from it alone.
+
+sections.py holds the typed sections, loading.py reading and checking a config, keys.py the list of
+every key (``qatune config --keys``).
+"""
+
+from qatune.config.keys import field_names, key_table
+from qatune.config.loading import (
+    PLACEHOLDER,
+    READING_KEYS,
+    load_config,
+    template_fields,
+    validate_config,
+    with_reading_overrides,
+)
+from qatune.config.sections import (
+    Config,
+    DataConfig,
+    GenerateConfig,
+    LoraSettings,
+    ModelConfig,
+    SchedulerConfig,
+    ScratchModel,
+    Section,
+    TrainConfig,
+    delimiter_character,
+)
+
+__all__ = [
+    "PLACEHOLDER", "READING_KEYS", "Config", "DataConfig", "GenerateConfig", "LoraSettings", "ModelConfig",
+    "SchedulerConfig", "ScratchModel", "Section", "TrainConfig", "delimiter_character", "field_names", "key_table",
+    "load_config", "template_fields", "validate_config", "with_reading_overrides",
+]

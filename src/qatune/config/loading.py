@@ -1,0 +1,225 @@
+"""Reading a config: defaults < YAML < ``--set key=value``, every problem reported at once.
+
+Each problem names its key and what would fix it; checks that span keys (a model named and a scratch one
+too, a template that uses a column nobody set) come after the types.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from qatune.config.sections import Config, DataConfig, Section, section_class
+from qatune.errors import ConfigError
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    """Read a YAML config, apply ``key=value`` overrides, validate, and report all problems at once."""
+    raw = _read_yaml(Path(path)) if path is not None else {}
+    where = str(path) if path is not None else "config"
+    problems: list[str] = []
+    for item in overrides:
+        problem = _apply_override(raw, item)
+        if problem:
+            problems.append(problem)
+    if problems:
+        raise ConfigError(_problem_text(where, problems))
+    return validate_config(raw, where, {item.partition("=")[0].strip() for item in overrides})
+
+
+READING_KEYS = ("data.sheet", "data.encoding", "data.delimiter", "data.question_column", "data.answer_column",
+                "data.context_column", "data.answer_start_column", "data.answer_separator")
+"""How a file is read: what ``qatune eval RUN --set`` / ``generate RUN --file --set`` may change for a file laid
+out unlike the training file."""
+
+
+def with_reading_overrides(config: Config, overrides: list[str] | tuple[str, ...]) -> Config:
+    """A trained run's config with how a held-out file is read changed (``key=value`` over READING_KEYS)."""
+    keys = {item.partition("=")[0].strip() for item in overrides}
+    other = sorted(keys - set(READING_KEYS))
+    if other:
+        raise ConfigError(f"--set {other[0]}: a trained run keeps its own saved config; --set may change only how "
+                          f"the file is read: {', '.join(READING_KEYS)}")
+    raw = config.model_dump(mode="json")
+    problems = [problem for item in overrides if (problem := _apply_override(raw, item))]
+    if problems:
+        raise ConfigError(_problem_text("--set", problems))
+    return validate_config(raw, "the run's config", keys)
+
+
+def validate_config(raw: dict[str, Any], where: str = "config", set_keys: set[str] = frozenset()) -> Config:
+    """``raw`` as a Config; ``set_keys``: keys given with --set, whose problems are named as such."""
+    def from_set(key: str) -> bool:
+        return any(given == key or given.startswith(key + ".") for given in set_keys)
+
+    def marked(problems: list[str]) -> list[str]:
+        return [f"--set {p}" if from_set(p.partition(":")[0]) else p for p in problems]
+
+    try:
+        config = Config.model_validate(raw)
+    except ValidationError as exc:
+        raise ConfigError(_problem_text(where, marked([_describe(error) for error in exc.errors()]))) from None
+    problems = _cross_checks(config)
+    if problems:
+        raise ConfigError(_problem_text(where, marked(problems)))
+    return config
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    if not path.exists():
+        raise ConfigError(f"config file {path} not found; pass the path of a YAML file (see configs/)")
+    if path.is_dir():
+        raise ConfigError(f"config path {path} is a directory; pass the path of a YAML file inside it")
+    try:
+        text = path.read_text(encoding="utf-8-sig")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc}") from None
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        reason = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigError(f"config file {path} is not valid YAML{where}: {reason}; fix the syntax there") from None
+    if raw is None:
+        raise ConfigError(f"config file {path} is empty; start from one of the files in configs/")
+    if not isinstance(raw, dict):
+        kind = type(raw).__name__
+        raise ConfigError(f"config file {path} holds a YAML {kind}, not a mapping of keys "
+                          "(task:, model:, data:, train: ...)")
+    return raw
+
+
+def _apply_override(raw: dict[str, Any], item: str) -> str | None:
+    key, sep, text = item.partition("=")
+    key = key.strip()
+    if not sep or not key:
+        return f"--set {item!r}: expected KEY=VALUE, e.g. --set train.learning_rate=1e-5"
+    try:
+        value = yaml.safe_load(text) if text.strip() else None
+    except yaml.YAMLError:
+        value = text
+    node = raw
+    parts = key.split(".")
+    for part in parts[:-1]:
+        child = node.get(part)
+        if not isinstance(child, dict):
+            child = {}
+            node[part] = child
+        node = child
+    node[parts[-1]] = value
+    return None
+
+
+def _section_at(loc: tuple[Any, ...]) -> type[Section] | None:
+    section: type[Section] | None = Config
+    for part in loc:
+        if section is None or part not in section.model_fields:
+            return None
+        section = section_class(section.model_fields[part].annotation)
+    return section
+
+
+def _describe(error: dict[str, Any]) -> str:
+    loc = tuple(str(part) for part in error["loc"])
+    key = ".".join(str(part) for part in loc)
+    kind = error["type"]
+    if kind == "extra_forbidden":
+        section = _section_at(loc[:-1])
+        valid = list(section.model_fields) if section else []
+        close = difflib.get_close_matches(str(loc[-1]), valid, n=1, cutoff=0.6)
+        if close:
+            return f"{key}: unknown key; did you mean '{'.'.join([*map(str, loc[:-1]), close[0]])}'?"
+        return f"{key}: unknown key; valid keys here are {valid}"
+    if kind == "missing":
+        return f"{key}: required"
+    if kind in ("model_type", "model_attributes_type", "dict_type"):
+        return f"{key}: is a section: set its keys ({key}.KEY: VALUE), not a value (got {error.get('input')!r})"
+    message = error["msg"]
+    message = message.removeprefix("Value error, ").replace("Input should be", "must be")
+    if (kind.startswith(("greater", "less", "int_", "float_", "bool_", "string_", "literal_")) or "got" not in message
+            ) and "YAML reads" not in message:
+        message = f"{message} (got {error.get('input')!r})"
+    return f"{key}: {message}"
+
+
+def _cross_checks(config: Config) -> list[str]:
+    problems = []
+    model, data = config.model, config.data
+    if model.name_or_path is None and model.scratch is None:
+        problems.append("model: set model.name_or_path (a hub id or local folder) "
+                        "or model.scratch (a small random model)")
+    if model.name_or_path is not None and model.scratch is not None:
+        problems.append("model: set only one of model.name_or_path and model.scratch (set the other to null)")
+    if model.scratch is not None and model.scratch.n_embd % model.scratch.n_head:
+        problems.append(
+            f"model.scratch.n_embd: {model.scratch.n_embd} is not divisible by n_head={model.scratch.n_head}; "
+            "pick an n_embd that is a multiple of n_head"
+        )
+    if model.scratch is not None:
+        allowed = {"generative": ("auto", "gpt2", "t5"), "extractive": ("auto", "bert")}[config.task]
+        if model.scratch.architecture not in allowed:
+            problems.append(f"model.scratch.architecture: {model.scratch.architecture} does not do {config.task} QA; "
+                            f"use one of {list(allowed)}")
+    if data.train_file is None:
+        problems.append("data.train_file: required; set it to your spreadsheet (.csv, .xlsx, .jsonl ...)")
+    if config.task == "extractive" and data.context_column is None:
+        problems.append("data.context_column: required for task extractive; name the column holding the passages")
+    if config.task == "generative":
+        problems += _template_checks(data)
+    if data.eval_file is not None and data.validation_fraction > 0:
+        problems.append("data.validation_fraction: set it to 0 when data.eval_file is given (use one or the other)")
+    return problems
+
+
+PLACEHOLDER = re.compile(r"\{\{|\}\}|\{([^{}]*)\}|[{}]")
+"""A prompt template's syntax: {name} is a placeholder (any text but braces), {{ and }} are literal braces."""
+
+
+def template_fields(template: str) -> list[str] | None:
+    """The placeholder names of a template, in order, without repeats (None: unbalanced braces)."""
+    names: list[str] = []
+    for match in PLACEHOLDER.finditer(template):
+        if match.group(0) in ("{", "}"):
+            return None
+        name = match.group(1)
+        if name is not None and name not in names:
+            names.append(name)
+    return names
+
+
+def _template_checks(data: DataConfig) -> list[str]:
+    from qatune.data.spreadsheet import column_key
+
+    problems = []
+    chat = data.prompt_template in ("auto", "chat")
+    templates = {"user_template": data.user_template} if chat else {"prompt_template": data.prompt_template}
+    for key, template in templates.items():
+        if template is None:
+            continue
+        fields = template_fields(template)
+        if fields is None:
+            problems.append(f"data.{key}: unbalanced braces; write literal braces as {{{{ and }}}}")
+        elif not fields:
+            problems.append(f"data.{key}: names no column; put {{question}} (or any {{Column Name}}) where the "
+                            "row's text goes")
+        elif data.context_column is None and any(column_key(name) == "context" for name in fields):
+            problems.append(f"data.{key}: uses {{context}} but data.context_column is not set")
+    if not chat:
+        for key in ("system_prompt", "user_template"):
+            if getattr(data, key) is not None:
+                problems.append(f"data.{key}: only used with a chat template (prompt_template: chat or auto); "
+                                "write the whole prompt in data.prompt_template instead, or set it to chat")
+    return problems
+
+
+def _problem_text(where: str, problems: list[str]) -> str:
+    if len(problems) == 1:
+        return f"{where}: {problems[0]}"
+    lines = "\n".join(f"  - {problem}" for problem in problems)
+    return f"{where} has {len(problems)} problems:\n{lines}"
