@@ -55,7 +55,7 @@ def main() -> int:
     print(headline(machine), flush=True)
 
     from qatune.config import GenerateConfig, ScratchModel
-    from qatune.data.generative import PromptTemplate
+    from qatune.data.templates import PromptTemplate
     from qatune.generate import answer_questions
     from qatune.model import build_scratch, train_scratch_tokenizer
     from qatune.model_folder import ModelInfo

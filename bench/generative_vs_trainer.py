@@ -53,7 +53,7 @@ SHARED = Path(os.environ.get("QATUNE_SHARED_DATA", ROOT.parent / "shared" / "dat
 
 def setup(args, workdir: Path) -> dict:
     from qatune.config import ScratchModel
-    from qatune.data.generative import PromptTemplate
+    from qatune.data.templates import PromptTemplate
     from qatune.model import build_scratch, train_scratch_tokenizer
 
     with open(SHARED / "nq_open" / "nq_open.csv", encoding="utf-8", newline="") as f:
@@ -134,8 +134,9 @@ def arm_qatune(args, paths) -> dict:
 def arm_trainer(args, paths) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer, DataCollatorForSeq2Seq, Trainer, TrainingArguments
 
-    from qatune.data.generative import PromptEncoder, PromptTemplate
+    from qatune.data.generative import PromptEncoder
     from qatune.data.spreadsheet import load_records
+    from qatune.data.templates import PromptTemplate
 
     tokenizer = AutoTokenizer.from_pretrained(paths["model"])
     tokenizer.pad_token = tokenizer.eos_token

@@ -8,9 +8,10 @@ import math
 from typing import Any
 
 from qatune.config import Config
-from qatune.data.generative import PromptEncoder, PromptTemplate, percentile
+from qatune.data.generative import PromptEncoder, percentile
 from qatune.data.padding import IGNORE_INDEX
 from qatune.data.spreadsheet import describe_validation, normalize_question
+from qatune.data.templates import PromptTemplate
 from qatune.errors import row_list
 from qatune.train import Prepared, fit, prepare
 from qatune.validate import error, warning

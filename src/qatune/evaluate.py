@@ -18,14 +18,13 @@ from qatune.data.extractive import prepare_features
 from qatune.data.generative import (
     CausalCollator,
     PromptEncoder,
-    PromptTemplate,
     Seq2SeqCollator,
     Seq2SeqEncoder,
     choose_max_length,
     encode_examples,
-    resolve_template,
 )
 from qatune.data.spreadsheet import QARecord, load_from_config
+from qatune.data.templates import PromptTemplate, resolve_template
 from qatune.errors import ConfigError
 from qatune.generate import answer_questions, extract_answers, inference_precision, score_windows, uses_context
 from qatune.metrics import best_scores, corpus_scores

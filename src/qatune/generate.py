@@ -22,9 +22,10 @@ from tqdm.auto import tqdm
 from qatune.atomic import atomic_write_bytes, atomic_write_text
 from qatune.config import DataConfig, GenerateConfig, with_reading_overrides
 from qatune.data.extractive import Feature, SpanCollator, best_span, prepare_features
-from qatune.data.generative import PromptEncoder, PromptTemplate, Seq2SeqEncoder
+from qatune.data.generative import PromptEncoder, Seq2SeqEncoder
 from qatune.data.padding import left_pad, right_pad
 from qatune.data.spreadsheet import QARecord
+from qatune.data.templates import PromptTemplate
 from qatune.errors import ConfigError, DataError
 from qatune.model import model_max_positions
 from qatune.model_folder import ModelInfo
@@ -246,7 +247,8 @@ def _answers_path(run_dir: str | Path, data_file: str | Path, output: str | Path
 def _input_table(data: DataConfig, data_file: Path, records: list[QARecord]) -> tuple[list[str], list[list[Any]]]:
     """row, question and the input's other columns as they are in the file, one row per record (read once,
     before any answer is generated; the answer column is added after)."""
-    from qatune.data.spreadsheet import read_table, resolve_column
+    from qatune.data.spreadsheet import resolve_column
+    from qatune.data.tables import read_table
 
     header, cells, first_row = read_table(data_file, sheet=data.sheet, encoding=data.encoding,
                                           delimiter=data.delimiter)
@@ -274,7 +276,7 @@ def _free_name(name: str, taken: list[str]) -> str:
 def _plain(value: Any) -> Any:
     """An input cell as the answers file holds it: text, numbers and booleans as they are, blanks empty,
     anything else (dates, lists) as the text training reads."""
-    from qatune.data.spreadsheet import clean_cell
+    from qatune.data.tables import clean_cell
 
     if isinstance(value, float) and not math.isfinite(value):
         return None if math.isnan(value) else str(value)

@@ -15,7 +15,8 @@ import yaml
 
 from qatune.config import validate_config
 from qatune.data.extractive import locate_answer
-from qatune.data.spreadsheet import clean_cell, column_key, read_table, resolve_column, with_sheets_hint
+from qatune.data.spreadsheet import column_key, resolve_column
+from qatune.data.tables import clean_cell, read_table, with_sheets_hint
 from qatune.errors import DataError, QatuneError
 
 QUESTION_NAMES = ("question", "questions", "query", "prompt", "q", "ask", "input", "instruction")

@@ -3,198 +3,23 @@
 A training example is ``prompt tokens + answer tokens + end token``. Labels copy the input ids and
 are IGNORE_INDEX on padding (decided by each row's length, never by comparing ids with pad_token_id,
 so an EOS that shares its id with the pad token is still trained) and, unless ``train_on_prompt``, on
-the prompt. Prompts are encoded by the same function at training and at generation time.
-
-A prompt template is a text with ``{placeholders}``: ``{question}``, ``{context}`` and any other
-column of the spreadsheet (``{Total Marks}``). A chat model's template is rendered once around
-those placeholders (:func:`chat_template`), so the template a run saves is the exact text the model
-reads; such a template writes the special tokens itself, and its answers end with the chat
-template's end-of-turn token.
+the prompt. Prompts are encoded by the same function at training and at generation time; the templates
+they come from are in :mod:`qatune.data.templates`.
 """
 
 from __future__ import annotations
 
 import functools
-import logging
-import re
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
-from qatune.config import PLACEHOLDER, template_fields
 from qatune.data import prefixes
 from qatune.data.padding import IGNORE_INDEX, batch_width, round_up
-from qatune.data.spreadsheet import QARecord, column_key
-from qatune.errors import ConfigError, DataError
-
-if TYPE_CHECKING:
-    from qatune.config import DataConfig
-
-log = logging.getLogger("qatune")
-
-DEFAULT_TEMPLATE = "Question: {question}\nAnswer:"
-DEFAULT_CONTEXT_TEMPLATE = "Context: {context}\nQuestion: {question}\nAnswer:"
-DEFAULT_USER_MESSAGE = "{question}"
-DEFAULT_CONTEXT_USER_MESSAGE = "{context}\n\nQuestion: {question}"
-ROLES = ("question", "context")
-"""Placeholders that stand for data.question_column and data.context_column; any other name is a column."""
-
-# Private-use characters no spreadsheet cell or chat template is likely to hold.
-_USER_MARK, _ANSWER_MARK = "\ue000qatune-user\ue001", "\ue000qatune-answer\ue001"
-
-
-@dataclass(frozen=True)
-class PromptTemplate:
-    """The text before the answer. The answer follows after ``answer_prefix`` and ends with an end token."""
-
-    template: str = DEFAULT_TEMPLATE
-    answer_prefix: str = " "
-
-    def render(self, question: str, context: str | None = None, fields: dict[str, str] | None = None) -> str:
-        values = {**(fields or {}), "question": question, "context": context or ""}
-
-        def fill(match: re.Match) -> str:
-            text = match.group(0)
-            if text in ("{{", "}}"):
-                return text[0]
-            name = match.group(1)
-            if name is None:
-                raise DataError(f"prompt template {self.template!r} has unbalanced braces")
-            if name not in values:
-                raise DataError(f"the prompt needs the column {name!r} besides the question; answer a file that "
-                                f"has it (qatune generate RUN --file FILE) or pass it (--field '{name}=VALUE')")
-            return values[name]
-
-        return PLACEHOLDER.sub(fill, self.template)
-
-    @property
-    def fields(self) -> list[str]:
-        """Column names the template reads besides the question and the context."""
-        return [name for name in template_fields(self.template) or [] if name not in ROLES]
-
-    def match_fields(self, given: dict[str, str]) -> tuple[dict[str, str], list[str], list[str]]:
-        """Values given for the template's columns, matched by name ignoring case, spaces, _ and -.
-
-        Returns the values by the names the template uses, the given names it does not use, and the
-        names it uses that were not given (or given blank: in training a blank cell drops its row).
-        """
-        by_key = {column_key(name): name for name in self.fields}
-        values: dict[str, str] = {}
-        unknown: list[str] = []
-        for name, value in given.items():
-            if column_key(name) not in by_key:
-                unknown.append(name)
-            elif value.strip():
-                values[by_key[column_key(name)]] = value
-        missing = [name for name in self.fields if name not in values]
-        return values, unknown, missing
-
-    @property
-    def uses_context(self) -> bool:
-        return "context" in (template_fields(self.template) or [])
-
-
-def resolve_template(data: DataConfig, tokenizer: Any = None, model_name: str = "the model") -> PromptTemplate:
-    """The template a run trains with, from the config's data section (and the tokenizer's chat template).
-
-    ``auto`` is the chat template when the tokenizer has one, else the plain question/answer template.
-    Placeholders that name the question or context column are written as {question}/{context}, so
-    truncation cuts them like the roles they are.
-    """
-    setting = data.prompt_template
-    has_chat = bool(getattr(tokenizer, "chat_template", None))
-    if setting == "chat" and tokenizer is not None and not has_chat:
-        raise ConfigError(f"data.prompt_template: chat, but the tokenizer of {model_name} has no chat template; "
-                          "use auto or write the template, e.g. \"Question: {question}\\nAnswer:\"")
-    columns = {"question": data.question_column, "context": data.context_column}
-    if setting == "chat" and tokenizer is None:
-        setting = "auto"  # a scratch tokenizer is trained before the template is needed; it has no chat template
-    if setting == "chat" or (setting == "auto" and has_chat):
-        user = data.user_template or (DEFAULT_CONTEXT_USER_MESSAGE if data.context_column else DEFAULT_USER_MESSAGE)
-        return chat_template(tokenizer, _canonical(user, columns), data.system_prompt, model_name)
-    if setting == "auto":
-        if tokenizer is not None and (data.user_template is not None or data.system_prompt is not None):
-            log.warning("data.user_template and data.system_prompt are not used: the tokenizer of %s has no chat "
-                        "template, so data.prompt_template auto is the plain question/answer template", model_name)
-        return PromptTemplate(DEFAULT_CONTEXT_TEMPLATE if data.context_column else DEFAULT_TEMPLATE)
-    return PromptTemplate(_canonical(setting, columns))
-
-
-def chat_template(tokenizer: Any, user_template: str, system_prompt: str | None = None,
-                  model_name: str = "the model") -> PromptTemplate:
-    """The tokenizer's chat template rendered once: a system message (``None``: the template's own
-    default), a user message made of ``user_template`` and the opening of the assistant's turn.
-
-    The result is a plain template whose text holds the chat markup (special tokens included) with
-    the user message's placeholders inside; ``answer_prefix`` is what the chat template puts between
-    the opening of the assistant's turn and its content (usually nothing).
-    """
-    messages = [{"role": "system", "content": system_prompt}] if system_prompt is not None else []
-    messages.append({"role": "user", "content": _USER_MARK})
-    try:
-        prompt = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        full = tokenizer.apply_chat_template([*messages, {"role": "assistant", "content": _ANSWER_MARK}],
-                                             tokenize=False)
-    except Exception as exc:  # jinja raises its own kinds (a template refusing a system message, ...)
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        hint = "; leave data.system_prompt unset" if system_prompt is not None else ""
-        raise ConfigError(f"the chat template of {model_name} cannot render a prompt ({reason}){hint}; or set "
-                          "data.prompt_template to a template of your own") from None
-    if prompt.count(_USER_MARK) != 1 or not full.startswith(prompt) or _ANSWER_MARK not in full[len(prompt):]:
-        raise ConfigError(f"the chat template of {model_name} does not keep the user's message and the answer apart "
-                          "as qatune needs; set data.prompt_template to a template of your own")
-    before, after = prompt.split(_USER_MARK)
-    text = _escape(before) + user_template + _escape(after)
-    return PromptTemplate(text, answer_prefix=full[len(prompt): full.index(_ANSWER_MARK, len(prompt))])
-
-
-def end_of_turn_id(tokenizer: Any) -> int | None:
-    """The special token a chat template puts right after an assistant's answer (None: no chat template)."""
-    if not getattr(tokenizer, "chat_template", None):
-        return None
-    messages = [{"role": "user", "content": "x"}, {"role": "assistant", "content": _ANSWER_MARK}]
-    try:
-        text = tokenizer.apply_chat_template(messages, tokenize=False)
-    except Exception:  # a template that cannot render this: answers end with the EOS
-        return None
-    if _ANSWER_MARK not in text:
-        return None
-    after = text[text.index(_ANSWER_MARK) + len(_ANSWER_MARK):]
-    special = set(special_tokens(tokenizer).values())
-    for token in tokenizer(after, add_special_tokens=False)["input_ids"]:
-        if token in special:
-            return token
-    return None
-
-
-def special_tokens(tokenizer: Any) -> dict[str, int]:
-    """The tokenizer's special tokens, text -> id: the named ones (BOS, EOS, ...) and every added token
-    marked special (a chat template's <|im_start|>, <end_of_turn>, ...)."""
-    found = {}
-    for token in getattr(tokenizer, "all_special_tokens", None) or []:
-        found[token] = tokenizer.convert_tokens_to_ids(token)
-    for token_id, token in (getattr(tokenizer, "added_tokens_decoder", None) or {}).items():
-        if getattr(token, "special", False):
-            found[str(token)] = token_id
-    return {text: token_id for text, token_id in found.items() if text}
-
-
-def _canonical(template: str, columns: dict[str, str | None]) -> str:
-    """Write a placeholder naming the question or context column as {question} / {context}."""
-    keys = {role: role for role in ROLES} | {column_key(name): role for role, name in columns.items() if name}
-
-    def rename(match: re.Match) -> str:
-        name = match.group(1)
-        if name is None or column_key(name) not in keys:
-            return match.group(0)
-        return "{" + keys[column_key(name)] + "}"
-
-    return PLACEHOLDER.sub(rename, template)
-
-
-def _escape(text: str) -> str:
-    return text.replace("{", "{{").replace("}", "}}")
+from qatune.data.spreadsheet import QARecord
+from qatune.data.templates import PromptTemplate, end_of_turn_id, special_tokens
+from qatune.errors import DataError
 
 
 @dataclass

@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, field_validator
 
-from qatune.data.spreadsheet import clean_cell
+from qatune.data.tables import clean_cell
 
 # A string where the OpenAI schema allows "a string or an array of strings" becomes a one-item list
 # before validation, so errors name the field (a union would name its members: 'stop.str').

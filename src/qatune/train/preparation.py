@@ -21,15 +21,14 @@ from qatune.data.generative import (
     EncodeStats,
     ExampleDataset,
     PromptEncoder,
-    PromptTemplate,
     Seq2SeqCollator,
     Seq2SeqEncoder,
     choose_max_length,
     encode_examples,
     percentile,
-    resolve_template,
 )
 from qatune.data.spreadsheet import LoadReport, QARecord, describe_validation, load_from_config, split_validation
+from qatune.data.templates import PromptTemplate, resolve_template
 from qatune.errors import ConfigError, DataError, row_list
 from qatune.model import (
     apply_lora,

@@ -2,15 +2,10 @@ import pytest
 import torch
 from tests.conftest import CharTokenizer
 
-from qatune.data.generative import (
-    CausalCollator,
-    PromptEncoder,
-    PromptTemplate,
-    choose_max_length,
-    encode_examples,
-)
+from qatune.data.generative import CausalCollator, PromptEncoder, choose_max_length, encode_examples
 from qatune.data.padding import IGNORE_INDEX, left_pad
 from qatune.data.spreadsheet import QARecord
+from qatune.data.templates import PromptTemplate
 from qatune.errors import DataError
 
 TEMPLATE = PromptTemplate("Q:{question}\nA:", answer_prefix=" ")

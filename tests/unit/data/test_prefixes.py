@@ -4,8 +4,9 @@ import torch
 from tests.conftest import CharTokenizer
 
 from qatune.data import prefixes
-from qatune.data.generative import CausalCollator, ExampleDataset, PromptEncoder, PromptTemplate, encode_examples
+from qatune.data.generative import CausalCollator, ExampleDataset, PromptEncoder, encode_examples
 from qatune.data.spreadsheet import QARecord
+from qatune.data.templates import PromptTemplate
 
 TEMPLATE = PromptTemplate("C:{context}\nQ:{question}\nA:", answer_prefix=" ")
 LONG = "the river flows north through the old town"
