@@ -7,8 +7,9 @@ import pytest
 import torch
 from tests.conftest import CharTokenizer
 
-from qatune.serve import batching
-from qatune.serve.batching import AnswerText, Batcher, Decoder, Delta, Finished, Generation, Job, Sampling, sample
+from qatune.serve import batching, decoding
+from qatune.serve.batching import Batcher, Delta, Finished, Generation, Job
+from qatune.serve.decoding import AnswerText, Decoder, Sampling, sample
 
 EOS = 0
 
@@ -164,7 +165,7 @@ def test_a_joined_batch_does_not_grow_wider_than_its_rows():
     model = random_gpt2()
     decoder = Decoder(model, id_tokenizer(model), seq2seq=False)
     with torch.inference_mode():
-        steps = batching._CausalSteps(decoder)
+        steps = decoding._CausalSteps(decoder)
         steps.start([[5] * 20, [6, 7]])
         for _ in range(3):
             steps.next(torch.tensor([9, 9]))

@@ -1,9 +1,9 @@
 """``qatune serve``: a page to try a trained run and an OpenAI-compatible API, with batched decoding.
 
 app.py holds the routes, replies.py the OpenAI-shaped answers, guard.py the API key, body size and
-error answers, schemas.py the request bodies and errors, batching.py the queue and the decode loop,
-server.py the uvicorn process, static/index.html the page. FastAPI and uvicorn are an optional extra:
-check_installed() says how to get them.
+error answers, schemas.py the request bodies and errors, batching.py the queue and its worker,
+decoding.py the token-by-token decode loop, server.py the uvicorn process, static/index.html the
+page. FastAPI and uvicorn are an optional extra: check_installed() says how to get them.
 """
 
 from qatune.errors import QatuneError

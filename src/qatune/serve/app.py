@@ -20,12 +20,14 @@ from fastapi import FastAPI
 from fastapi.responses import FileResponse, HTMLResponse
 
 from qatune.atomic import folder_id
-from qatune.data.generative import PromptEncoder, PromptTemplate, Seq2SeqEncoder
+from qatune.data.generative import PromptEncoder, Seq2SeqEncoder
+from qatune.data.templates import PromptTemplate
 from qatune.generate import prompt_budget, uses_context
 from qatune.model import model_max_positions
 from qatune.model_folder import LoadedModel
 from qatune.rundir import read_status
-from qatune.serve.batching import Batcher, Delta, Extraction, Failed, Generation, Job, Sampling
+from qatune.serve.batching import Batcher, Delta, Extraction, Failed, Generation, Job
+from qatune.serve.decoding import Sampling
 from qatune.serve.guard import Guard, add_error_handlers
 from qatune.serve.replies import Reply, SlotStreamingResponse
 from qatune.serve.schemas import ApiError, ChatRequest, CompletionRequest, ExtractRequest
