@@ -10,6 +10,7 @@ import csv
 import json
 import os
 import platform
+import statistics
 import time
 from pathlib import Path
 
@@ -109,6 +110,21 @@ def timed_pass(batches: list, arms: list, step, number: int) -> dict[str, float]
             step(step_batch)
             seconds[name] += time.perf_counter() - start
     return seconds
+
+
+def timed_passes(batches: list, arms: list, step, passes: int) -> tuple[list[dict[str, float]], float, str]:
+    """``passes`` timed passes (:func:`timed_pass`) of two arms, the new way first and the old way second, each
+    printed with its ratio: the old way's seconds over the new way's (how many times faster the new way is).
+    Returns the passes (each arm's seconds and the ratio), their median ratio, and the ratios as text."""
+    (new, _), (old, _) = arms
+    done = []
+    for number in range(passes):
+        seconds = timed_pass(batches, arms, step, number)
+        ratio = seconds[old] / seconds[new]
+        done.append({**seconds, "ratio": ratio})
+        print(f"pass {number + 1}: {new} {seconds[new]:.2f} s, {old} {seconds[old]:.2f} s: x{ratio:.3f}", flush=True)
+    median = statistics.median(p["ratio"] for p in done)
+    return done, median, ", ".join(f"x{p['ratio']:.3f}" for p in done)
 
 
 def write_nq_rows(shared: Path, rows: int, path: Path) -> Path:

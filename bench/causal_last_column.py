@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -24,7 +23,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import torch
-from bench_machine import W1_CONFIG, describe_torch, headline, json_option, timed_pass, write_json, write_nq_rows
+from bench_machine import W1_CONFIG, describe_torch, headline, json_option, timed_passes, write_json, write_nq_rows
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = Path(os.environ.get("QATUNE_SHARED_DATA", ROOT.parent / "shared" / "data"))
@@ -61,16 +60,8 @@ def main() -> int:
     batches = list(loop.loader)
     for batch in batches[:3]:  # warm-up: first calls of every kernel
         train_step(loop, [batch])
-    passes = []
-    for number in range(args.passes):
-        seconds = timed_pass(batches, [("left out", lambda b: b), ("computed", with_last_column)],
-                             lambda b: train_step(loop, [b]), number)
-        ratio = seconds["computed"] / seconds["left out"]
-        passes.append({**seconds, "ratio": ratio})
-        print(f"pass {number + 1}: last column left out {seconds['left out']:.2f} s, computed "
-              f"{seconds['computed']:.2f} s: x{ratio:.3f}", flush=True)
-    median = statistics.median(p["ratio"] for p in passes)
-    per_pass = ", ".join(f"x{p['ratio']:.3f}" for p in passes)
+    arms = [("left out", lambda b: b), ("computed", with_last_column)]
+    passes, median, per_pass = timed_passes(batches, arms, lambda b: train_step(loop, [b]), args.passes)
     print(f"\nsteps with the last column left out are x{median:.3f} faster (median of {per_pass}); precision "
           f"{prepared.precision}, {len(batches)} batches")
     write_json(args.json, {"machine": info, "rows": args.rows, "precision": prepared.precision,

@@ -16,13 +16,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from bench_machine import describe_torch, headline, json_option, timed_pass, write_json
+from bench_machine import describe_torch, headline, json_option, timed_passes, write_json
 
 
 def main() -> int:
@@ -55,15 +54,7 @@ def main() -> int:
     loop.start_epoch(0)
     batches = list(loop.loader)
     losses = w2.first_batch_losses(loop, batches[0], arms)
-    passes = []
-    for number in range(args.passes):
-        seconds = timed_pass(batches, arms, lambda b: train_step(loop, [b]), number)
-        ratio = seconds["whole"] / seconds["last rows"]
-        passes.append({**seconds, "ratio": ratio})
-        print(f"pass {number + 1}: last rows {seconds['last rows']:.1f} s, whole {seconds['whole']:.1f} s: "
-              f"x{ratio:.3f}", flush=True)
-    median = statistics.median(p["ratio"] for p in passes)
-    per_pass = ", ".join(f"x{p['ratio']:.3f}" for p in passes)
+    passes, median, per_pass = timed_passes(batches, arms, lambda b: train_step(loop, [b]), args.passes)
     tokens = sum(len(item) for item in prepared.dataset.items)
     print(f"\nsteps with the last layer on the supervised rows are x{median:.3f} faster (median of {per_pass}); "
           f"precision {prepared.precision}, {len(batches)} batches, {tokens} tokens")

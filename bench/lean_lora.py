@@ -19,13 +19,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from bench_machine import describe_torch, headline, json_option, timed_pass, write_json
+from bench_machine import describe_torch, headline, json_option, timed_passes, write_json
 
 
 def main() -> int:
@@ -65,15 +64,7 @@ def main() -> int:
     losses = {name: value[0] for name, value in first.items()}
     print(f"first batch, summed loss: one pass {losses['one pass']:.6f}, peft {losses['peft']:.6f}; largest "
           f"gradient difference {gap:.2e} (largest gradient {scale:.2e})", flush=True)
-    passes = []
-    for number in range(args.passes):
-        seconds = timed_pass(batches, arms, lambda b: train_step(loop, [b]), number)
-        ratio = seconds["peft"] / seconds["one pass"]
-        passes.append({**seconds, "ratio": ratio})
-        print(f"pass {number + 1}: one pass {seconds['one pass']:.1f} s, peft {seconds['peft']:.1f} s: x{ratio:.3f}",
-              flush=True)
-    median = statistics.median(p["ratio"] for p in passes)
-    per_pass = ", ".join(f"x{p['ratio']:.3f}" for p in passes)
+    passes, median, per_pass = timed_passes(batches, arms, lambda b: train_step(loop, [b]), args.passes)
     tokens = sum(len(item) for item in prepared.dataset.items)
     print(f"\nsteps with the one-pass LoRA product are x{median:.3f} faster (median of {per_pass}); precision "
           f"{prepared.precision}, {len(batches)} batches, {tokens} tokens")

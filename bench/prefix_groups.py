@@ -18,13 +18,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from bench_machine import describe_torch, headline, json_option, timed_pass, write_json
+from bench_machine import describe_torch, headline, json_option, timed_passes, write_json
 
 
 def positions(batch: dict) -> tuple[int, int]:
@@ -64,15 +63,7 @@ def main() -> int:
           f"prefix only {common} (x{common / grouped:.2f})", flush=True)
     arms = [("groups", lambda b: b), ("common prefix", lambda b: {**b, "prefix_groups": None})]
     losses = w2.first_batch_losses(loop, batches[0], arms)
-    passes = []
-    for number in range(args.passes):
-        seconds = timed_pass(batches, arms, lambda b: train_step(loop, [b]), number)
-        ratio = seconds["common prefix"] / seconds["groups"]
-        passes.append({**seconds, "ratio": ratio})
-        print(f"pass {number + 1}: groups {seconds['groups']:.1f} s, common prefix {seconds['common prefix']:.1f} s: "
-              f"x{ratio:.3f}", flush=True)
-    median = statistics.median(p["ratio"] for p in passes)
-    per_pass = ", ".join(f"x{p['ratio']:.3f}" for p in passes)
+    passes, median, per_pass = timed_passes(batches, arms, lambda b: train_step(loop, [b]), args.passes)
     tokens = sum(len(item) for item in prepared.dataset.items)
     print(f"\nsteps with each group's prefix once are x{median:.3f} faster (median of {per_pass}); precision "
           f"{prepared.precision}, {len(batches)} batches, {tokens} tokens")

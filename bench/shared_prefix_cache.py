@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -29,7 +28,7 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from bench_machine import W1_CONFIG, describe_torch, headline, json_option, timed_pass, write_json, write_nq_rows
+from bench_machine import W1_CONFIG, describe_torch, headline, json_option, timed_passes, write_json, write_nq_rows
 
 
 def main() -> int:
@@ -63,15 +62,7 @@ def main() -> int:
     prefixes = [int(b["shared_prefix"]) for b in batches]
     arms = [("shared", lambda b: b), ("per row", lambda b: {**b, "shared_prefix": 0})]
     losses = w2.first_batch_losses(loop, batches[0], arms)
-    passes = []
-    for number in range(args.passes):
-        seconds = timed_pass(batches, arms, lambda b: train_step(loop, [b]), number)
-        ratio = seconds["per row"] / seconds["shared"]
-        passes.append({**seconds, "ratio": ratio})
-        print(f"pass {number + 1}: prefix shared {seconds['shared']:.1f} s, per row {seconds['per row']:.1f} s: "
-              f"x{ratio:.3f}", flush=True)
-    median = statistics.median(p["ratio"] for p in passes)
-    per_pass = ", ".join(f"x{p['ratio']:.3f}" for p in passes)
+    passes, median, per_pass = timed_passes(batches, arms, lambda b: train_step(loop, [b]), args.passes)
     tokens = sum(len(item) for item in prepared.dataset.items)
     print(f"\nsteps with the prefix shared are x{median:.3f} faster (median of {per_pass}); precision "
           f"{prepared.precision}, {len(batches)} batches, shared prefixes {prefixes}, {tokens} tokens")
