@@ -228,6 +228,27 @@ def test_batches_are_filled_with_whole_families_where_one_fits():
         assert all(len({where[i] for i in family}) == 1 for family in families)
 
 
+def test_the_log_names_families_kept_together_only_when_group_by_prefix_keeps_some(tmp_path, caplog):
+    from qatune.train.loop import Loop
+
+    passages = [" ".join(f"{word}{k}" for k in range(30)) for word in ("river", "mountain")]
+    rows = [(f"question {i} about it", passages[i % 2], f"answer {i}") for i in range(8)]
+    said = {}
+    with_context = ["data.context_column=context"]
+    for name, data, overrides in [("default", rows, with_context),
+                                  ("kept", rows, [*with_context, "train.group_by_prefix=true"]),
+                                  ("no contexts", ROWS, ["train.group_by_prefix=true"])]:
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="qatune"):
+            Loop.setup(prepare(tiny_config(tmp_path, data, "train.batch_size=4", *overrides)), None, None)
+        said[name] = [m for m in caplog.messages if m.startswith("batches:")]
+    assert said["default"] == []  # off, the sampler has nothing to say
+    assert len(said["kept"]) == 1 and said["kept"][0].startswith(
+        "batches: 8 of 8 rows in 2 groups that share a long prompt prefix (one context) kept together, ")
+    assert said["no contexts"] == ["batches: no rows share a long prompt prefix (one context), so "
+                                   "train.group_by_prefix changes nothing"]
+
+
 @pytest.mark.parametrize(("native", "expected"), [(True, "bf16"), (False, "fp32")])
 def test_precision_auto_is_bf16_only_where_it_is_native(monkeypatch, native, expected):
     from qatune.train import device

@@ -179,13 +179,16 @@ class Loop:
         optimizer = build_optimizer(masters.masters if masters else objective, train_cfg.learning_rate,
                                     train_cfg.weight_decay)
         sampler = training_batches(prepared.dataset, config)
-        if sampler.families is not None:
+        if sampler.pack:
             kept = [family for family in sampler.families if len(family) > 1]
             how = ("each group's prefix computed once per batch" if getattr(objective, "groups", False)
                    else "this model's path computes only a batch's common prefix once")
             log.info("batches: %d of %d rows in %d groups that share a long prompt prefix (one context) kept "
                      "together, %s (train.group_by_prefix)", sum(map(len, kept)), len(prepared.dataset), len(kept),
                      how)
+        elif train_cfg.group_by_prefix:
+            log.info("batches: no rows share a long prompt prefix (one context), so train.group_by_prefix changes "
+                     "nothing")
         # Its own generator: starting an epoch must not draw from the global RNG that dropout uses, so a
         # resumed run sees the same dropout masks as an uninterrupted one.
         loader = torch.utils.data.DataLoader(prepared.dataset, batch_sampler=sampler, collate_fn=prepared.collator,
