@@ -12,6 +12,7 @@ import os
 import platform
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 VECTOR_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16")
@@ -90,6 +91,22 @@ def json_option(parser: argparse.ArgumentParser, script: str) -> None:
     """``--json PATH``, by default the script's own path with .json (the file the README may quote)."""
     parser.add_argument("--json", type=Path, default=Path(script).with_suffix(".json"), metavar="PATH",
                         help="where to write the results (default: %(default)s)")
+
+
+def per_batch_options(doc: str, script: str, rows: int = 48, passes: int = 3,
+                      more: Callable[[argparse.ArgumentParser], None] | None = None) -> tuple[argparse.Namespace, dict]:
+    """The options of a script that times one change per batch (``--rows``, ``--passes``, ``--json`` and what
+    ``more`` adds), parsed; then the machine, described and printed. Returns (options, machine)."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", type=int, default=rows)
+    parser.add_argument("--passes", type=int, default=passes)
+    if more is not None:
+        more(parser)
+    json_option(parser, script)
+    args = parser.parse_args()
+    info = describe_torch()
+    print(headline(info), flush=True)
+    return args, info
 
 
 def write_json(path: Path, results: dict) -> None:

@@ -13,7 +13,6 @@ the summed step times of both and their ratio per pass over the batches, and the
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import tempfile
@@ -23,7 +22,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import torch
-from bench_machine import W1_CONFIG, describe_torch, headline, json_option, timed_passes, write_json, write_nq_rows
+from bench_machine import W1_CONFIG, per_batch_options, timed_passes, write_json, write_nq_rows
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = Path(os.environ.get("QATUNE_SHARED_DATA", ROOT.parent / "shared" / "data"))
@@ -43,13 +42,7 @@ def main() -> int:
     from qatune.train import prepare
     from qatune.train.loop import Loop, train_step
 
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rows", type=int, default=1000)
-    parser.add_argument("--passes", type=int, default=2)
-    json_option(parser, __file__)
-    args = parser.parse_args()
-    info = describe_torch()
-    print(headline(info), flush=True)
+    args, info = per_batch_options(__doc__, __file__, rows=1000, passes=2)
     with tempfile.TemporaryDirectory() as tmp:
         data = write_nq_rows(SHARED, args.rows, Path(tmp) / "nq.csv")
         config = Path(tmp) / "w1.yaml"

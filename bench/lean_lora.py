@@ -17,14 +17,13 @@ bf16 this script runs with `train.precision: fp32`.
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from bench_machine import describe_torch, headline, json_option, timed_passes, write_json
+from bench_machine import per_batch_options, timed_passes, write_json
 
 
 def main() -> int:
@@ -34,13 +33,7 @@ def main() -> int:
     from qatune.objectives import model_inputs
     from qatune.train.loop import train_step
 
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rows", type=int, default=48)
-    parser.add_argument("--passes", type=int, default=3)
-    json_option(parser, __file__)
-    args = parser.parse_args()
-    info = describe_torch()
-    print(headline(info), flush=True)
+    args, info = per_batch_options(__doc__, __file__)
     prepared, loop = w2.qatune_loop(args.rows, "train.precision=fp32", groups=False)
     model = prepared.model
     layers = lean_lora.install(model)

@@ -16,14 +16,13 @@ ways.
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from bench_machine import describe_torch, headline, json_option, timed_passes, write_json
+from bench_machine import per_batch_options, timed_passes, write_json
 
 
 def positions(batch: dict) -> tuple[int, int]:
@@ -42,13 +41,7 @@ def main() -> int:
 
     from qatune.train.loop import train_step
 
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rows", type=int, default=48)
-    parser.add_argument("--passes", type=int, default=3)
-    json_option(parser, __file__)
-    args = parser.parse_args()
-    info = describe_torch()
-    print(headline(info), flush=True)
+    args, info = per_batch_options(__doc__, __file__)
     prepared, loop = w2.qatune_loop(args.rows)
     objective = getattr(loop.objective, "module", loop.objective)
     print(f"loss: {objective.describe()}", flush=True)

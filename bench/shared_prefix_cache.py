@@ -19,7 +19,6 @@ costs or saves.
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import tempfile
@@ -28,7 +27,7 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from bench_machine import W1_CONFIG, describe_torch, headline, json_option, timed_passes, write_json, write_nq_rows
+from bench_machine import W1_CONFIG, per_batch_options, timed_passes, write_json, write_nq_rows
 
 
 def main() -> int:
@@ -38,14 +37,8 @@ def main() -> int:
     from qatune.train import prepare
     from qatune.train.loop import Loop, train_step
 
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--workload", choices=["w2", "w1"], default="w2")
-    parser.add_argument("--rows", type=int, default=48)
-    parser.add_argument("--passes", type=int, default=3)
-    json_option(parser, __file__)
-    args = parser.parse_args()
-    info = describe_torch()
-    print(headline(info), flush=True)
+    args, info = per_batch_options(__doc__, __file__, more=lambda parser: parser.add_argument(
+        "--workload", choices=["w2", "w1"], default="w2"))
     if args.workload == "w2":
         prepared, loop = w2.qatune_loop(args.rows, groups=False)
     else:
