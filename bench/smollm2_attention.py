@@ -1,4 +1,5 @@
-"""SmolLM2-135M LoRA training steps on CPU under bf16: SDPA or eager attention, on short and on the longest rows.
+"""SmolLM2-135M LoRA training steps on CPU under bf16 (or fp32): SDPA or eager attention, on short and on the
+longest rows.
 
 What model.EAGER_ATTENTION_MAX_TOKENS rests on beyond GPT-2 (bench/cpu_attention.py). The W2 setting
 (bench/w2_smollm2_lora.py: chat template, context + question -> answer, LoRA r=16 on all projections,
@@ -6,7 +7,12 @@ batch 8, bf16) runs 7 timed optimizer steps after one warm-up step, in a fresh p
 slices of the 500 W2 rows: the first 64 (rows of 75-375 tokens) and the 64 with the longest context
 (up to 523 tokens). Prints non-padding tokens/s and peak RSS per arm.
 
+With ``--precision fp32`` (the CPUs without native bf16, where qatune keeps SDPA) eager attention is set
+on the model directly, since qatune switches to it only under bf16; the results go to
+smollm2_attention_fp32.json.
+
     python bench/smollm2_attention.py          # ~5 minutes on 2 cores with native bf16
+    python bench/smollm2_attention.py --precision fp32   # ~10 minutes on 2 cores
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ SHARED = Path(os.environ.get("QATUNE_SHARED_DATA", ROOT.parent / "shared" / "dat
 OUT = Path(__file__).with_suffix(".json")
 
 
-def arm(attention: str, model: str, data: str) -> dict:
+def arm(attention: str, model: str, data: str, precision: str) -> dict:
     import w2_smollm2_lora as w2
 
     import qatune.model
@@ -38,7 +44,10 @@ def arm(attention: str, model: str, data: str) -> dict:
     from qatune.train.run import prepare_checked
 
     qatune.model.EAGER_ATTENTION_MAX_TOKENS = 4096 if attention == "eager" else 0
-    prepared = prepare_checked(load_config(None, [*w2.qatune_overrides(model, data), "train.precision=bf16"]))
+    prepared = prepare_checked(load_config(None, [*w2.qatune_overrides(model, data), f"train.precision={precision}"]))
+    if precision == "fp32" and attention == "eager":
+        base = prepared.model.get_base_model() if hasattr(prepared.model, "get_base_model") else prepared.model
+        base.set_attn_implementation("eager")
     loop = Loop.setup(prepared, None, None)
     loop.start_epoch(0)
     batches = list(windows(loop.loader, 1))
@@ -54,15 +63,17 @@ def arm(attention: str, model: str, data: str) -> dict:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--precision", choices=["bf16", "fp32"], default="bf16")
     parser.add_argument("--arm", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.arm:
-        print("RESULT " + json.dumps(arm(*args.arm)), flush=True)
+        print("RESULT " + json.dumps(arm(*args.arm, args.precision)), flush=True)
         return 0
     import w2_smollm2_lora as w2
 
     info = describe()
-    print(headline(info), flush=True)
+    print(f"{headline(info)}; {args.precision}", flush=True)
+    out = OUT if args.precision == "bf16" else OUT.with_name(f"{OUT.stem}_fp32.json")
     results: dict[str, dict[str, dict]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         class Args:
@@ -81,7 +92,8 @@ def main() -> int:
                 writer.writerows(picked)
             results[name] = {}
             for attention in ("sdpa", "eager"):
-                done = subprocess.run([sys.executable, __file__, "--arm", attention, paths["model"], str(data)],
+                done = subprocess.run([sys.executable, __file__, "--arm", attention, paths["model"], str(data),
+                                       f"--precision={args.precision}"],
                                       capture_output=True, text=True, check=False, cwd=ROOT,
                                       env={**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"})
                 line = next((x for x in done.stdout.splitlines() if x.startswith("RESULT ")), None)
@@ -94,9 +106,9 @@ def main() -> int:
                       f"longest row {r['longest_row']}  peak RSS {r['peak_rss_mb']:.0f} MB", flush=True)
             print(f"{name:16} eager / sdpa: "
                   f"x{results[name]['eager']['tokens_per_s'] / results[name]['sdpa']['tokens_per_s']:.2f}", flush=True)
-    OUT.write_text(json.dumps({"machine": info, "results": results, "measured": time.strftime("%Y-%m-%d %H:%M")},
-                              indent=2) + "\n")
-    print(f"wrote {OUT}")
+    out.write_text(json.dumps({"machine": info, "precision": args.precision, "results": results,
+                               "measured": time.strftime("%Y-%m-%d %H:%M")}, indent=2) + "\n")
+    print(f"wrote {out}")
     return 0
 
 
