@@ -237,7 +237,9 @@ def test_the_log_names_families_kept_together_only_when_group_by_prefix_keeps_so
     with_context = ["data.context_column=context"]
     for name, data, overrides in [("default", rows, with_context),
                                   ("kept", rows, [*with_context, "train.group_by_prefix=true"]),
-                                  ("no contexts", ROWS, ["train.group_by_prefix=true"])]:
+                                  ("no contexts", ROWS, ["train.group_by_prefix=true"]),
+                                  ("prompts trained", rows, [*with_context, "train.group_by_prefix=true",
+                                                             "train.train_on_prompt=true"])]:
         caplog.clear()
         with caplog.at_level(logging.INFO, logger="qatune"):
             Loop.setup(prepare(tiny_config(tmp_path, data, "train.batch_size=4", *overrides)), None, None)
@@ -245,8 +247,10 @@ def test_the_log_names_families_kept_together_only_when_group_by_prefix_keeps_so
     assert said["default"] == []  # off, the sampler has nothing to say
     assert len(said["kept"]) == 1 and said["kept"][0].startswith(
         "batches: 8 of 8 rows in 2 groups that share a long prompt prefix (one context) kept together, ")
-    assert said["no contexts"] == ["batches: no rows share a long prompt prefix (one context), so "
-                                   "train.group_by_prefix changes nothing"]
+    assert said["no contexts"] == ["batches: train.group_by_prefix keeps no rows together: no rows share a long "
+                                   "prompt prefix (one context)"]
+    assert said["prompts trained"] == ["batches: train.group_by_prefix keeps no rows together: the prompts are "
+                                       "trained on too (train.train_on_prompt)"]
 
 
 @pytest.mark.parametrize(("native", "expected"), [(True, "bf16"), (False, "fp32")])

@@ -187,8 +187,9 @@ class Loop:
                      "together, %s (train.group_by_prefix)", sum(map(len, kept)), len(prepared.dataset), len(kept),
                      how)
         elif train_cfg.group_by_prefix:
-            log.info("batches: no rows share a long prompt prefix (one context), so train.group_by_prefix changes "
-                     "nothing")
+            why = ("the prompts are trained on too (train.train_on_prompt)" if train_cfg.train_on_prompt
+                   else "no rows share a long prompt prefix (one context)")
+            log.info("batches: train.group_by_prefix keeps no rows together: %s", why)
         # Its own generator: starting an epoch must not draw from the global RNG that dropout uses, so a
         # resumed run sees the same dropout masks as an uninterrupted one.
         loader = torch.utils.data.DataLoader(prepared.dataset, batch_sampler=sampler, collate_fn=prepared.collator,
