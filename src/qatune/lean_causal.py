@@ -77,12 +77,31 @@ def _grouped(net: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tens
     name = _cache_argument(net)
     first = net(input_ids=prefix_ids, attention_mask=prefix_mask, use_cache=True)
     cache = getattr(first, name)
-    cache.batch_select_indices(group)
+    _select_rows(cache, group)
     with _LastRows(net, index) if last_rows else contextlib.nullcontext():
         hidden = net(input_ids=input_ids.gather(1, columns), position_ids=columns, use_cache=True,
                      attention_mask=torch.cat([prefix_mask.index_select(0, group), mask], 1),
                      **{name: cache}).last_hidden_state
     return hidden.reshape(-1, hidden.shape[-1]).index_select(0, index)
+
+
+def _select_rows(cache: Any, index: torch.Tensor) -> None:
+    """``cache.batch_select_indices(index)``, through ``index_select`` where the cache is transformers' plain
+    keys and values per layer. transformers indexes them (``keys[index, ...]``), whose backward adds the rows'
+    gradients up with an accumulating ``index_put_``: on a CPU five times as slow as ``index_select``'s
+    ``index_add_`` (about 2% of a grouped W2 step in fp32)."""
+    try:
+        from transformers.cache_utils import DynamicLayer
+    except ImportError:
+        DynamicLayer = None
+    layers = getattr(cache, "layers", None)
+    if DynamicLayer is None or not layers or any(type(layer) is not DynamicLayer for layer in layers):
+        cache.batch_select_indices(index)
+        return
+    for layer in layers:
+        if layer.get_seq_length() > 0:
+            layer.keys = layer.keys.index_select(0, index)
+            layer.values = layer.values.index_select(0, index)
 
 
 class _LastRows:

@@ -391,6 +391,36 @@ def test_each_groups_prefix_is_computed_once_with_the_whole_batchs_loss_and_grad
         torch.testing.assert_close(got[name], grad, rtol=1e-4, atol=1e-6, msg=name)
 
 
+def test_each_rows_group_keys_are_picked_with_index_select_and_other_caches_keep_their_own_pick():
+    from transformers import DynamicCache
+
+    from qatune.lean_causal import _select_rows
+
+    keys = torch.randn(3, 2, 4, 5, requires_grad=True)
+    values = torch.randn(3, 2, 4, 5, requires_grad=True)
+    cache = DynamicCache()
+    cache.update(keys, values, 0)
+    group = torch.tensor([0, 0, 2, 1, 0])
+    _select_rows(cache, group)
+    picked = cache.layers[0]
+    assert type(picked.keys.grad_fn).__name__ == "IndexSelectBackward0"  # not IndexBackward0's index_put_
+    assert torch.equal(picked.keys, keys[group]) and torch.equal(picked.values, values[group])
+    (picked.keys.sum() + 2 * picked.values.sum()).backward()
+    assert keys.grad[:, 0, 0, 0].tolist() == [3.0, 1.0, 1.0]  # row 0 feeds three rows, the others one each
+    assert values.grad[:, 0, 0, 0].tolist() == [6.0, 2.0, 2.0]
+
+    class Other:
+        def __init__(self):
+            self.layers = [object()]
+
+        def batch_select_indices(self, index):
+            self.picked = index
+
+    other = Other()
+    _select_rows(other, group)
+    assert other.picked is group
+
+
 def test_groups_that_do_not_reproduce_the_batch_are_not_used(monkeypatch):
     from qatune import lean_causal
 
