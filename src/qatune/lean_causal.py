@@ -89,7 +89,7 @@ def _select_rows(cache: Any, index: torch.Tensor) -> None:
     """``cache.batch_select_indices(index)``, through ``index_select`` where the cache is transformers' plain
     keys and values per layer. transformers indexes them (``keys[index, ...]``), whose backward adds the rows'
     gradients up with an accumulating ``index_put_``: on a CPU five times as slow as ``index_select``'s
-    ``index_add_`` (about 2% of a grouped W2 step in fp32)."""
+    ``index_add_`` (1.1% of a W2 step in fp32 in the profile; within the noise of whole steps)."""
     try:
         from transformers.cache_utils import DynamicLayer
     except ImportError:
