@@ -15,6 +15,10 @@ model's own hidden states with it, and all of it on the model's own modules (LoR
   last must run on every position (later layers attend to its keys and values), but the last one's
   attention output projection and MLP matter only where the loss reads them: they run on those rows, and
   the others get zeros (a final state that nothing reads).
+* **No padding in the position-wise work** (``unpadded``): each layer's query, key, value and output
+  projections and its MLP run on the real tokens only, the padding positions get zeros. Attention still
+  sees the padded rows (their mask keeps padding out of every real position's keys), so a batch's rows
+  of different lengths cost their own lengths in the matrix products, which are most of a step.
 
 GPT-2 has its own path (:mod:`qatune.lean_gpt2`).
 """
@@ -37,16 +41,16 @@ log = logging.getLogger("qatune")
 
 def supervised_hidden(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                       selected: torch.Tensor, prefix: int = 0, last_rows: bool = False,
-                      groups: dict[str, Any] | None = None) -> torch.Tensor:
+                      groups: dict[str, Any] | None = None, unpadded: bool = False) -> torch.Tensor:
     """The backbone's last hidden states at the ``selected`` positions ((B, T) mask), in row-major order.
     ``prefix``: leading tokens every row shares and where nothing is selected (0: none); ``groups``: prefixes
     shared by groups of rows instead (:func:`qatune.data.prefixes.plan`; None: ``prefix`` applies)."""
     net = backbone(model)
     if groups is not None:
-        return _grouped(net, input_ids, attention_mask, selected, groups, last_rows)
+        return _grouped(net, input_ids, attention_mask, selected, groups, last_rows, unpadded)
     prefix = prefix if 0 < prefix < input_ids.shape[1] and input_ids.shape[0] > 1 else 0
     index = selected[:, prefix:].reshape(-1).nonzero().squeeze(1)  # flat, row-major: as boolean indexing orders
-    rows = _LastRows(net, index) if last_rows else contextlib.nullcontext()
+    rows = _rows(net, attention_mask[:, prefix:], index if last_rows else None, unpadded)
     if not prefix:
         with rows:
             hidden = net(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
@@ -62,7 +66,7 @@ def supervised_hidden(model: nn.Module, input_ids: torch.Tensor, attention_mask:
 
 
 def _grouped(net: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, selected: torch.Tensor,
-             groups: dict[str, Any], last_rows: bool) -> torch.Tensor:
+             groups: dict[str, Any], last_rows: bool, unpadded: bool) -> torch.Tensor:
     device, width = input_ids.device, input_ids.shape[1]
     rows, lengths, group = (groups[key].to(device, non_blocking=True) for key in ("rows", "lengths", "group"))
     prefix_width, suffix_width = groups["prefix_width"], groups["suffix_width"]
@@ -75,10 +79,11 @@ def _grouped(net: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tens
     chosen = selected.gather(1, columns) & inside
     index = chosen.reshape(-1).nonzero().squeeze(1)
     name = _cache_argument(net)
-    first = net(input_ids=prefix_ids, attention_mask=prefix_mask, use_cache=True)
+    with _rows(net, prefix_mask, None, unpadded):
+        first = net(input_ids=prefix_ids, attention_mask=prefix_mask, use_cache=True)
     cache = getattr(first, name)
     _select_rows(cache, group)
-    with _LastRows(net, index) if last_rows else contextlib.nullcontext():
+    with _rows(net, mask, index if last_rows else None, unpadded):
         hidden = net(input_ids=input_ids.gather(1, columns), position_ids=columns, use_cache=True,
                      attention_mask=torch.cat([prefix_mask.index_select(0, group), mask], 1),
                      **{name: cache}).last_hidden_state
@@ -104,35 +109,62 @@ def _select_rows(cache: Any, index: torch.Tensor) -> None:
             layer.values = layer.values.index_select(0, index)
 
 
-class _LastRows:
-    """While entered: the last layer's ``self_attn.o_proj`` and ``mlp`` compute the rows at ``index`` (of the
-    flattened positions) only: forward hooks gather their input rows and scatter their output rows into zeros."""
+def _rows(net: nn.Module, mask: torch.Tensor, read: torch.Tensor | None, unpadded: bool) -> Any:
+    """What runs on fewer rows in a forward over ``mask`` ((B, T), 1 on real tokens): with ``read`` (the
+    flattened positions the loss reads) the last layer's output projection and MLP on those; with
+    ``unpadded`` every other position-wise module on the real tokens, where the batch holds padding."""
+    modules: list[tuple[nn.Module, torch.Tensor]] = []
+    if read is not None:
+        last = net.layers[-1]
+        modules += [(last.self_attn.o_proj, read), (last.mlp, read)]
+    real = mask.reshape(-1).nonzero().squeeze(1) if unpadded else None
+    if real is not None and len(real) < mask.numel():
+        taken = {id(module) for module, _ in modules}
+        modules += [(module, real) for layer in net.layers for module in _position_wise(layer)
+                    if id(module) not in taken]
+    return _Rows(modules) if modules else contextlib.nullcontext()
 
-    def __init__(self, net: nn.Module, index: torch.Tensor):
-        layer = net.layers[-1]
-        self.modules = (layer.self_attn.o_proj, layer.mlp)
-        self.index = index
+
+def _position_wise(layer: nn.Module) -> list[nn.Module]:
+    """A decoder layer's modules that work position by position: its attention's projections and its MLP."""
+    attention = getattr(layer, "self_attn", None)
+    found = [getattr(attention, name, None) for name in ("q_proj", "k_proj", "v_proj", "o_proj")]
+    found.append(getattr(layer, "mlp", None))
+    return [module for module in found if isinstance(module, nn.Module)]
+
+
+class _Rows:
+    """While entered: each module computes the rows at its index (of the flattened positions) only: a forward
+    pre-hook gathers its input rows, a forward hook scatters its output rows into zeros. Modules called on
+    one tensor with one index in turn (the query, key and value projections) share its gather."""
+
+    def __init__(self, modules: list[tuple[nn.Module, torch.Tensor]]):
+        self.modules = modules
         self.handles: list[Any] = []
         self.shapes: dict[int, torch.Size] = {}
+        self.gathered: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
     def __enter__(self) -> None:
-        for module in self.modules:
-            self.handles.append(module.register_forward_pre_hook(self._gather))
-            self.handles.append(module.register_forward_hook(self._scatter))
+        for module, index in self.modules:
+            self.handles.append(module.register_forward_pre_hook(functools.partial(self._gather, index)))
+            self.handles.append(module.register_forward_hook(functools.partial(self._scatter, index)))
 
     def __exit__(self, *_: Any) -> None:
         for handle in self.handles:
             handle.remove()
         self.handles.clear()
+        self.gathered = None
 
-    def _gather(self, module: nn.Module, args: tuple) -> tuple:
+    def _gather(self, index: torch.Tensor, module: nn.Module, args: tuple) -> tuple:
         x = args[0]
         self.shapes[id(module)] = x.shape[:-1]
-        return (x.reshape(-1, x.shape[-1]).index_select(0, self.index), *args[1:])
+        if self.gathered is None or self.gathered[0] is not x or self.gathered[1] is not index:
+            self.gathered = (x, index, x.reshape(-1, x.shape[-1]).index_select(0, index))
+        return (self.gathered[2], *args[1:])
 
-    def _scatter(self, module: nn.Module, args: tuple, out: torch.Tensor) -> torch.Tensor:
+    def _scatter(self, index: torch.Tensor, module: nn.Module, args: tuple, out: torch.Tensor) -> torch.Tensor:
         shape = self.shapes.pop(id(module))
-        full = out.new_zeros(shape.numel(), out.shape[-1]).index_copy(0, self.index, out)
+        full = out.new_zeros(shape.numel(), out.shape[-1]).index_copy_(0, index, out)
         return full.view(*shape, out.shape[-1])
 
 
@@ -166,7 +198,7 @@ def checked_once(model: nn.Module, attribute: str, check: Any) -> bool:
     return cached
 
 
-FEATURES = ("prefix", "groups", "last_rows")
+FEATURES = ("prefix", "groups", "last_rows", "unpadded")
 
 
 def check(model: nn.Module, feature: str, accepted: dict[str, bool]) -> bool:
@@ -178,10 +210,13 @@ def check(model: nn.Module, feature: str, accepted: dict[str, bool]) -> bool:
 
 def _check(model: nn.Module, feature: str, accepted: dict[str, bool]) -> bool:
     net = backbone(model)
-    if feature in ("prefix", "groups") and any(getattr(m, "gradient_checkpointing", False) is True
-                                               for m in model.modules()):
-        return False  # transformers turns the cache off while checkpointing
+    if any(getattr(m, "gradient_checkpointing", False) is True for m in model.modules()):
+        # transformers turns the cache off while checkpointing, and its recomputed forwards run without the
+        # hooks that pick rows.
+        return False
     if feature == "last_rows" and not _has_last_rows(net):
+        return False
+    if feature == "unpadded" and not _has_position_wise(net):
         return False
     if feature == "groups" and _windowed(getattr(model, "config", None)):
         # Windows are counted in cache slots, and a group's padded prefix puts padding slots before each row.
@@ -196,7 +231,7 @@ def _check(model: nn.Module, feature: str, accepted: dict[str, bool]) -> bool:
     selected = torch.zeros_like(mask, dtype=torch.bool)
     selected[0, 4:] = selected[1, 4:] = selected[2, 3:5] = selected[3, 5:] = True
     options = {name: accepted.get(name, False) for name in FEATURES} | {feature: True}
-    layouts = [(0, None)] if feature == "last_rows" else []
+    layouts = [(0, None)] if feature in ("last_rows", "unpadded") else []
     if options["prefix"] and feature != "groups":
         layouts.append((2, None))
     if options["groups"]:
@@ -210,7 +245,8 @@ def _check(model: nn.Module, feature: str, accepted: dict[str, bool]) -> bool:
         with torch.no_grad():
             whole = net(input_ids=ids, attention_mask=mask).last_hidden_state[selected]
             for prefix, groups in layouts:
-                mine = supervised_hidden(model, ids, mask, selected, prefix, options["last_rows"], groups)
+                mine = supervised_hidden(model, ids, mask, selected, prefix, options["last_rows"], groups,
+                                         options["unpadded"])
                 # Products at another batch size or through another kernel round differently (SmolLM2: 2e-3 on
                 # hidden states of up to 55). A real difference (positions, masks) is of the size of the states.
                 if mine.shape != whole.shape or (mine - whole).abs().max() > 1e-3 * whole.abs().max():
@@ -226,7 +262,8 @@ def _check(model: nn.Module, feature: str, accepted: dict[str, bool]) -> bool:
 
 
 _WHAT = {"prefix": "shared prompt prefix", "groups": "prompt prefixes shared by groups of rows",
-         "last_rows": "last layer on the supervised positions only"}
+         "last_rows": "last layer on the supervised positions only",
+         "unpadded": "projections and MLPs on the real tokens only"}
 
 
 def _windowed(config: Any) -> bool:
@@ -242,3 +279,8 @@ def _has_last_rows(net: nn.Module) -> bool:
     last = layers[-1]
     return isinstance(getattr(last, "mlp", None), nn.Module) and isinstance(
         getattr(getattr(last, "self_attn", None), "o_proj", None), nn.Module)
+
+
+def _has_position_wise(net: nn.Module) -> bool:
+    layers = getattr(net, "layers", None)
+    return isinstance(layers, nn.ModuleList) and len(layers) > 0 and all(_position_wise(layer) for layer in layers)

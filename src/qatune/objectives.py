@@ -52,6 +52,7 @@ class CausalLMObjective(nn.Module):
         self.prefix_once = self.paths.get("prefix", False)
         self.groups = self.paths.get("groups", False)
         self.last_rows = self.paths.get("last_rows", False)
+        self.unpadded = self.paths.get("unpadded", False)
 
     def describe(self) -> str:
         if self.lean:
@@ -59,6 +60,8 @@ class CausalLMObjective(nn.Module):
         head = "LM head on the supervised positions only"
         if self.last_rows:
             head = "LM head and the last layer's projections on the supervised positions only"
+        if self.unpadded:
+            head += ", no padding through the projections and MLPs"
         if self.prefix_once or self.groups:
             through = "" if lean_gpt2.has_dropout(self.model) else " (through the model's cache)"
             head += f", {self._prefix()}{through}"
@@ -94,7 +97,7 @@ class CausalLMObjective(nn.Module):
             groups = prefix_groups if share and self.groups else None
             # The collator keeps every supervised position after the shared prefixes.
             hidden = lean_causal.supervised_hidden(self.model, input_ids, attention_mask, supervised, prefix,
-                                                   self.last_rows, groups)
+                                                   self.last_rows, groups, self.unpadded)
             logits = _head_on_rows(self.model.get_output_embeddings(), hidden)
         else:
             logits = self.model(input_ids=input_ids, attention_mask=attention_mask).logits[supervised]

@@ -117,6 +117,7 @@ def test_lora_on_a_llama_keeps_the_lm_head_on_supervised_positions_only():
     model = apply_lora(tiny_llama(tokenizer), LoraSettings(r=4, target_modules=["q_proj", "v_proj"]), "generative")
     objective = CausalLMObjective(model)
     assert objective.describe() == ("LM head and the last layer's projections on the supervised positions only, "
+                                    "no padding through the projections and MLPs, "
                                     "prompt prefix not shared while training: dropout is active")  # LoRA's dropout
     ids = torch.tensor([[5, 6, 7, 8, 9, 10]])
     labels = torch.tensor([[-100, -100, -100, 8, 9, 10]])

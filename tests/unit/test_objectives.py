@@ -124,6 +124,7 @@ def test_other_architectures_compute_the_shared_prefix_once_through_their_cache(
     objective = CausalLMObjective(model)
     assert objective.selective and not objective.lean and objective.prefix_once
     assert objective.describe() == ("LM head and the last layer's projections on the supervised positions only, "
+                                    "no padding through the projections and MLPs, "
                                     "shared prompt prefixes computed once per batch: the batch's common one, or "
                                     "each group's where rows share a longer one (through the model's cache)")
     batch = qa_batch()
@@ -180,13 +181,14 @@ def test_a_cache_that_does_not_reproduce_the_batch_is_not_used(monkeypatch):
 
     real = lean_causal.supervised_hidden
     monkeypatch.setattr(lean_causal, "supervised_hidden",
-                        lambda model, ids, mask, selected, prefix=0, last_rows=False, groups=None: real(
-                            model, ids, mask, selected, prefix, last_rows, groups)
+                        lambda model, ids, mask, selected, prefix=0, last_rows=False, groups=None, unpadded=False:
+                        real(model, ids, mask, selected, prefix, last_rows, groups, unpadded)
                         + (0.01 if prefix or groups is not None else 0.0))
     model = tiny_llama()
     objective = CausalLMObjective(model)
     assert objective.selective and not objective.prefix_once and objective.last_rows
-    assert objective.describe() == "LM head and the last layer's projections on the supervised positions only"
+    assert objective.describe() == ("LM head and the last layer's projections on the supervised positions only, "
+                                    "no padding through the projections and MLPs")
     seen = backbone_widths(model.model)
     torch.testing.assert_close(objective(**qa_batch(), shared_prefix=3)["loss_sum"],
                                reference_loss(model, qa_batch()))
@@ -336,8 +338,9 @@ def test_the_last_layers_projections_run_on_the_supervised_rows_only():
     expected = grads(model, reference_loss(model, batch))
     inputs.clear()
     out = objective(**batch, shared_prefix=3)
-    # Layer 0 on every position (the prefix for one row, then the rest of each row); layer 1 on the 9 supervised.
-    assert inputs == [(1, 3, 32), (1, 3, 32), (1, 3, 32), (1, 3, 32), (3, 5, 32), (3, 5, 32), (9, 32), (9, 32)]
+    # Layer 0 on every real position (the prefix for one row, then the rest of each row: 5 + 5 + 3 real of the 3 x 5
+    # columns after the prefix); layer 1 on the 9 supervised.
+    assert inputs == [(1, 3, 32), (1, 3, 32), (1, 3, 32), (1, 3, 32), (13, 32), (13, 32), (9, 32), (9, 32)]
     got = grads(model, out["loss_sum"])
     for name, grad in expected.items():
         torch.testing.assert_close(got[name], grad, rtol=1e-4, atol=1e-6, msg=name)
@@ -451,3 +454,114 @@ def test_sliding_window_models_share_only_the_batchs_common_prefix(debug_log):
         in debug_log.text
     batch = grouped_batch()
     torch.testing.assert_close(objective(**batch)["loss_sum"], reference_loss(model, batch), rtol=1e-5, atol=1e-5)
+
+
+def position_wise_inputs(model):
+    """The shape of every input to layer 0's query projection and MLP, in call order."""
+    seen = []
+    layer = model.model.layers[0]
+    for module in (layer.self_attn.q_proj, layer.mlp):
+        module.register_forward_hook(lambda module, args, out: seen.append(tuple(args[0].shape)))
+    return seen
+
+
+def lora_llama():
+    from peft import LoraConfig, get_peft_model
+
+    model = get_peft_model(tiny_llama(), LoraConfig(
+        r=4, lora_alpha=8, lora_dropout=0.0,
+        target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]))
+    for name, parameter in model.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(parameter, std=0.1)
+    return model
+
+
+@pytest.mark.parametrize("lora", [False, True])
+@pytest.mark.parametrize("shared_prefix", [0, 3])
+def test_projections_and_mlps_run_on_the_real_tokens_with_the_whole_batchs_loss_and_gradients(lora, shared_prefix):
+    model = lora_llama() if lora else tiny_llama()
+    objective = CausalLMObjective(model)
+    assert objective.unpadded and objective.last_rows
+    assert "no padding through the projections and MLPs" in objective.describe()
+    batch = qa_batch()
+    expected = grads(model, reference_loss(model, batch))
+    seen = position_wise_inputs(objective.model.get_base_model() if lora else model)
+    out = objective(**batch, shared_prefix=shared_prefix)
+    # Rows of 8, 8 and 6 real tokens in 8 columns (the last one predicts nothing and is left out); with the 3-token
+    # prefix once (no padding in it), the rest of each row: 5 + 5 + 3 real in 3 x 5 columns.
+    assert seen == ([(22, 32), (22, 32)] if not shared_prefix else [(1, 3, 32), (1, 3, 32), (13, 32), (13, 32)])
+    torch.testing.assert_close(out["loss_sum"], reference_loss(model, batch), rtol=1e-5, atol=1e-5)
+    got = grads(model, out["loss_sum"])
+    assert got.keys() == expected.keys()
+    for name, grad in expected.items():
+        torch.testing.assert_close(got[name], grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_group_prefixes_and_their_rows_run_on_the_real_tokens_only():
+    model = lora_llama()
+    objective = CausalLMObjective(model)
+    assert objective.groups and objective.unpadded
+    batch = grouped_batch()
+    expected = grads(model, reference_loss(model, batch))
+    seen = position_wise_inputs(objective.model.get_base_model())
+    out = objective(**batch)
+    # Two group prefixes of 5 columns, row 2's of 3 real tokens; then each row's rest: 3 real columns each (row 2's
+    # from position 3), no padding, so whole.
+    assert seen == [(8, 32), (8, 32), (4, 3, 32), (4, 3, 32)]
+    torch.testing.assert_close(out["loss_sum"], reference_loss(model, batch), rtol=1e-5, atol=1e-5)
+    got = grads(model, out["loss_sum"])
+    for name, grad in expected.items():
+        torch.testing.assert_close(got[name], grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_rows_without_padding_keep_their_shape():
+    model = tiny_llama()
+    objective = CausalLMObjective(model)
+    batch = {key: value[:2] for key, value in qa_batch().items()}  # the two rows of 9 tokens
+    expected = reference_loss(model, batch)
+    seen = position_wise_inputs(model)
+    torch.testing.assert_close(objective(**batch)["loss_sum"], expected, rtol=1e-5, atol=1e-5)
+    assert seen == [(2, 8, 32), (2, 8, 32)]
+
+
+class TokenShift(torch.nn.Module):
+    """An MLP that also mixes each position with the one before it (as RWKV's token shift does)."""
+
+    def __init__(self, mlp):
+        super().__init__()
+        self.mlp = mlp
+
+    def forward(self, x):
+        return self.mlp(x) + 0.5 * torch.cat([torch.zeros_like(x[..., :1, :]), x[..., :-1, :]], dim=-2)
+
+
+def test_a_module_that_mixes_positions_is_not_run_on_the_real_tokens_only(debug_log):
+    model = tiny_llama()
+    model.model.layers[0].mlp = TokenShift(model.model.layers[0].mlp)
+    objective = CausalLMObjective(model)
+    # The model's own check sees the difference: gathered, the rows would shift into each other.
+    assert objective.last_rows and not objective.unpadded
+    assert "no padding" not in objective.describe()
+    assert "projections and MLPs on the real tokens only: not used, the hidden states differ" in debug_log.text
+    batch = qa_batch()
+    expected = reference_loss(model, batch)
+    seen = position_wise_inputs(model)
+    torch.testing.assert_close(objective(**batch)["loss_sum"], expected, rtol=1e-5, atol=1e-5)
+    assert seen == [(3, 8, 32), (3, 8, 32)]
+
+
+def test_under_gradient_checkpointing_the_backbone_runs_whole():
+    model = tiny_llama()
+    model.gradient_checkpointing_enable()
+    model.train()
+    objective = CausalLMObjective(model)
+    # Its recomputed forwards would run without the hooks that pick rows, and without the cache.
+    assert objective.selective and objective.paths == dict.fromkeys(("prefix", "groups", "last_rows", "unpadded"),
+                                                                   False)
+    batch = qa_batch()
+    expected = grads(model, reference_loss(model, batch))
+    out = objective(**batch, shared_prefix=3)
+    got = grads(model, out["loss_sum"])
+    for name, grad in expected.items():
+        torch.testing.assert_close(got[name], grad, rtol=1e-4, atol=1e-6, msg=name)
