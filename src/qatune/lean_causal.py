@@ -239,20 +239,26 @@ def _check(model: nn.Module, feature: str, accepted: dict[str, bool]) -> bool:
         if groups is None:
             return False  # a vocabulary too small for the check's tokens to differ
         layouts.append((0, groups))
+    # Under each attention the run may use (bf16 on CPU switches between eager and SDPA by batch width).
+    switch = getattr(model, "_qatune_attention", None)
+    attentions = [switch.forced(name) for name in switch.choices] if switch is not None else [contextlib.nullcontext()]
     was_training = model.training
     model.eval()
     try:
-        with torch.no_grad():
-            whole = net(input_ids=ids, attention_mask=mask).last_hidden_state[selected]
-            for prefix, groups in layouts:
-                mine = supervised_hidden(model, ids, mask, selected, prefix, options["last_rows"], groups,
-                                         options["unpadded"])
-                # Products at another batch size or through another kernel round differently (SmolLM2: 2e-3 on
-                # hidden states of up to 55). A real difference (positions, masks) is of the size of the states.
-                if mine.shape != whole.shape or (mine - whole).abs().max() > 1e-3 * whole.abs().max():
-                    log.debug("%s: not used, the hidden states differ for %s (shared prefix %d, groups %s)",
-                              _WHAT[feature], type(model).__name__, prefix, groups is not None)
-                    return False
+        for attention in attentions:
+            with attention, torch.no_grad():
+                whole = net(input_ids=ids, attention_mask=mask).last_hidden_state[selected]
+                for prefix, groups in layouts:
+                    mine = supervised_hidden(model, ids, mask, selected, prefix, options["last_rows"], groups,
+                                             options["unpadded"])
+                    # Products at another batch size or through another kernel round differently (SmolLM2: 2e-3
+                    # on hidden states of up to 55). A real difference (positions, masks) is of the size of the
+                    # states.
+                    if mine.shape != whole.shape or (mine - whole).abs().max() > 1e-3 * whole.abs().max():
+                        log.debug("%s: not used, the hidden states differ for %s (shared prefix %d, groups %s, "
+                                  "attention %s)", _WHAT[feature], type(model).__name__, prefix, groups is not None,
+                                  getattr(getattr(net, "config", None), "_attn_implementation", None))
+                        return False
         return True
     except Exception as exc:  # an architecture that does not fit: the backbone's own forward instead
         log.debug("%s: not used for %s (%s: %s)", _WHAT[feature], type(model).__name__, type(exc).__name__, exc)

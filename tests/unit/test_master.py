@@ -115,6 +115,29 @@ def test_bf16_training_on_cpu_saves_fp32_weights_and_final_links_the_last_checkp
     assert not (run / rundir.FINAL / "optimizer.pt").exists()
 
 
+def test_bf16_training_on_cpu_picks_the_attention_of_each_batch_by_its_width(tmp_path, caplog, monkeypatch):
+    from qatune import model as model_module
+    from qatune.train import train
+
+    widths, used = [], []
+    real_use = model_module.AttentionByWidth.use
+
+    def use(self, width):
+        real_use(self, width)
+        widths.append(width)
+        used.append(self.config._attn_implementation)
+
+    monkeypatch.setattr(model_module.AttentionByWidth, "use", use)
+    monkeypatch.setattr(model_module, "EAGER_ATTENTION_MAX_TOKENS", 18)  # the batches (17-21 wide) straddle it
+    config = tiny_config(tmp_path, ROWS, "train.precision=bf16", "train.epochs=1", "train.batch_size=3")
+    with caplog.at_level(logging.INFO, logger="qatune"):
+        train(config, output_dir=tmp_path / "run", progress=False)
+    assert "attention: eager for batches of at most 18 tokens, SDPA for wider ones" in caplog.text
+    assert len(widths) == 4  # one per batch: 12 rows, 3 per batch
+    assert used == ["eager" if width <= 18 else "sdpa" for width in widths]
+    assert {"eager", "sdpa"} <= set(used), widths
+
+
 def test_resuming_bf16_training_continues_from_the_fp32_masters(tmp_path):
     from safetensors.torch import load_file
 

@@ -226,7 +226,9 @@ def test_scratch_gpt2_uses_the_fused_kernel_of_its_own_gelu(tiny_gpt2):
     torch.testing.assert_close(model.transformer.h[0].mlp.act(x), ACT2FN["gelu_new"](x), atol=1e-6, rtol=1e-5)
 
 
-def test_eager_attention_only_for_short_rows_under_bf16_on_cpu(tmp_path):
+def test_attention_is_picked_per_batch_width_under_bf16_on_cpu(monkeypatch, tmp_path):
+    from transformers.models.gpt2 import modeling_gpt2
+
     from qatune.model import EAGER_ATTENTION_MAX_TOKENS, attention_for_training
 
     def fresh():
@@ -235,20 +237,36 @@ def test_eager_attention_only_for_short_rows_under_bf16_on_cpu(tmp_path):
         return build_scratch(ScratchModel(n_layer=1, n_embd=32, n_head=2, n_positions=64), "generative",
                              tokenizer).eval(), tokenizer
 
-    for precision, device, longest in [("fp32", "cpu", 20), ("bf16", "cuda", 20),
-                                       ("bf16", "cpu", EAGER_ATTENTION_MAX_TOKENS + 1)]:
+    for precision, device in [("fp32", "cpu"), ("bf16", "cuda")]:
         model, _ = fresh()
-        assert attention_for_training(model, precision, device, longest) is None
+        assert attention_for_training(model, precision, device) is None
         assert model.config._attn_implementation == "sdpa"
     model, tokenizer = fresh()
+    eager_calls = []
+    eager = modeling_gpt2.eager_attention_forward
+    monkeypatch.setattr(modeling_gpt2, "eager_attention_forward",
+                        lambda *args, **kwargs: eager_calls.append(1) or eager(*args, **kwargs))
     ids = torch.tensor([[5, 6, 7, 8, 9, 10]])
     with torch.no_grad():
         before = model(input_ids=ids).logits
-    assert attention_for_training(model, "bf16", "cpu", EAGER_ATTENTION_MAX_TOKENS) == "eager"
+    assert eager_calls == []
+    switch = attention_for_training(model, "bf16", "cpu")
+    assert switch is not None and model.config._attn_implementation == "sdpa"
+    switch.use(EAGER_ATTENTION_MAX_TOKENS)
     assert model.config._attn_implementation == "eager"
     with torch.no_grad():
         torch.testing.assert_close(model(input_ids=ids).logits, before, atol=1e-5, rtol=1e-5)
+    assert eager_calls == [1]  # the layer read the switch at its forward
+    switch.use(EAGER_ATTENTION_MAX_TOKENS + 1)
+    assert model.config._attn_implementation == "sdpa"
+    with torch.no_grad():
+        model(input_ids=ids)
+    assert eager_calls == [1]
+    with switch.forced("eager"):
+        assert model.config._attn_implementation == "eager"
+    assert model.config._attn_implementation == "sdpa"
     # A run-time choice: the saved model does not carry it.
+    switch.use(1)
     folder = save_model(tmp_path / "final", model, tokenizer, load_config(ROOT / "configs" / "tiny-gpt2.yaml"),
                         ModelInfo(task="generative", max_length=32))
     assert "eager" not in (folder / "config.json").read_text()

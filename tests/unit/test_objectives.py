@@ -119,6 +119,21 @@ def backbone_widths(backbone):
     return seen
 
 
+def test_loss_path_checks_run_under_each_attention_a_bf16_cpu_run_switches_between():
+    from qatune.model import attention_for_training
+
+    model = tiny_llama()
+    switch = attention_for_training(model, "bf16", "cpu")
+    assert switch is not None
+    model._qatune_attention = switch  # as the loop sets it before building the objective
+    seen = []
+    model.model.register_forward_hook(lambda *_: seen.append(model.config._attn_implementation))
+    objective = CausalLMObjective(model)
+    assert objective.prefix_once and objective.last_rows and objective.unpadded
+    assert set(seen) == {"eager", "sdpa"}
+    assert model.config._attn_implementation == "sdpa"  # set back after the checks
+
+
 def test_other_architectures_compute_the_shared_prefix_once_through_their_cache():
     model = tiny_llama()
     objective = CausalLMObjective(model)

@@ -26,7 +26,7 @@ from tqdm.auto import tqdm
 from qatune import rundir
 from qatune.checkpoint import TrainState, checkpoint_step, model_folder_from, restore, save_checkpoint
 from qatune.errors import TrainingError, row_list
-from qatune.model import attention_for_training
+from qatune.model import AttentionByWidth, attention_for_training
 from qatune.model_folder import save_model
 from qatune.objectives import count_items, count_tokens, model_inputs, objective_for
 from qatune.train.device import hand_back_freed_memory, keep_freed_memory, make_accelerator, pad_multiple
@@ -92,6 +92,8 @@ def train_step(loop: Loop, window: list[dict[str, torch.Tensor]]) -> dict[str, A
     logit_absmax = torch.zeros((), device=accelerator.device)
     for i, batch in enumerate(window):
         # Gradients are synchronised across processes only on the window's last micro-batch.
+        if loop.attention is not None:
+            loop.attention.use(batch["input_ids"].shape[1])
         with accelerator.no_sync(objective) if i < len(window) - 1 else nullcontext():
             out = objective(**model_inputs(batch))
             accelerator.backward(out["loss_sum"] * accelerator.num_processes / items)
@@ -153,6 +155,7 @@ class Loop:
     masters: MasterWeights | None = None
     logged: LogWindow = field(default_factory=LogWindow)
     last_checkpoint: Path | None = None
+    attention: AttentionByWidth | None = None
 
     @classmethod
     def setup(cls, prepared: Prepared, run_dir: Path | None, resume_from: Path | None) -> Loop:
@@ -166,10 +169,13 @@ class Loop:
         elif multiple > 1:
             log.debug("batch widths not rounded up to %d: the collator (%s) has no pad_to_multiple_of", multiple,
                       type(prepared.collator).__name__)
+        # Set before the objective, whose loss-path checks run under each attention the run may use.
+        attention = attention_for_training(prepared.model, prepared.precision, accelerator.device.type)
+        prepared.model._qatune_attention = attention
         objective = objective_for(config.task, prepared.model, prepared.precision)
-        longest = max(prepared.dataset.lengths, default=0)
-        if attention_for_training(prepared.model, prepared.precision, accelerator.device.type, longest):
-            log.info("attention: eager (rows of at most %d tokens under bf16 on CPU, where it beats SDPA)", longest)
+        if attention is not None:
+            longest = max(prepared.dataset.lengths, default=0)
+            log.info("attention: %s", attention.describe(longest))
         if hasattr(objective, "describe"):
             log.info("loss: %s", objective.describe())
         masters = None
@@ -212,7 +218,7 @@ class Loop:
         clip = gradient_clipper(accelerator, objective, optimizer, train_cfg.max_grad_norm,
                                 masters.masters if masters else None)
         return cls(prepared, run_dir, accelerator, objective, optimizer, loader, sampler, clip, schedulers, state,
-                   guard, metrics_log, masters, LogWindow.restored(state.log_window))
+                   guard, metrics_log, masters, LogWindow.restored(state.log_window), attention=attention)
 
     @property
     def main(self) -> bool:
