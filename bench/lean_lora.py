@@ -8,11 +8,12 @@ batch of the first ``--rows`` rows is trained twice, alternating which goes firs
 forward, once with peft's. Prints the summed step times of both and their ratio per pass over the batches,
 and their median; and, from the first batch after one update (peft starts the adapters' B at zero), the
 summed loss and the largest gradient difference both ways.
-The one-pass forward is taken in fp32 only (under autocast it hands over to peft's), so on a CPU with native
-bf16 this script runs with `train.precision: fp32`.
+In fp32 by default; ``--precision bf16`` on a CPU with native bf16 (bf16 weights under bf16 autocast, where
+the one-pass forward is taken too: autocast casts nothing there) writes lean_lora_bf16.json's figures.
 
     python bench/lean_lora.py               # 3 passes over 6 batches, ~12 minutes on 2 cores in fp32
     python bench/lean_lora.py --rows 96 --passes 2
+    python bench/lean_lora.py --precision bf16 --json bench/lean_lora_bf16.json
 """
 
 from __future__ import annotations
@@ -33,8 +34,9 @@ def main() -> int:
     from qatune.objectives import model_inputs
     from qatune.train.loop import train_step
 
-    args, info = per_batch_options(__doc__, __file__)
-    prepared, loop = w2.qatune_loop(args.rows, "train.precision=fp32", groups=False)
+    args, info = per_batch_options(__doc__, __file__, more=lambda parser: parser.add_argument(
+        "--precision", choices=["fp32", "bf16"], default="fp32"))
+    prepared, loop = w2.qatune_loop(args.rows, f"train.precision={args.precision}", groups=False)
     model = prepared.model
     layers = lean_lora.install(model)
     print(f"loss: {loop.objective.describe()}; {layers} LoRA layers", flush=True)
@@ -46,12 +48,15 @@ def main() -> int:
     first = {}
     for name, shape in arms:
         batch = shape(batches[0])
+        # The model's own gradients too: under bf16 the optimizer holds fp32 masters, not these parameters.
         loop.optimizer.zero_grad(set_to_none=True)
+        model.zero_grad(set_to_none=True)
         loss = loop.objective(**model_inputs(batch))["loss_sum"]
         loss.backward()
         grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
         first[name] = (float(loss.detach()), grads)
     loop.optimizer.zero_grad(set_to_none=True)
+    model.zero_grad(set_to_none=True)
     gap = max(float((g - first["peft"][1][n]).abs().max()) for n, g in first["one pass"][1].items())
     scale = max(float(g.abs().max()) for g in first["peft"][1].values())
     losses = {name: value[0] for name, value in first.items()}

@@ -16,7 +16,8 @@ projection) those elementwise passes were a tenth of a training step in fp32 (be
 Each eligible layer keeps its module and weights (saving, merging and loading are peft's own); only its
 ``forward`` is replaced by one that takes this path when it applies -- one plain LoRA adapter active, no
 dropout while training, an ``nn.Linear`` (or GPT-2's ``Conv1D``) base whose weights are frozen, every
-tensor in one floating dtype, no autocast -- and otherwise calls peft's forward.
+tensor in one floating dtype, no autocast or one of that same dtype (bf16 weights under bf16 autocast, as
+bf16 training on CPU runs) -- and otherwise calls peft's forward.
 """
 
 from __future__ import annotations
@@ -118,7 +119,12 @@ def _plain_adapter(layer: Any, x: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
         return None
     frozen = not base.weight.requires_grad and (base.bias is None or not base.bias.requires_grad)
     dtype = x.dtype
-    if not frozen or not dtype.is_floating_point or torch.is_autocast_enabled(x.device.type):
+    if not frozen or not dtype.is_floating_point:
+        return None
+    device = x.device.type
+    if torch.is_autocast_enabled(device) and torch.get_autocast_dtype(device) != dtype:
+        # Autocast would run the products in its own dtype. Under bf16 autocast with bf16 weights and inputs
+        # (bf16 training on CPU: bf16 weights, fp32 masters) it casts nothing, and the one-pass product is the same.
         return None
     if any(t.dtype != dtype for t in (base.weight, lora_a.weight, lora_b.weight)) or \
             (base.bias is not None and base.bias.dtype != dtype):

@@ -119,6 +119,26 @@ def test_peft_forward_is_kept_where_the_one_pass_product_does_not_apply(monkeypa
     assert "base_model.model.model.layers.0.self_attn.q_proj.base_layer.weight" in grads
 
 
+def test_bf16_weights_under_bf16_autocast_take_the_one_pass_product(monkeypatch):
+    # bf16 training on CPU: bf16 weights (fp32 masters in the optimizer), the forward under bf16 autocast,
+    # which casts nothing there; the products are bf16 either way.
+    model = llama_with_lora().to(torch.bfloat16)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        expected_loss, expected = loss_and_grads(model)
+    lean_lora.install(model)
+    calls = one_pass_calls(monkeypatch)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss, grads = loss_and_grads(model)
+    assert len(calls) == 2 * len(PROJECTIONS)
+    torch.testing.assert_close(loss, expected_loss, rtol=2e-3, atol=0)
+    assert grads.keys() == expected.keys()
+    for name, grad in grads.items():
+        # bf16 rounding in another order: within a tenth of the gradient's size (a wrong scaling is not).
+        reference = expected[name].float()
+        assert grad.dtype == torch.bfloat16
+        assert (grad.float() - reference).abs().max() <= 0.1 * reference.abs().max(), name
+
+
 def test_merged_adapters_generate_the_same_tokens():
     model = llama_with_lora()
     model.eval()
