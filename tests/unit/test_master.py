@@ -116,7 +116,7 @@ def test_bf16_training_on_cpu_saves_fp32_weights_and_final_links_the_last_checkp
 
 
 def test_bf16_training_on_cpu_picks_the_attention_of_each_batch_by_its_width(tmp_path, caplog, monkeypatch):
-    from qatune import model as model_module
+    from qatune import attention as model_module
     from qatune.train import train
 
     widths, used = [], []

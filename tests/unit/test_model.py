@@ -229,7 +229,7 @@ def test_scratch_gpt2_uses_the_fused_kernel_of_its_own_gelu(tiny_gpt2):
 def test_attention_is_picked_per_batch_width_under_bf16_on_cpu(monkeypatch, tmp_path):
     from transformers.models.gpt2 import modeling_gpt2
 
-    from qatune.model import EAGER_ATTENTION_MAX_TOKENS, attention_for_training
+    from qatune.attention import EAGER_ATTENTION_MAX_TOKENS, attention_for_training
 
     def fresh():
         torch.manual_seed(0)

@@ -120,7 +120,7 @@ def backbone_widths(backbone):
 
 
 def test_loss_path_checks_run_under_each_attention_a_bf16_cpu_run_switches_between():
-    from qatune.model import attention_for_training
+    from qatune.attention import attention_for_training
 
     model = tiny_llama()
     switch = attention_for_training(model, "bf16", "cpu")

@@ -24,9 +24,9 @@ import torch
 from tqdm.auto import tqdm
 
 from qatune import rundir
+from qatune.attention import AttentionByWidth, attention_for_training
 from qatune.checkpoint import TrainState, checkpoint_step, model_folder_from, restore, save_checkpoint
 from qatune.errors import TrainingError, row_list
-from qatune.model import AttentionByWidth, attention_for_training
 from qatune.model_folder import save_model
 from qatune.objectives import count_items, count_tokens, model_inputs, objective_for
 from qatune.train.device import hand_back_freed_memory, keep_freed_memory, make_accelerator, pad_multiple
