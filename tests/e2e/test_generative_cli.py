@@ -1,4 +1,7 @@
-"""The seed's scenario end to end through the CLI: a tiny GPT-2 learns 100 FAQ-like rows by heart."""
+"""The seed's scenario end to end through the CLI: a tiny GPT-2 learns 100 FAQ-like rows by heart.
+
+40 epochs, not 30: under bf16 (what ``precision: auto`` picks on a CPU with AVX512-BF16) 30 epochs left an
+AMD EPYC at 89% exact match, one row short of the test's 90; 40 reach 99% there."""
 
 import csv
 import json
@@ -17,7 +20,7 @@ model:
 data:
   train_file: {FIXTURES / "faq100.csv"}
 train:
-  epochs: 30
+  epochs: 40
   batch_size: 10
   learning_rate: 1.0e-3
   weight_decay: 0.0
@@ -50,7 +53,7 @@ def test_run_directory_is_complete(run_dir):
 def test_loss_falls(run_dir):
     lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     train = [line for line in lines if line["event"] == "train"]
-    assert train[0]["step"] == 1 and train[-1]["step"] == 300
+    assert train[0]["step"] == 1 and train[-1]["step"] == 400
     assert {"step", "epoch", "loss", "lr", "grad_norm", "supervised_tokens", "tokens_per_s"} <= set(train[0])
     assert train[-1]["loss"] < train[0]["loss"] / 10
 
