@@ -2,7 +2,7 @@
 position reads it). What that saves on W1, measured per training step inside qatune's own loop.
 
 One process, one model: the loop is set up as `qatune train` sets it up (malloc keeping freed memory, the
-GPT-2 lean path in fp32, bf16 masters where bf16 is native), and every batch of the epoch is trained twice,
+GPT-2 lean path, bf16 masters where bf16 is native), and every batch of the epoch is trained twice,
 alternating which goes first: once as the collator made it, once with one more padding column, which the
 objective's cut then removes, so that the model computes the width it computed before the change. Prints
 the summed step times of both and their ratio per pass over the batches, and their median.

@@ -124,8 +124,8 @@ def arm_qatune(args, paths) -> dict:
     fit(prepared, None, progress=False)
     seconds = time.perf_counter() - start
     result = _result(seconds, counter, _training_set_loss(prepared.model, prepared.tokenizer, prepared.train_records))
-    # The lean path is taken in fp32 only (objectives.objective_for); the attribute says it matches the model.
-    result["lean_path"] = prepared.precision == "fp32" and bool(getattr(prepared.model, "_qatune_lean_path", False))
+    # The attribute says the lean path matched the model (objectives.objective_for takes it in every precision).
+    result["lean_path"] = bool(getattr(prepared.model, "_qatune_lean_path", False))
     result["shared_prefix_mean"] = counter.shared / max(counter.batches, 1)
     result["row_tokens_mean"] = counter.real / max(counter.rows, 1)
     return result

@@ -9,8 +9,8 @@ it, once with its shared prefix set to 0, so that every row computes it. Prints 
 and their ratio per pass over the batches, and their median; and, from the first batch, the loss both ways.
 
 ``--workload w1``: W1's GPT-2 instead (2 shared tokens, `Question:`, of ~21 per row), its lean path turned
-off, so that it takes the cache path GPT-2 takes where the lean path is not used (bf16): what a short prefix
-costs or saves.
+off, so that it takes the cache path GPT-2 would take without its lean path: what a short prefix costs or
+saves.
 
     python bench/shared_prefix_cache.py               # 3 passes over 6 batches, ~12 minutes on 2 cores in fp32
     python bench/shared_prefix_cache.py --rows 96 --passes 2

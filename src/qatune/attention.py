@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from contextlib import contextmanager
 from typing import Any
@@ -52,6 +53,13 @@ class AttentionByWidth:
             yield
         finally:
             self.config._attn_implementation = self.current = before
+
+
+def each_attention(model: Any) -> list[Any]:
+    """Context managers that set, in turn, each attention implementation the model's training run may use (one
+    that changes nothing where it uses only one): the loss paths' checks run under every one of them."""
+    switch = getattr(model, "_qatune_attention", None)
+    return [switch.forced(name) for name in switch.choices] if switch is not None else [contextlib.nullcontext()]
 
 
 def attention_for_training(model: Any, precision: str, device_type: str) -> AttentionByWidth | None:

@@ -34,6 +34,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from qatune.attention import each_attention
 from qatune.data import prefixes
 
 log = logging.getLogger("qatune")
@@ -240,8 +241,7 @@ def _check(model: nn.Module, feature: str, accepted: dict[str, bool]) -> bool:
             return False  # a vocabulary too small for the check's tokens to differ
         layouts.append((0, groups))
     # Under each attention the run may use (bf16 on CPU switches between eager and SDPA by batch width).
-    switch = getattr(model, "_qatune_attention", None)
-    attentions = [switch.forced(name) for name in switch.choices] if switch is not None else [contextlib.nullcontext()]
+    attentions = each_attention(model)
     was_training = model.training
     model.eval()
     try:

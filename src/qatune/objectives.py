@@ -45,8 +45,8 @@ class CausalLMObjective(nn.Module):
         self.paths: dict[str, bool] = {}
         if self.selective and not self.lean:
             for feature in lean_causal.FEATURES:
-                # Not for GPT-2 outside its lean path (bf16): two forwards per step for a 2-token `Question:`
-                # prefix were not measured there (bench/shared_prefix_cache.py --workload w1 measures it).
+                # Not for GPT-2 with its lean path turned off: two forwards per step for a 2-token `Question:`
+                # prefix were not measured (bench/shared_prefix_cache.py --workload w1 measures it).
                 wanted = not (feature in ("prefix", "groups") and self.lean_refused)
                 self.paths[feature] = wanted and lean_causal.check(model, feature, self.paths)
         self.prefix_once = self.paths.get("prefix", False)
@@ -66,8 +66,7 @@ class CausalLMObjective(nn.Module):
             through = "" if lean_gpt2.has_dropout(self.model) else " (through the model's cache)"
             head += f", {self._prefix()}{through}"
         if self.lean_refused:
-            return (f"{head} (GPT-2's lean path runs in fp32 only: under bf16 autocast its extra casts and gathers "
-                    "made it slower)")
+            return f"{head} (GPT-2's lean path turned off)"
         if self.selective:
             return head
         return "full logits (the model's output is not a plain linear head)"
@@ -90,7 +89,7 @@ class CausalLMObjective(nn.Module):
         supervised = targets != IGNORE_INDEX
         if self.lean:
             hidden = lean_gpt2.supervised_hidden(self.model, input_ids, supervised, shared_prefix)
-            logits = self.model.get_output_embeddings()(hidden)
+            logits = _head_on_rows(self.model.get_output_embeddings(), hidden)
         elif self.selective:
             share = not lean_gpt2.dropout_active(self.model)
             prefix = shared_prefix if share and self.prefix_once else 0
@@ -168,9 +167,9 @@ def span_logits(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch
     return out.start_logits.float().masked_fill(pad, floor), out.end_logits.float().masked_fill(pad, floor)
 
 
-def objective_for(task: str, model: nn.Module, precision: str = "fp32") -> nn.Module:
-    """The training objective of a model; ``precision`` as training runs it (the lean GPT-2 path is taken in
-    fp32 only: measured slower than the plain forward under bf16 autocast, see bench/lean_precision.py)."""
+def objective_for(task: str, model: nn.Module, lean: bool = True) -> nn.Module:
+    """The training objective of a model (``lean``: GPT-2's lean path where it reproduces the model's logits;
+    off only to measure it, bench/lean_precision.py)."""
     fuse_activations(model)
     one_pass = lean_lora.install(model)
     if one_pass:
@@ -180,7 +179,7 @@ def objective_for(task: str, model: nn.Module, precision: str = "fp32") -> nn.Mo
         return SpanObjective(model)
     if is_encoder_decoder(model):
         return Seq2SeqObjective(model)
-    return CausalLMObjective(model, lean=precision == "fp32")
+    return CausalLMObjective(model, lean=lean)
 
 
 def is_encoder_decoder(model: nn.Module) -> bool:

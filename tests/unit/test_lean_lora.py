@@ -165,7 +165,7 @@ def test_a_lora_run_trains_with_the_one_pass_product(caplog):
 
     model = llama_with_lora()
     with caplog.at_level("INFO", logger="qatune"):
-        objective_for("generative", model, "fp32")
+        objective_for("generative", model)
     assert "LoRA: 14 adapted layers add their adapter's product into the base layer's" in caplog.text
     kinds = backward_kinds(model)
     loss_and_grads(model)

@@ -265,7 +265,8 @@ def test_a_deviating_lean_path_says_why_at_debug_level(monkeypatch, debug_log):
     real = lean_gpt2.supervised_hidden
     monkeypatch.setattr(lean_gpt2, "supervised_hidden", lambda *args: real(*args) + 0.01)
     assert not CausalLMObjective(tiny_gpt2()).lean
-    assert "GPT-2 lean path: not used, its logits differ from the model's (shared prefix 0)" in debug_log.text
+    assert ("GPT-2 lean path: not used, its logits differ from the model's (shared prefix 0, attention sdpa)"
+            in debug_log.text)
 
 
 def test_a_failing_lean_path_logs_the_error_and_falls_back(monkeypatch, debug_log):
@@ -303,15 +304,73 @@ def test_a_model_whose_backbone_fails_gets_full_logits_and_a_debug_line(monkeypa
     assert "not used for LlamaForCausalLM (ValueError: backbone needs position_ids)" in debug_log.text
 
 
-def test_the_lean_path_is_taken_in_fp32_only():
+def gpt2_switching_attention():
+    """A tiny GPT-2 with the per-batch attention switch a bf16 run on CPU installs before its objective."""
+    from qatune.attention import attention_for_training
+
+    model = tiny_gpt2()
+    model._qatune_attention = attention_for_training(model, "bf16", "cpu")
+    assert model._qatune_attention is not None
+    return model
+
+
+def test_the_lean_path_is_checked_under_each_attention_a_bf16_cpu_run_switches_between(monkeypatch):
     from qatune.objectives import objective_for
 
-    assert objective_for("generative", tiny_gpt2(), "fp32").lean
-    in_bf16 = objective_for("generative", tiny_gpt2(), "bf16")
-    assert not in_bf16.lean and in_bf16.selective
-    assert "lean path runs in fp32 only" in in_bf16.describe()
+    model = gpt2_switching_attention()
+    seen = []
+    real = lean_gpt2._attend
+    monkeypatch.setattr(lean_gpt2, "_attend", lambda *args: seen.append(args[-1]) or real(*args))
+    objective = objective_for("generative", model)
+    assert objective.lean and objective.describe().startswith("GPT-2 lean path")
+    assert set(seen) == {True, False}  # eager and SDPA
+
+
+def test_a_lean_path_that_deviates_under_eager_attention_only_is_not_used(monkeypatch, debug_log):
+    real = lean_gpt2._attend
+    monkeypatch.setattr(lean_gpt2, "_attend", lambda *args: real(*args) + 0.01 if args[-1] else real(*args))
+    assert not CausalLMObjective(tiny_gpt2()).lean_refused
+    objective = CausalLMObjective(gpt2_switching_attention())
+    assert not objective.lean and objective.selective
+    assert "its logits differ from the model's (shared prefix 0, attention eager)" in debug_log.text
+
+
+@pytest.mark.parametrize("shared_prefix", [0, 3])
+def test_under_eager_attention_the_lean_path_gives_the_models_own_loss_and_gradients(shared_prefix):
+    model = gpt2_switching_attention()
+    objective = CausalLMObjective(model)
+    assert objective.lean
     batch = qa_batch()
-    torch.testing.assert_close(in_bf16(**batch)["loss_sum"], reference_loss(in_bf16.model, batch))
+    with model._qatune_attention.forced("eager"):
+        calls = []
+        hook = model.transformer.h[0].attn.register_forward_hook(lambda *_: calls.append(1))
+        expected = grads(model, reference_loss(model, batch))
+        hook.remove()
+        assert calls, "the model's own forward ran"
+        out = objective(**batch, shared_prefix=shared_prefix)
+    torch.testing.assert_close(out["loss_sum"], reference_loss(model, batch), rtol=1e-5, atol=1e-5)
+    got = grads(model, out["loss_sum"])
+    for name, grad in expected.items():
+        torch.testing.assert_close(got[name], grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_in_bf16_the_last_block_runs_on_the_supervised_rows_rounded_up_to_64(monkeypatch):
+    model = tiny_gpt2().to(torch.bfloat16)
+    batch = qa_batch()
+    selected = batch["labels"][:, 1:] != IGNORE_INDEX
+    rows_seen = []
+    model.transformer.h[-1].mlp.register_forward_hook(lambda module, args, out: rows_seen.append(args[0].shape[0]))
+    hidden = lean_gpt2.supervised_hidden(model, batch["input_ids"], selected, 3)
+    assert rows_seen == [64] and hidden.shape == (9, 32) and lean_gpt2.ROWS_MULTIPLE == 64
+    loss = hidden.float().square().sum()
+    padded = grads(model, loss)
+    monkeypatch.setattr(lean_gpt2, "ROWS_MULTIPLE", 1)
+    exact = lean_gpt2.supervised_hidden(model, batch["input_ids"], selected, 3)
+    assert rows_seen[-1] == 9
+    torch.testing.assert_close(hidden, exact)
+    for name, grad in grads(model, exact.float().square().sum()).items():
+        # Sums over 64 rows (55 of them zero) and over 9 round differently in bf16: within its step of the largest.
+        assert (padded[name].float() - grad.float()).abs().max() <= 2**-7 * grad.float().abs().max(), name
 
 
 def test_lm_head_runs_on_a_row_count_rounded_up_to_64_and_returns_the_real_rows():

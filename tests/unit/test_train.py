@@ -394,6 +394,22 @@ def test_bf16_training_with_rows_as_long_as_an_odd_position_count(tmp_path):
     assert math.isfinite(result["final_train_loss"])
 
 
+def test_bf16_on_cpu_trains_gpt2_through_its_lean_path_with_eager_attention(tmp_path, monkeypatch, caplog):
+    from qatune import lean_gpt2
+
+    eager = []  # per attention call of the training steps (the checks at start-up run without gradients)
+    real = lean_gpt2._attend
+    monkeypatch.setattr(lean_gpt2, "_attend",
+                        lambda *args: (torch.is_grad_enabled() and eager.append(args[-1])) or real(*args))
+    with caplog.at_level(logging.INFO, logger="qatune"):
+        result = fit(prepare(tiny_config(tmp_path, ROWS, "train.precision=bf16", "train.device=cpu")), None,
+                     progress=False)
+    loss_line = next(m for m in caplog.messages if m.startswith("loss: "))
+    assert loss_line.startswith("loss: GPT-2 lean path (LM head and last block on the supervised positions only")
+    assert eager and all(eager)  # the rows are short: eager attention in every step
+    assert math.isfinite(result["final_train_loss"]) and result["final_train_loss"] < result["first_train_loss"]
+
+
 SPAN_ROWS = [(f"what colour is thing {i}?", f"thing {i} is {c} and round.", c)
              for i, c in enumerate(["red", "blue", "green", "black", "white"])]
 
@@ -408,7 +424,7 @@ def test_rounded_widths_leave_loss_and_gradients_unchanged(tmp_path, rows, overr
 
     prepared = prepare(tiny_config(tmp_path, rows, *overrides))
     model = prepared.model.eval()  # no dropout: both passes see the same function
-    objective = objective_for(prepared.config.task, model, "fp32")
+    objective = objective_for(prepared.config.task, model)
     items = [prepared.dataset[i] for i in range(min(5, len(prepared.dataset)))]
 
     def run(multiple):

@@ -172,7 +172,7 @@ class Loop:
         # Set before the objective, whose loss-path checks run under each attention the run may use.
         attention = attention_for_training(prepared.model, prepared.precision, accelerator.device.type)
         prepared.model._qatune_attention = attention
-        objective = objective_for(config.task, prepared.model, prepared.precision)
+        objective = objective_for(config.task, prepared.model)
         if attention is not None:
             longest = max(prepared.dataset.lengths, default=0)
             log.info("attention: %s", attention.describe(longest))
