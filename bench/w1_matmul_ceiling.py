@@ -15,6 +15,8 @@ own peak. Prints a table per batch size; writes bench/w1_matmul_ceiling.json.
 
     python bench/w1_matmul_ceiling.py
     python bench/w1_matmul_ceiling.py --batch-sizes 16 64 256
+    python bench/w1_matmul_ceiling.py --loop bench/generative_vs_trainer_amd_bf16.json \
+        --json bench/w1_matmul_ceiling_amd_bf16.json     # on the AMD EPYC with AVX512-BF16
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from bench_machine import describe_torch, headline, json_option, matmul_peak, na
 
 LAYERS, WIDTH, VOCAB, POSITIONS = 6, 512, 4096, 256
 W1_RUN = Path(__file__).with_name("generative_vs_trainer.json")
+"""The W1 loop measured on the same machine, whose step the ceiling is compared with (``--loop``)."""
 
 
 def linear_shapes() -> list[tuple[int, int]]:
@@ -75,17 +78,20 @@ def main() -> int:
     parser.add_argument("--tokens-per-row", type=float, default=None,
                         help="default: W1's mean from bench/generative_vs_trainer.json (21.2)")
     parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--loop", type=Path, default=W1_RUN, metavar="PATH",
+                        help="the W1 loop's JSON from this machine (default: %(default)s)")
     json_option(parser, __file__)
     args = parser.parse_args()
     per_row = args.tokens_per_row
     measured_step = None
-    if W1_RUN.exists():
-        w1 = json.loads(W1_RUN.read_text())
+    if args.loop.exists():
+        w1 = json.loads(args.loop.read_text())
         best = w1["summary"]["qatune"]
         per_row = per_row or w1["runs"]["qatune"][0]["row_tokens_mean"]
         steps = -(-w1["args"]["rows"] // w1["args"]["batch_size"])
         measured_step = {"batch_size": w1["args"]["batch_size"], "ms_per_step": 1e3 * best["seconds"] / steps,
-                         "mfu": best["mfu"], "precision": "bf16" if w1["args"].get("bf16") else "fp32"}
+                         "mfu": best["mfu"], "precision": "bf16" if w1["args"].get("bf16") else "fp32",
+                         "file": args.loop.name, "cpu": w1["machine"]["cpu"]}
     per_row = per_row or 21.2
     info = describe_torch()
     print(headline(info), flush=True)
@@ -116,14 +122,16 @@ def main() -> int:
             # The peak moves from run to run (2.1-2.6 TFLOP/s in bf16 on the same machine): against the peak the
             # loop's MFU was measured with, a step doing nothing but its products would reach mfu / share.
             measured_step["ceiling_vs_its_peak"] = measured_step["mfu"] / share
-            print(f"\nW1 loop as measured (generative_vs_trainer.json, {name}, batch {measured_step['batch_size']}): "
+            print(f"\nW1 loop as measured ({args.loop.name}, {measured_step['cpu']}, {name}, "
+                  f"batch {measured_step['batch_size']}): "
                   f"{measured_step['ms_per_step']:.0f} ms per step, MFU {100 * measured_step['mfu']:.1f}%; its "
                   f"products alone take {same[name]['ms_per_step']:.0f} ms ({100 * share:.0f}% of the step): a step "
                   f"doing nothing else would reach {100 * measured_step['ceiling_vs_its_peak']:.1f}% of the peak that "
                   f"MFU was measured against ({100 * same[name]['ceiling_mfu']:.1f}% of this run's peak)")
     write_json(args.json, {"machine": info, "peaks": peaks, "parameters": params, "tokens_per_row": per_row,
                            "rows": rows, "w1_loop": measured_step,
-                           "args": {k: v for k, v in vars(args).items() if k != "json"}})
+                           "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()
+                                    if k != "json"}})
     return 0
 
 
