@@ -30,14 +30,6 @@ from qatune.attention import each_attention
 log = logging.getLogger("qatune")
 
 
-ROWS_MULTIPLE = 64
-"""The last block's rows (the supervised positions) are rounded up to this in bf16 on CPU and on a GPU: their
-number changes at almost every step, and oneDNN (bf16 on CPU) builds kernels for each new shape, as for the
-LM head (:data:`qatune.objectives.HEAD_ROWS_MULTIPLE`). Not in fp32 on CPU, where MKL builds nothing per shape.
-W1 under bf16 on an AMD EPYC with AVX512-BF16: the lean path x1.038 over the plain forward with the rounding,
-x1.018 without (bench/lean_precision_amd_bf16.json has the first)."""
-
-
 def supported(model: nn.Module) -> bool:
     """A GPT-2 LM (plain or LoRA-wrapped) whose structure this forward reproduces."""
     base = _base(model)
@@ -53,12 +45,14 @@ def supported(model: nn.Module) -> bool:
 
 
 def supervised_hidden(model: nn.Module, input_ids: torch.Tensor, selected: torch.Tensor,
-                      shared_prefix: int = 0) -> torch.Tensor:
+                      shared_prefix: int = 0, rows_multiple: int = 1) -> torch.Tensor:
     """Final hidden states (after ``ln_f``) at the ``selected`` positions, in row-major order.
 
     ``input_ids`` are right-padded (B, T); ``selected`` is a (B, T') boolean mask, T' <= T, of the
     positions whose outputs the loss reads. ``shared_prefix`` is the number of leading tokens that
-    every row has in common and that no selected position falls in (the collator computes it).
+    every row has in common and that no selected position falls in (the collator computes it). The last
+    block runs on the selected positions rounded up to a multiple of ``rows_multiple`` (where kernels are
+    built per shape); the extra rows repeat position 0 and are cut off, so no gradient reaches them.
     """
     gpt = _base(model).transformer
     batch, width = input_ids.shape
@@ -73,9 +67,7 @@ def supervised_hidden(model: nn.Module, input_ids: torch.Tensor, selected: torch
     rows, cols = selected.nonzero(as_tuple=True)
     picked = prefix + rows * rest + (cols - prefix)  # flat index of each selected position
     n = picked.shape[0]
-    if not (x.device.type == "cpu" and x.dtype == torch.float32):
-        # Extra rows repeat position 0 and are cut off at the end: no gradient reaches them.
-        picked = F.pad(picked, (0, -n % ROWS_MULTIPLE))
+    picked = F.pad(picked, (0, -n % rows_multiple))
     layout = _Layout(batch, width, prefix, input_ids.device)
     for block in gpt.h[:-1]:
         attn = block.attn
@@ -83,8 +75,7 @@ def supervised_hidden(model: nn.Module, input_ids: torch.Tensor, selected: torch
         x = x + block.mlp(block.ln_2(x))
     last = gpt.h[-1]
     attn = last.attn
-    # Attention itself is cheap at QA lengths; what follows it (projection, MLP) runs where it is read: on the
-    # supervised rows, rounded up to ROWS_MULTIPLE where kernels are built per shape.
+    # Attention itself is cheap at QA lengths; what follows it (projection, MLP) runs where it is read.
     core = _attention(attn, last.ln_1(x), layout).index_select(0, picked)
     x = x.index_select(0, picked) + attn.resid_dropout(attn.c_proj(core))
     x = x + last.mlp(last.ln_2(x))

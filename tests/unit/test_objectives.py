@@ -354,17 +354,20 @@ def test_under_eager_attention_the_lean_path_gives_the_models_own_loss_and_gradi
         torch.testing.assert_close(got[name], grad, rtol=1e-4, atol=1e-6, msg=name)
 
 
-def test_in_bf16_the_last_block_runs_on_the_supervised_rows_rounded_up_to_64(monkeypatch):
-    model = tiny_gpt2().to(torch.bfloat16)
+def test_in_bf16_the_last_block_runs_on_the_supervised_rows_rounded_up_to_64():
+    model = tiny_gpt2()
+    objective = CausalLMObjective(model)  # checked in fp32, as the loop builds it before turning weights to bf16
+    assert objective.lean
+    model.to(torch.bfloat16)
     batch = qa_batch()
     selected = batch["labels"][:, 1:] != IGNORE_INDEX
     rows_seen = []
     model.transformer.h[-1].mlp.register_forward_hook(lambda module, args, out: rows_seen.append(args[0].shape[0]))
-    hidden = lean_gpt2.supervised_hidden(model, batch["input_ids"], selected, 3)
-    assert rows_seen == [64] and hidden.shape == (9, 32) and lean_gpt2.ROWS_MULTIPLE == 64
-    loss = hidden.float().square().sum()
-    padded = grads(model, loss)
-    monkeypatch.setattr(lean_gpt2, "ROWS_MULTIPLE", 1)
+    objective(**batch, shared_prefix=3)
+    assert rows_seen == [64]
+    hidden = lean_gpt2.supervised_hidden(model, batch["input_ids"], selected, 3, rows_multiple=64)
+    assert rows_seen[-1] == 64 and hidden.shape == (9, 32)
+    padded = grads(model, hidden.float().square().sum())
     exact = lean_gpt2.supervised_hidden(model, batch["input_ids"], selected, 3)
     assert rows_seen[-1] == 9
     torch.testing.assert_close(hidden, exact)
