@@ -102,14 +102,13 @@ def check_output_dir(run_dir: Path, overwrite: bool) -> None:
     """Refuse early (before slow work) an output_dir that cannot or must not be used."""
     check_output_path(run_dir)
     if run_dir.is_dir() and any(run_dir.iterdir()):
-        is_run = looks_like_run(run_dir)
+        if not looks_like_run(run_dir):
+            # --overwrite deletes only qatune runs, so it is no way out here: say so, with or without it.
+            raise RunDirError(f"output_dir {run_dir} holds files and is not a qatune run; qatune will not delete "
+                              "it (not even with --overwrite); choose another --output-dir")
         if not overwrite:
-            what = "a run" if is_run else "files"
-            raise RunDirError(f"output_dir {run_dir} already holds {what}; pass --overwrite to replace it "
+            raise RunDirError(f"output_dir {run_dir} already holds a run; pass --overwrite to replace it "
                               "or choose another --output-dir")
-        if not is_run:
-            raise RunDirError(f"output_dir {run_dir} is not empty and is not a qatune run; refusing to delete it "
-                              "even with --overwrite; choose another --output-dir")
 
 
 def create_run_dir(run_dir: Path, overwrite: bool) -> None:

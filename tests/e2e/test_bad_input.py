@@ -210,6 +210,21 @@ def test_existing_run_directory_is_refused(tmp_path):
     assert sorted(p.name for p in (tmp_path / "run").iterdir()) == before
 
 
+@pytest.mark.parametrize("overwrite", [[], ["--overwrite"]])
+def test_a_folder_of_other_files_is_refused_without_suggesting_overwrite(tmp_path, overwrite):
+    data = csv_file(tmp_path, "question,answer\n" + GOOD_ROWS)
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.csv").write_text("keep me")
+    result = run_case(tmp_path, ["train", "--config", str(config(tmp_path, data)), "--output-dir", str(mine),
+                                 "--quiet", *overwrite])
+    assert result.exit_code == 1 and "Traceback" not in result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert last == (f"error: output_dir {mine} holds files and is not a qatune run; qatune will not delete it "
+                    "(not even with --overwrite); choose another --output-dir")
+    assert sorted(p.name for p in mine.iterdir()) == ["notes.csv"]
+
+
 def test_eval_on_a_folder_that_is_not_a_run(tmp_path):
     data = csv_file(tmp_path, "question,answer\nq,a\n")
     result = run_case(tmp_path, ["eval", str(tmp_path), "--data", str(data)])
