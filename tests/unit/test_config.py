@@ -116,6 +116,38 @@ def test_set_overrides_with_type_checking(tmp_path):
         load_config(path, ["train.epochs"])
 
 
+@pytest.mark.parametrize("given, key, expected", [
+    # Characters YAML would read as a block scalar, a comment, a tag or a mapping stay what was typed.
+    ("data.answer_separator=|", "answer_separator", "|"),
+    ("data.answer_separator=>", "answer_separator", ">"),
+    ("data.answer_separator=#", "answer_separator", "#"),
+    ("data.answer_separator=!", "answer_separator", "!"),
+    ("data.delimiter=|", "delimiter", "|"),
+    ("data.prompt_template=Q: {question}", "prompt_template", "Q: {question}"),
+    ("data.user_template={question}", "user_template", "{question}"),
+    # A template's \n typed in a shell is a line break, as in a YAML "..." string.
+    (r"data.prompt_template=Marks: {Total Marks}\nQ: {question}\nA:", "prompt_template",
+     "Marks: {Total Marks}\nQ: {question}\nA:"),
+    ('data.prompt_template="Q:\\n{question}"', "prompt_template", "Q:\n{question}"),
+    # Quoted, null and typed values keep YAML's reading.
+    ("data.answer_separator='|'", "answer_separator", "|"),
+    ('data.system_prompt=""', "system_prompt", ""),
+    ("data.system_prompt=null", "system_prompt", None),
+    ("data.sheet=0", "sheet", 0),
+    ("data.sheet=Marks", "sheet", "Marks"),
+])
+def test_set_keeps_text_as_typed_for_keys_that_take_text(tmp_path, given, key, expected):
+    config = load_config(write(tmp_path, BASE), [given])
+    assert getattr(config.data, key) == expected
+
+
+def test_set_still_reads_numbers_lists_and_sections(tmp_path):
+    config = load_config(write(tmp_path, BASE), ["train.batch_size=8", "train.group_by_length=false",
+                                                 "model.lora.target_modules=[q_proj, v_proj]", "model.lora.r=4"])
+    assert (config.train.batch_size, config.train.group_by_length) == (8, False)
+    assert config.model.lora.target_modules == ["q_proj", "v_proj"]
+
+
 @pytest.mark.parametrize("text, message", [
     ("model: [\n", "not valid YAML at line 2"),
     ("- a\n- b\n", "holds a YAML list, not a mapping"),

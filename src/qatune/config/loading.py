@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import difflib
 import re
+import typing
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import ValidationError
@@ -100,10 +101,7 @@ def _apply_override(raw: dict[str, Any], item: str) -> str | None:
     key = key.strip()
     if not sep or not key:
         return f"--set {item!r}: expected KEY=VALUE, e.g. --set train.learning_rate=1e-5"
-    try:
-        value = yaml.safe_load(text) if text.strip() else None
-    except yaml.YAMLError:
-        value = text
+    value = _override_value(key, text)
     node = raw
     parts = key.split(".")
     for part in parts[:-1]:
@@ -114,6 +112,58 @@ def _apply_override(raw: dict[str, Any], item: str) -> str | None:
         node = child
     node[parts[-1]] = value
     return None
+
+
+TEXT_ESCAPES = ("data.prompt_template", "data.user_template", "data.system_prompt")
+"""Keys whose text typed after --set may carry \\n and \\t (a template's line breaks), as in a YAML "..." string."""
+
+
+def _override_value(key: str, text: str) -> Any:
+    """The value of ``--set key=text``. YAML reads numbers, booleans, null, lists and mappings; but for a key that
+    takes text, text is kept as typed (``|``, ``>``, ``#``, ``!``, ``{question}`` or ``Q: {question}`` would
+    otherwise be read by YAML as something else: an empty block, a comment, a tag, a mapping), unless quoted."""
+    stripped = text.strip()
+    try:
+        value = yaml.safe_load(text) if stripped else None
+    except yaml.YAMLError:
+        value = text
+    kinds = _accepted_kinds(key.split("."))
+    if "str" not in kinds or (value is None and stripped in ("", "~", "null", "Null", "NULL")):
+        return value
+    if stripped[:1] in ("'", '"') and isinstance(value, str):
+        return value
+    if value is not None and not isinstance(value, str) and type(value).__name__ in kinds:
+        return value
+    if key in TEXT_ESCAPES:
+        stripped = stripped.replace("\\n", "\n").replace("\\t", "\t")
+    return stripped
+
+
+def _accepted_kinds(parts: list[str]) -> set[str]:
+    """What the config key ``parts`` takes: some of str, int, float, bool, list, dict, NoneType (empty if unknown)."""
+    section: type[Section] | None = Config
+    annotation: Any = None
+    for part in parts:
+        if section is None or part not in section.model_fields:
+            return set()
+        annotation = section.model_fields[part].annotation
+        section = section_class(annotation)
+    kinds: set[str] = set()
+    pending = [annotation]
+    while pending:
+        current = pending.pop()
+        origin = typing.get_origin(current)
+        if origin is Literal:
+            kinds.update(type(choice).__name__ for choice in typing.get_args(current))
+        elif origin in (list, tuple, set):
+            kinds.add("list")
+        elif origin is dict or (isinstance(current, type) and issubclass(current, (dict, Section))):
+            kinds.add("dict")
+        elif origin is not None:  # a union (X | None), Annotated
+            pending.extend(typing.get_args(current))
+        elif isinstance(current, type):
+            kinds.add("str" if issubclass(current, (str, Path)) else current.__name__)
+    return kinds
 
 
 def _section_at(loc: tuple[Any, ...]) -> type[Section] | None:
