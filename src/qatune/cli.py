@@ -240,7 +240,11 @@ def generate(run_dir: str, question: str | None, context: str | None, context_fi
         if not sep or not name.strip():
             raise QatuneError(f"--field {item!r}: expected NAME=VALUE, e.g. --field 'Total Marks=3'")
         values[name.strip()] = value
-    click.echo(answer_one(run_dir, question, context, context_file, which, options, seed, fields=values))
+    answer = answer_one(run_dir, question, context, context_file, which, options, seed, fields=values)
+    click.echo(answer)
+    if not answer.strip():  # stdout stays the answer (empty) for scripts; a person sees why the line is blank
+        click.echo("note: the model's answer is empty; a model trained longer, or on more rows like this "
+                   "question, may answer it", err=True)
 
 
 @cli.command()

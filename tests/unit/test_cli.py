@@ -116,3 +116,17 @@ def test_exit_without_teardown_leaves_the_exit_to_python_while_a_thread_runs():
                           timeout=60)
     assert (done.returncode, done.stdout, done.stderr) == (0, "buffered output (teardown exit)\nthread finished\n",
                                                            "atexit handler ran\n")
+
+
+def test_an_empty_answer_prints_an_empty_line_and_a_note(monkeypatch):
+    import qatune.generate
+
+    monkeypatch.setattr(qatune.generate, "answer_one", lambda *args, **kwargs: "")
+    result = CliRunner().invoke(cli, ["generate", "runs/any", "What is the capital of France?"])
+    assert result.exit_code == 0
+    assert result.stdout == "\n"
+    assert result.stderr == ("note: the model's answer is empty; a model trained longer, or on more rows like this "
+                             "question, may answer it\n")
+    monkeypatch.setattr(qatune.generate, "answer_one", lambda *args, **kwargs: "Paris")
+    result = CliRunner().invoke(cli, ["generate", "runs/any", "What is the capital of France?"])
+    assert (result.stdout, result.stderr) == ("Paris\n", "")

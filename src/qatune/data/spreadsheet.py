@@ -256,6 +256,10 @@ def resolve_column(header: list[str], name: str, key: str, where: str) -> int:
             if sep in header[0]:
                 hint = f"; the header looks {label}-separated, set data.delimiter"
                 break
+    named = [column for column in header if column.strip() and not column.startswith("Unnamed: ")]
+    if len(header) > 1 and len(named) <= 1:
+        hint = ("; the first row looks like a title, not a header: the column names must be in the file's first "
+                "row (delete the rows above them)")
     if key == "answer_start_column":
         hint = " to the offsets' column, or to null (each answer is then found by searching its context)" + hint
     raise DataError(f"column '{name}' not found in {where}; columns are {header}; set data.{key}{hint}")

@@ -34,7 +34,9 @@ def read_table(path: Path, *, sheet: str | int | None = None, encoding: str | No
                delimiter: str | None = None) -> tuple[list[str], list[list[Any]], int]:
     """Read any supported file into (header, data rows, row number of the first data row)."""
     if not path.exists():
-        raise DataError(f"data file {path} not found; check data.train_file / data.eval_file or the path you passed")
+        looked = "" if path.is_absolute() else f" (relative paths are read from the current folder, {Path.cwd()})"
+        raise DataError(f"data file {path} not found{looked}; check data.train_file / data.eval_file or the path "
+                        "you passed")
     if path.is_dir():
         raise DataError(f"data path {path} is a directory; give the spreadsheet file inside it")
     suffix = path.suffix.lower()

@@ -201,6 +201,22 @@ def test_missing_file_and_directory(tmp_path):
         load_records(tmp_path)
 
 
+def test_a_relative_path_not_found_names_the_folder_it_was_read_from(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(DataError) as err:
+        load_records("data/faq.csv")
+    assert str(err.value) == (f"data file data/faq.csv not found (relative paths are read from the current folder, "
+                              f"{tmp_path}); check data.train_file / data.eval_file or the path you passed")
+
+
+def test_a_title_row_above_the_header_gets_a_hint(tmp_path):
+    path = write_xlsx(tmp_path / "titled.xlsx", [["My FAQ export 2024"], ["question", "answer"], ["q", "a"]])
+    with pytest.raises(DataError) as err:
+        load_records(path)
+    assert str(err.value).endswith("set data.question_column; the first row looks like a title, not a header: the "
+                                   "column names must be in the file's first row (delete the rows above them)")
+
+
 def test_csv_renamed_to_xlsx(tmp_path):
     path = tmp_path / "fake.xlsx"
     path.write_text("question,answer\nq,a\n")
