@@ -198,6 +198,13 @@ def test_extractive_run_answers_with_a_span_and_its_score(runs):
         assert_error(client.post("/v1/chat/completions", json=chat(row["question"])), 400, "context", "missing_context")
         assert_error(client.post("/v1/extract", json={"question": "x", "context": 5}), 400, "context")
         assert_error(client.post("/v1/extract", json={"question": "x"}), 400, "context", "missing")
+        # max_tokens bounds the span as it bounds a generated answer, and the server's limit holds here too
+        short = client.post("/v1/completions", json={"prompt": row["question"], "context": row["context"],
+                                                     "max_tokens": 1}).json()
+        assert short["usage"]["completion_tokens"] == 1 and short["choices"][0]["text"] in row["context"]
+        assert_error(client.post("/v1/completions", json={"prompt": row["question"], "context": row["context"],
+                                                          "max_tokens": 99999}), 400, "max_tokens",
+                     "max_tokens_too_large")
 
 
 LONG = "where " * 150
@@ -244,9 +251,19 @@ BAD_REQUESTS = {
     "empty question": ("POST", "/v1/completions", {"json": {"prompt": "   "}}, 400, "prompt", "empty_question"),
     "prompt a number": ("POST", "/v1/completions", {"json": {"prompt": 42}}, 400, "prompt", None),
     "two prompts": ("POST", "/v1/completions", {"json": {"prompt": ["a", "b"]}}, 400, "prompt", None),
-    "prompt too long": ("POST", "/v1/completions", {"json": {"prompt": LONG}}, 400, None, "context_length_exceeded"),
-    "prompt far too long to tokenize": ("POST", "/v1/completions", {"json": {"prompt": LONG * 2}}, 400, None,
+    "prompt too long": ("POST", "/v1/completions", {"json": {"prompt": LONG}}, 400, "prompt",
+                        "context_length_exceeded"),
+    "prompt far too long to tokenize": ("POST", "/v1/completions", {"json": {"prompt": LONG * 2}}, 400, "prompt",
                                         "context_length_exceeded"),
+    # torch's generator takes seeds in [-2**63, 2**64): outside, the request is refused before any batch
+    "seed above 64 bits": ("POST", "/v1/completions", {"json": {"prompt": "x", "seed": 2**64}}, 400, "seed", None),
+    "seed below 64 bits": ("POST", "/v1/chat/completions", {"json": chat("x", seed=-(2**63) - 1, temperature=1)},
+                           400, "seed", None),
+    "temperature NaN": ("POST", "/v1/chat/completions", {  # Python's JSON reader takes NaN; it is no temperature
+        "content": b'{"messages": [{"role": "user", "content": "x"}], "temperature": NaN}',
+        "headers": {"content-type": "application/json"}}, 400, "temperature", "finite_number"),
+    "form-encoded body": ("POST", "/v1/completions", {"content": b"prompt=x", "headers": {
+        "content-type": "application/x-www-form-urlencoded"}}, 400, None, None),
     "body too large": ("POST", "/v1/completions", {"json": {"prompt": "x" * 5000}}, 413, None, "request_too_large"),
     "body too large, chunked": ("POST", "/v1/completions", {"content": iter([b'{"prompt": "', b"x" * 5000, b'"}'])},
                                 413, None, "request_too_large"),
@@ -255,6 +272,18 @@ BAD_REQUESTS = {
     "unknown route": ("GET", "/v2/answers", {}, 404, None, "not_found"),
     "wrong method": ("GET", "/v1/chat/completions", {}, 405, None, None),
 }
+
+
+def test_a_form_encoded_body_is_told_to_send_json(causal):
+    error = assert_error(causal.post("/v1/completions", content=b"prompt=x",
+                                     headers={"content-type": "application/x-www-form-urlencoded"}), 400)
+    assert error["message"] == "the body must be a JSON object, sent with the header 'Content-Type: application/json'"
+
+
+def test_seeds_at_the_generators_limits_are_answered(causal):
+    for seed in (2**64 - 1, -(2**63)):
+        assert causal.post("/v1/completions", json={"prompt": QUESTIONS[0], "max_tokens": 2, "temperature": 1,
+                                                    "seed": seed}).status_code == 200
 
 
 @pytest.mark.parametrize("name", list(BAD_REQUESTS))
@@ -298,7 +327,9 @@ def test_a_question_longer_than_the_model_positions_is_cut_as_qatune_generate_cu
         assert error["message"] == (f"max_tokens={positions + 72} is not less than the model's {positions} "
                                     "positions (the prompt needs some of them); send a lower max_tokens")
         too_long = assert_error(client.post("/v1/completions", json={"prompt": "where " * 1100}), 400,
-                                "messages", "context_length_exceeded")  # --max-prompt-tokens, a server limit
+                                "prompt", "context_length_exceeded")  # --max-prompt-tokens, a server limit
+        assert_error(client.post("/v1/chat/completions", json=chat("where " * 1100)), 400, "messages",
+                     "context_length_exceeded")
         assert "more than this server allows (1000)" in too_long["message"] and "max_tokens" not in too_long["message"]
 
 
@@ -326,4 +357,7 @@ def test_with_an_api_key_every_request_but_the_page_needs_it(runs):
         assert client.get("/").status_code == 200  # the page holds nothing; it asks for the key
         good = {"Authorization": "Bearer s3cret"}
         assert client.get("/v1/models", headers=good).status_code == 200
+        assert client.get("/v1/models", headers={"Authorization": "bearer s3cret"}).status_code == 200  # any case
+        assert_error(client.get("/v1/models", headers={"Authorization": "Bearer S3CRET"}), 401, None,
+                     "invalid_api_key")
         assert client.post("/v1/completions", json={"prompt": "x", "max_tokens": 2}, headers=good).status_code == 200

@@ -211,29 +211,35 @@ class Service:
                            f"{how_to_send_fields(missing)}", param="fields", code="missing_fields")
         return values
 
-    def generation(self, body: CompletionRequest | ChatRequest, question: str, context: str | None,
-                   fields: dict[str, str]) -> Generation:
-        """The prompt's token ids, built by the run's encoder exactly as in training and cut as
-        ``qatune generate`` cuts them to fit the model, and the sampling settings."""
-        defaults = self.loaded.config.generate
+    def requested_tokens(self, body: CompletionRequest | ChatRequest) -> int | None:
+        """max_tokens (or max_completion_tokens) as sent, within this server's limit."""
         requested = body.max_tokens or getattr(body, "max_completion_tokens", None)
         if requested is not None and requested > self.limits.max_tokens:
             raise ApiError(400, f"max_tokens={requested} is more than this server allows ({self.limits.max_tokens})",
                            param="max_tokens", code="max_tokens_too_large")
+        return requested
+
+    def generation(self, body: CompletionRequest | ChatRequest, question: str, context: str | None,
+                   fields: dict[str, str], param: str) -> Generation:
+        """The prompt's token ids, built by the run's encoder exactly as in training and cut as
+        ``qatune generate`` cuts them to fit the model, and the sampling settings. ``param``: the request's
+        field that holds the prompt (named by errors)."""
+        defaults = self.loaded.config.generate
+        requested = self.requested_tokens(body)
         if requested is not None and self.positions and not self.info.seq2seq and requested >= self.positions:
             raise ApiError(400, f"max_tokens={requested} is not less than the model's {self.positions} positions "
                            "(the prompt needs some of them); send a lower max_tokens", param="max_tokens",
                            code="context_length_exceeded")
-        self._check_prompt_chars(len(question) + len(context or "") + sum(map(len, fields.values())))
+        self._check_prompt_chars(len(question) + len(context or "") + sum(map(len, fields.values())), param)
         prompt = self.encoder.prompt_ids(question, context, None, fields=fields)
-        self._check_prompt_length(len(prompt))
+        self._check_prompt_length(len(prompt), param)
         answer_tokens = requested or min(defaults.max_new_tokens, self.limits.max_tokens)
         # the encoder of a seq2seq model reads at most the training max_length
         budget = self.info.max_length if self.info.seq2seq else prompt_budget(self.positions, answer_tokens)
         if budget is not None and len(prompt) > budget:
             prompt = self.encoder.prompt_ids(question, context, budget, fields=fields)
             if prompt is None:
-                raise ApiError(400, self._no_room(budget, answer_tokens, requested), param="messages",
+                raise ApiError(400, self._no_room(budget, answer_tokens, requested), param=param,
                                code="context_length_exceeded")
         room = self.limits.max_tokens
         if self.positions:
@@ -260,30 +266,30 @@ class Service:
                 f"positions left for the prompt after {why}; send a lower max_tokens")
 
     def extraction(self, question: str, context: str | None, max_answer_length: int | None,
-                   context_param: str = "context") -> tuple[Extraction, int]:
+                   context_param: str = "context", param: str = "context") -> tuple[Extraction, int]:
         if not context or not context.strip():
             raise ApiError(400, "this run does extractive QA: the answer is a span of a context; pass the passage as "
                            "'context' (or, in a chat, as the system message)", param=context_param,
                            code="missing_context")
-        self._check_prompt_chars(len(question) + len(context))
+        self._check_prompt_chars(len(question) + len(context), param)
         tokenizer = self.loaded.tokenizer
         tokens = sum(len(tokenizer(text, add_special_tokens=False)["input_ids"]) for text in (question, context))
-        self._check_prompt_length(tokens)
+        self._check_prompt_length(tokens, param)
         longest = max_answer_length or self.loaded.config.generate.max_answer_length
         return Extraction(question, context, longest), tokens
 
-    def _check_prompt_chars(self, chars: int) -> None:
+    def _check_prompt_chars(self, chars: int, param: str) -> None:
         """Refuse what is surely too long before tokenizing it (tokenizing 1 MB takes a second, on the event loop)."""
         limit = CHARS_PER_TOKEN * self.limits.max_prompt_tokens
         if chars > limit:
             raise ApiError(400, f"the prompt has {chars} characters, more than this server reads ({limit}: "
-                           f"{CHARS_PER_TOKEN} per token of --max-prompt-tokens)", param="messages",
+                           f"{CHARS_PER_TOKEN} per token of --max-prompt-tokens)", param=param,
                            code="context_length_exceeded")
 
-    def _check_prompt_length(self, tokens: int) -> None:
+    def _check_prompt_length(self, tokens: int, param: str) -> None:
         if tokens > self.limits.max_prompt_tokens:
             raise ApiError(400, f"the prompt has {tokens} tokens, more than this server allows "
-                           f"({self.limits.max_prompt_tokens})", param="messages", code="context_length_exceeded")
+                           f"({self.limits.max_prompt_tokens})", param=param, code="context_length_exceeded")
 
     # --- jobs -> responses
 
@@ -295,10 +301,12 @@ class Service:
             raise ApiError(400, "the question is empty", param="messages" if chat else "prompt", code="empty_question")
         context = self.passage(body, system)
         fields = self.prompt_fields(body.fields)
+        param = "messages" if chat else "prompt"
         if self.info.task == "extractive":
-            request, prompt_tokens = self.extraction(question, context, None)
+            # max_tokens bounds the span, in the run's tokens, as it bounds a generated answer
+            request, prompt_tokens = self.extraction(question, context, self.requested_tokens(body), param=param)
         else:
-            request = self.generation(body, question, context, fields)
+            request = self.generation(body, question, context, fields, param)
             prompt_tokens = len(request.prompt)
         reply = Reply(self.model_id, chat, prompt_tokens, self.loaded.tokenizer)
         slot = self.gate.enter()

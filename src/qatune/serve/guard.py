@@ -32,7 +32,7 @@ class Guard:
 
     def __init__(self, app: Any, api_key: str | None, max_body_bytes: int):
         self.app = app
-        self.expected = f"Bearer {api_key}".encode() if api_key else None
+        self.expected = api_key.encode() if api_key else None
         self.max_body_bytes = max_body_bytes
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
@@ -42,7 +42,9 @@ class Guard:
         headers = Headers(scope=scope)
         if self.expected is not None and not (scope["path"] == "/" and scope["method"] in ("GET", "HEAD")):
             given = headers.get("authorization", "").encode()
-            if not hmac.compare_digest(given, self.expected):
+            scheme, _, key = given.partition(b" ")
+            # the scheme's name is case-insensitive (RFC 9110), the key is not
+            if not (scheme.lower() == b"bearer" and hmac.compare_digest(key.strip(), self.expected)):
                 reason = "no API key given" if not given else "the API key is not valid"
                 await _send_error(send, ApiError(401, f"{reason}; send the header 'Authorization: Bearer KEY' with "
                                                  "the key given to qatune serve --api-key", code="invalid_api_key"))
@@ -132,7 +134,7 @@ def validation_error(errors: list[dict[str, Any]] | Any) -> ApiError:
     if kind == "missing":
         message = f"'{param}' is required" if param else "the body is missing; send a JSON object"
     elif kind in ("model_type", "model_attributes_type", "dict_type") and not location:
-        message = "the body must be a JSON object"
+        message = "the body must be a JSON object, sent with the header 'Content-Type: application/json'"
     elif param:
         message = f"{param}: {message}"
         if "input" in first and kind.endswith("_type"):

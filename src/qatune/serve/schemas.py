@@ -57,10 +57,11 @@ class _Sampling(_Request):
     model: StrictStr | None = None
     """The id from GET /v1/models; may be left out (the server serves one run)."""
     max_tokens: int | None = Field(None, ge=1)
-    temperature: float | None = Field(None, ge=0.0, le=2.0)
-    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    temperature: float | None = Field(None, ge=0.0, le=2.0, allow_inf_nan=False)
+    top_p: float | None = Field(None, gt=0.0, le=1.0, allow_inf_nan=False)
     stop: Annotated[list[StrictStr], Field(max_length=4)] | None = None
-    seed: int | None = None
+    seed: int | None = Field(None, ge=-(2**63), le=2**64 - 1)
+    """What torch's generator takes; checked with the request, so one client's seed can never fail a batch."""
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
     context: StrictStr | None = None
