@@ -337,7 +337,9 @@ def test_too_many_requests_in_flight_get_429(causal):
     gate = causal.service.gate
     gate.active = gate.limit  # as if that many requests were being answered
     try:
-        assert_error(causal.post("/v1/completions", json={"prompt": "x"}), 429, None, "too_many_requests")
+        busy = causal.post("/v1/completions", json={"prompt": "x"})
+        assert_error(busy, 429, None, "too_many_requests")
+        assert busy.headers["retry-after"] == "1"
     finally:
         gate.active = 0
     assert causal.post("/v1/completions", json={"prompt": "x", "max_tokens": 2}).status_code == 200

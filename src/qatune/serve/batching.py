@@ -186,7 +186,7 @@ class Batcher:
                     more = self._more if self.max_batch_size > 1 else None
                     self._decoder.run([_Row(job, self.loaded.tokenizer) for job in jobs], more)
         except Exception as exc:  # a failed batch fails its requests, never the server
-            log.error("a batch of %d requests failed: %s: %s", len(self._current), type(exc).__name__, exc,
+            log.error("a batch of %d request(s) failed: %s: %s", len(self._current), type(exc).__name__, exc,
                       exc_info=log.isEnabledFor(logging.DEBUG))
             for job in self._current:
                 if not job.done:

@@ -93,7 +93,9 @@ async def _send_error(send: Any, error: ApiError) -> None:
 def add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def api_error(_request: Any, exc: ApiError) -> JSONResponse:
-        return JSONResponse(exc.body(), status_code=exc.status)
+        # a client told to retry (429) is told when: OpenAI's clients read Retry-After
+        headers = {"Retry-After": "1"} if exc.status == 429 else None
+        return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
 
     @app.exception_handler(RequestValidationError)
     async def invalid_request(_request: Any, exc: RequestValidationError) -> JSONResponse:
