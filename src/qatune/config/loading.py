@@ -141,15 +141,11 @@ def _override_value(key: str, text: str) -> Any:
 
 def _accepted_kinds(parts: list[str]) -> set[str]:
     """What the config key ``parts`` takes: some of str, int, float, bool, list, dict, NoneType (empty if unknown)."""
-    section: type[Section] | None = Config
-    annotation: Any = None
-    for part in parts:
-        if section is None or part not in section.model_fields:
-            return set()
-        annotation = section.model_fields[part].annotation
-        section = section_class(annotation)
+    section = _section_at(tuple(parts[:-1]))
+    if section is None or parts[-1] not in section.model_fields:
+        return set()
     kinds: set[str] = set()
-    pending = [annotation]
+    pending = [section.model_fields[parts[-1]].annotation]
     while pending:
         current = pending.pop()
         origin = typing.get_origin(current)
