@@ -1,6 +1,8 @@
-# make demo: create .venv, install qatune, train -> eval -> generate on the offline example.
-# make smollm2-demo: fine-tune the packaged SmolLM2-135M-Instruct offline, evaluated on held-out rows (~6 min on 2 cores).
-# make test: create .venv, install qatune with test extras, run the test suite.
+# make demo:      install, then fine-tune the packaged SmolLM2-135M-Instruct on a slice of the example sheet, offline:
+#                 the base model's held-out score, the fine-tuned one's, one answer (a few minutes on 2 cores).
+# make demo-tiny: a small GPT-2 built from scratch learns examples/data/faq.csv by heart (about a minute).
+# make test:      the whole test suite; make test-fast: the unit tests (under 2 minutes on 2 cores).
+# make bench:     the headline benchmarks on this machine (bench/headline.py; they read ../shared/data).
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -8,7 +10,7 @@ BIN := $(VENV)/bin
 TORCH ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo smollm2-demo test clean
+.PHONY: install demo demo-tiny test test-fast bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -23,18 +25,25 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/qatune train --config configs/tiny-gpt2.yaml --overwrite
-	$(BIN)/qatune eval runs/tiny-gpt2 --data examples/data/faq.csv
-	$(BIN)/qatune generate runs/tiny-gpt2 "what character did john noble play in lord of the rings?"
-
-smollm2-demo: $(STAMP)
 	$(BIN)/qatune eval --base --config configs/smollm2-qa.yaml
 	$(BIN)/qatune train --config configs/smollm2-qa.yaml --overwrite
 	$(BIN)/qatune eval runs/smollm2-qa --data examples/data/xquad_eval.csv
 	$(BIN)/qatune generate runs/smollm2-qa "Which river flows through Warsaw?" --context "Warsaw lies in east-central Poland about 300 km from the Carpathian Mountains and about 260 km from the Baltic Sea, 523 km east of Berlin, Germany. The city straddles the Vistula River."
 
+demo-tiny: $(STAMP)
+	$(BIN)/qatune train --config configs/tiny-gpt2.yaml --overwrite
+	$(BIN)/qatune eval runs/tiny-gpt2 --data examples/data/faq.csv
+	$(BIN)/qatune generate runs/tiny-gpt2 "what character did john noble play in lord of the rings?"
+
 test: $(STAMP)
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest --durations=15
+
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -m "not slow" --durations=15
+
+bench: $(STAMP)
+	$(BIN)/pip install --quiet -e '.[bench]'
+	$(BIN)/python bench/headline.py
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

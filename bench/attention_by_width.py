@@ -1,4 +1,4 @@
-"""Attention chosen per batch by its width (qatune.attention.AttentionByWidth: eager up to
+"""Attention chosen per batch by its width (qatune.speedups.attention.AttentionByWidth: eager up to
 EAGER_ATTENTION_MAX_TOKENS tokens, SDPA beyond) against SDPA throughout, per training step of W2
 (SmolLM2-135M-Instruct with LoRA r=16 on all seven projections, question + context -> answer) inside qatune's
 own loop, under bf16 on a CPU with native bf16.

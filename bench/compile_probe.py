@@ -18,7 +18,7 @@ import torch
 from bench_machine import describe_torch, headline, json_option, write_json  # bench/ is on sys.path
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from qatune.objectives import CausalLMObjective, fuse_activations
+from qatune.model.objectives import CausalLMObjective, fuse_activations
 
 ROWS = 16
 LENGTHS = (28, 30, 32, 34, 36, 28, 30, 32)

@@ -43,9 +43,9 @@ def arm(name: str, config_path: str) -> dict:
     if name == "autocast":
         loop_module.master_weights_wanted = lambda *_: False
     if name == "unpadded":
-        import qatune.objectives
+        import qatune.model.objectives
 
-        qatune.objectives.HEAD_ROWS_MULTIPLE = 1
+        qatune.model.objectives.HEAD_ROWS_MULTIPLE = 1
     prepared = prepare_checked(load_config(config_path))
     loop = loop_module.Loop.setup(prepared, None, None)
     loop.start_epoch(0)

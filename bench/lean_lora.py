@@ -1,4 +1,4 @@
-"""LoRA layers' adapter product added inside the base layer's matrix product (qatune.lean_lora) against
+"""LoRA layers' adapter product added inside the base layer's matrix product (qatune.speedups.lora) against
 peft's own forward (base, adapter product, its scaled copy and their sum as separate full-size tensors),
 per training step of W2 (SmolLM2-135M-Instruct, LoRA r=16 on all seven projections of its 30 layers) inside
 qatune's own loop.
@@ -30,8 +30,8 @@ from bench_machine import per_batch_options, timed_passes, write_json
 def main() -> int:
     import w2_smollm2_lora as w2
 
-    from qatune import lean_lora
-    from qatune.objectives import model_inputs
+    from qatune.model.objectives import model_inputs
+    from qatune.speedups import lora as lean_lora
     from qatune.train.loop import train_step
 
     args, info = per_batch_options(__doc__, __file__, more=lambda parser: parser.add_argument(

@@ -1,4 +1,4 @@
-"""Is GPT-2's lean loss path (qatune.lean_gpt2) worth it in each precision? The loop's time on W1-shaped
+"""Is GPT-2's lean loss path (qatune.speedups.gpt2) worth it in each precision? The loop's time on W1-shaped
 work with the lean path on and off, in fp32 and in bf16 (bf16 weights, fp32 masters, eager attention on
 these short rows), alternating in fresh processes. Prints each round's ratio and their median.
 
@@ -28,7 +28,7 @@ import os, sys, time
 os.environ["HF_HUB_OFFLINE"] = "1"
 from qatune.config import load_config
 from qatune.train import prepare, fit
-import qatune.objectives as objectives
+import qatune.model.objectives as objectives
 data, precision, lean = sys.argv[1], sys.argv[2], sys.argv[3] == "on"
 real = objectives.objective_for
 objective_for = lambda task, model: real(task, model, lean=lean)

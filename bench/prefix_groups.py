@@ -1,4 +1,4 @@
-"""Each group's prompt prefix computed once per batch (rows about one context: qatune.data.prefixes.plan)
+"""Each group's prompt prefix computed once per batch (rows about one context: qatune.speedups.prefixes.plan)
 against the batch's common prefix alone (the chat template's system prompt), per training step of W2
 (SmolLM2-135M-Instruct, LoRA r=16 on all seven projections) inside qatune's own loop.
 

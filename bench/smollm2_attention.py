@@ -1,7 +1,7 @@
 """SmolLM2-135M LoRA training steps on CPU under bf16 (or fp32): SDPA or eager attention, on short and on the
 longest rows.
 
-What qatune.attention.EAGER_ATTENTION_MAX_TOKENS rests on beyond GPT-2 (bench/cpu_attention.py). The W2 setting
+What qatune.speedups.attention.EAGER_ATTENTION_MAX_TOKENS rests on beyond GPT-2 (bench/cpu_attention.py). The W2 setting
 (bench/w2_smollm2_lora.py: chat template, context + question -> answer, LoRA r=16 on all projections,
 batch 8, bf16) runs 7 timed optimizer steps after one warm-up step, in a fresh process per arm, on two
 slices of the 500 W2 rows: the first 64 (rows of 75-375 tokens) and the 64 with the longest context
@@ -38,12 +38,12 @@ OUT = Path(__file__).with_suffix(".json")
 def arm(attention: str, model: str, data: str, precision: str) -> dict:
     import w2_smollm2_lora as w2
 
-    import qatune.attention
+    import qatune.speedups.attention
     from qatune.config import load_config
     from qatune.train.loop import Loop, train_step, windows
     from qatune.train.run import prepare_checked
 
-    qatune.attention.EAGER_ATTENTION_MAX_TOKENS = 4096 if attention == "eager" else 0
+    qatune.speedups.attention.EAGER_ATTENTION_MAX_TOKENS = 4096 if attention == "eager" else 0
     prepared = prepare_checked(load_config(None, [*w2.qatune_overrides(model, data), f"train.precision={precision}"]))
     if precision == "fp32" and attention == "eager":
         base = prepared.model.get_base_model() if hasattr(prepared.model, "get_base_model") else prepared.model

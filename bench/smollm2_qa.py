@@ -102,8 +102,8 @@ def main() -> int:
     import logging
 
     from qatune.config import load_config
-    from qatune.evaluate import evaluate_base, evaluate_run
-    from qatune.generate import answer_one
+    from qatune.inference.evaluate import evaluate_base, evaluate_run
+    from qatune.inference.generate import answer_one
     from qatune.train import train
 
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)

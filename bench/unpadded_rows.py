@@ -1,4 +1,4 @@
-"""Each layer's projections and MLP on the real tokens only (qatune.lean_causal, ``unpadded``) against the
+"""Each layer's projections and MLP on the real tokens only (qatune.speedups.causal, ``unpadded``) against the
 padded rows, per training step of W2 (SmolLM2-135M-Instruct with LoRA r=16 on all seven projections, question
 + context -> answer; 30 layers) inside qatune's own loop.
 

@@ -88,7 +88,7 @@ def supervised_up_to_end_of_turn(ids: list[int], labels: list[int], end_of_turn:
 
 def setup(args, workdir: Path) -> dict:
     from qatune.config import ModelConfig
-    from qatune.model import load_pretrained, load_tokenizer
+    from qatune.model.loading import load_pretrained, load_tokenizer
 
     with open(SHARED / "squadshifts_new_wiki" / "squadshifts_new_wiki.csv", encoding="utf-8", newline="") as f:
         rows = list(csv.DictReader(f))[: args.rows]
@@ -142,7 +142,7 @@ def qatune_loop(rows: int, *overrides: str, groups: bool = True):
 
 def first_batch_losses(loop, batch, arms) -> dict[str, float]:
     """The summed loss of ``batch`` in each arm (``(name, batch -> batch)`` pairs), with no update."""
-    from qatune.objectives import model_inputs
+    from qatune.model.objectives import model_inputs
 
     losses = {name: float(loop.objective(**model_inputs(shape(batch)))["loss_sum"].detach()) for name, shape in arms}
     loop.optimizer.zero_grad(set_to_none=True)

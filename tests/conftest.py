@@ -33,6 +33,14 @@ def tiny_config(tmp_path, rows, *overrides):
     return load_config(None, [f"data.train_file={data}", *TINY_MODEL, "train.logging_steps=1", *overrides])
 
 
+def speedups_on(caplog) -> list[str]:
+    """The speed paths a training run's log line says are on."""
+    line = next(m for m in caplog.messages if m.startswith("speedups ("))
+    if ": on: " not in line:
+        return []
+    return line.split(": on: ", 1)[1].split(";", 1)[0].split(", ")
+
+
 @pytest.fixture
 def fixtures() -> Path:
     return FIXTURES

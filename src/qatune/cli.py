@@ -18,8 +18,8 @@ import warnings
 import click
 
 from qatune import __version__
+from qatune.commands.process import exit_without_teardown
 from qatune.errors import QatuneError
-from qatune.process import exit_without_teardown
 
 log = logging.getLogger("qatune")
 
@@ -162,7 +162,7 @@ def eval_command(run_dir: str | None, data_file: str | None, which: str, base: b
     the untouched pretrained model is evaluated with the same prompt, on data.eval_file or --data (its files
     go to OUTPUT_DIR-base/): what fine-tuning starts from.
     """
-    from qatune.evaluate import evaluate_base, evaluate_run
+    from qatune.inference.evaluate import evaluate_base, evaluate_run
 
     if base:
         if run_dir is not None or config_path is None:
@@ -215,7 +215,7 @@ def generate(run_dir: str, question: str | None, context: str | None, context_fi
              data_file: str | None, fields: tuple[str, ...], output: str | None, overrides: tuple[str, ...], which: str,
              max_new_tokens: int | None, temperature: float | None, top_p: float | None, seed: int | None) -> None:
     """Answer a question (or every row of --file) with a trained run. Prints the answer only."""
-    from qatune.generate import answer_file, answer_one
+    from qatune.inference.generate import answer_file, answer_one
 
     options = {"max_new_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p}
     if data_file is not None:
@@ -261,7 +261,7 @@ def check(config_path: str, overrides: tuple[str, ...], as_json: bool, overfit: 
 
     Exit code 0 when fit to train (warnings allowed), 1 when there are errors.
     """
-    from qatune.check import render_report, run_check
+    from qatune.commands.check import render_report, run_check
     from qatune.config import load_config
 
     try:
@@ -283,7 +283,7 @@ def check(config_path: str, overrides: tuple[str, ...], as_json: bool, overfit: 
 @verbose_option
 def export(run_dir: str, output: str, which: str) -> None:
     """Write a run's model as one plain transformers folder (LoRA adapters merged into the weights)."""
-    from qatune.model_folder import export_merged
+    from qatune.export.merged import export_merged
 
     click.echo(str(export_merged(run_dir, output, which)))
 
@@ -354,8 +354,8 @@ def init(data_file: str, task: str, sheet: str | None, delimiter: str | None, qu
     """Guess the question/answer/context columns of a spreadsheet and write a config for it."""
     from pathlib import Path
 
+    from qatune.commands.init import choose_model, describe, inspect, write_config
     from qatune.config import delimiter_character
-    from qatune.init import choose_model, describe, inspect, write_config
 
     try:
         delimiter = delimiter_character(delimiter) if delimiter is not None else None
@@ -376,7 +376,7 @@ def init(data_file: str, task: str, sheet: str | None, delimiter: str | None, qu
 @verbose_option
 def env(as_json: bool) -> None:
     """Versions and devices: what a bug report needs."""
-    from qatune.environment import environment
+    from qatune.commands.environment import environment
 
     info = environment()
     if as_json:

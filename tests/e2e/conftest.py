@@ -1,6 +1,7 @@
 from pathlib import Path
 
 import pytest
+
 from tests.serve_runs import ServerProcess, train_run
 
 CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")

@@ -7,6 +7,7 @@ import json
 
 import pytest
 from openpyxl import Workbook
+
 from tests.conftest import FIXTURES, chat_tokenizer, cli_ok, tiny_llama
 
 pytestmark = pytest.mark.slow

@@ -5,10 +5,10 @@ import json
 
 import pytest
 from click.testing import CliRunner
-from tests.conftest import FIXTURES
-from tests.conftest import cli_ok as invoke
 
 from qatune.cli import cli
+from tests.conftest import FIXTURES
+from tests.conftest import cli_ok as invoke
 
 pytestmark = pytest.mark.slow
 

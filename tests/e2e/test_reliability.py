@@ -15,15 +15,17 @@ import pytest
 import torch
 from click.testing import CliRunner
 from safetensors.torch import load_file
-from tests.conftest import tiny_config
 
-from qatune import atomic, rundir
-from qatune.checkpoint import find_checkpoint, list_checkpoints
 from qatune.cli import cli
 from qatune.errors import RunDirError
+from qatune.runs import atomic
+from qatune.runs import lock as lock_module
+from qatune.runs.lock import RunLock
 from qatune.train import TrainingInterrupted, train
-from qatune.train import run as run_module
+from qatune.train import outcome as run_module
 from qatune.train import validation as validation_module
+from qatune.train.checkpoint import find_checkpoint, list_checkpoints
+from tests.conftest import tiny_config
 
 pytestmark = pytest.mark.slow
 
@@ -101,7 +103,7 @@ def test_a_second_train_resume_or_overwrite_on_a_running_run_is_refused_naming_t
 
 
 def test_a_lock_of_a_reused_pid_is_stale(tmp_path):
-    lock = rundir.RunLock(tmp_path / "run")
+    lock = RunLock(tmp_path / "run")
     lock.path.write_text(json.dumps({"pid": os.getpid(), "host": os.uname().nodename, "start_ticks": 1,
                                      "started": "long ago", "command": "qatune train"}))
     with lock:                                                      # same pid, other start time: taken over
@@ -114,9 +116,9 @@ def test_export_into_a_folder_being_written_is_refused(tmp_path):
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
         target = tmp_path / "exported"
-        lock = rundir.RunLock(target, "export folder")
+        lock = RunLock(target, "export folder")
         lock.path.write_text(json.dumps({"pid": sleeper.pid, "host": os.uname().nodename,
-                                         "start_ticks": rundir._start_ticks(sleeper.pid),
+                                         "start_ticks": lock_module._start_ticks(sleeper.pid),
                                          "started": "now", "command": "qatune export"}))
         one_line_error(invoke("export", run, "--merge", target), f"export folder {target.absolute()} is in use "
                        f"by qatune process {sleeper.pid}")
@@ -155,7 +157,7 @@ def assert_stopped_by_full_disk(err, run, folder_name):
 
 
 def test_a_full_disk_during_a_checkpoint_keeps_the_previous_one(tmp_path, monkeypatch):
-    from qatune import checkpoint as checkpoint_module
+    from qatune.train import checkpoint as checkpoint_module
 
     fail_with_enospc_on(monkeypatch, checkpoint_module.torch, "save", 4)   # checkpoint 2: its optimizer.pt
     run = tmp_path / "run"
@@ -184,7 +186,7 @@ def test_a_full_disk_while_writing_final_leaves_no_final_and_a_resumable_run(tmp
 
 
 def test_final_is_copied_where_the_file_system_refuses_hard_links(tmp_path, monkeypatch):
-    from qatune import checkpoint
+    from qatune.train import checkpoint
 
     def refuse(*_args):
         raise OSError(errno.EXDEV, "Invalid cross-device link")
@@ -197,7 +199,7 @@ def test_final_is_copied_where_the_file_system_refuses_hard_links(tmp_path, monk
 
 
 def test_a_full_disk_while_writing_the_report_does_not_fail_the_run(tmp_path, monkeypatch, caplog):
-    from qatune import report as report_module
+    from qatune.train import report as report_module
 
     fail_with_enospc_on(monkeypatch, report_module.atomic, "atomic_write_text", when=lambda p: p.name == "report.md")
     run = train(config_for(tmp_path, "train.epochs=1"), output_dir=tmp_path / "run", progress=False)
@@ -380,4 +382,4 @@ def test_a_lock_in_an_unwritable_place_is_one_line(tmp_path):
     target = tmp_path / "file-not-dir"
     target.write_text("x")
     with pytest.raises(RunDirError, match="cannot lock run directory"):
-        rundir.RunLock(target / "run").acquire()
+        RunLock(target / "run").acquire()

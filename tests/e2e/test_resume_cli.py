@@ -7,9 +7,9 @@ import shlex
 import pytest
 import yaml
 from click.testing import CliRunner
-from tests.conftest import interrupt_at, tiny_config
 
 from qatune.cli import cli
+from tests.conftest import interrupt_at, tiny_config
 
 pytestmark = pytest.mark.slow
 

@@ -5,6 +5,7 @@ import csv
 import json
 
 import pytest
+
 from tests.conftest import FIXTURES
 from tests.conftest import cli_ok as invoke
 

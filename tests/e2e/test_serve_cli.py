@@ -8,9 +8,9 @@ import time
 
 import pytest
 from click.testing import CliRunner
-from tests.serve_runs import ServerProcess, faq_rows
 
 from qatune.cli import cli
+from tests.serve_runs import ServerProcess, faq_rows
 
 pytestmark = pytest.mark.slow
 openai = pytest.importorskip("openai")

@@ -5,6 +5,7 @@ import os
 import shutil
 
 import pytest
+
 from tests.serve_runs import faq_rows
 
 pytestmark = pytest.mark.slow

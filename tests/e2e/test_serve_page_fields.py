@@ -2,6 +2,7 @@
 the server's 400 shown when it is left empty, an answer once it is filled in (Debian's Chromium via selenium)."""
 
 import pytest
+
 from tests.prompt_runs import score_run
 from tests.serve_runs import ServerProcess
 

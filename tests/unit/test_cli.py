@@ -2,10 +2,11 @@ import json
 import subprocess
 import sys
 
+import pytest
 from click.testing import CliRunner
-from tests.conftest import ROOT
 
 from qatune.cli import cli, main
+from tests.conftest import ROOT
 
 
 def run(*args):
@@ -94,7 +95,7 @@ def test_a_closed_pipe_is_not_an_internal_error():
 
 EXIT_SCRIPT = """
 import atexit, sys, threading, time
-from qatune.process import exit_without_teardown
+from qatune.commands.process import exit_without_teardown
 atexit.register(lambda: print("atexit handler ran", file=sys.stderr))
 sys.stdout.write("buffered output")  # a pipe: block-buffered, written only by the flush
 if sys.argv[1] == "thread":
@@ -119,14 +120,28 @@ def test_exit_without_teardown_leaves_the_exit_to_python_while_a_thread_runs():
 
 
 def test_an_empty_answer_prints_an_empty_line_and_a_note(monkeypatch):
-    import qatune.generate
+    import qatune.inference.generate
 
-    monkeypatch.setattr(qatune.generate, "answer_one", lambda *args, **kwargs: "")
+    monkeypatch.setattr(qatune.inference.generate, "answer_one", lambda *args, **kwargs: "")
     result = CliRunner().invoke(cli, ["generate", "runs/any", "What is the capital of France?"])
     assert result.exit_code == 0
     assert result.stdout == "\n"
     assert result.stderr == ("note: the model's answer is empty; a model trained longer, or on more rows like this "
                              "question, may answer it\n")
-    monkeypatch.setattr(qatune.generate, "answer_one", lambda *args, **kwargs: "Paris")
+    monkeypatch.setattr(qatune.inference.generate, "answer_one", lambda *args, **kwargs: "Paris")
     result = CliRunner().invoke(cli, ["generate", "runs/any", "What is the capital of France?"])
     assert (result.stdout, result.stderr) == ("Paris\n", "")
+
+
+@pytest.mark.parametrize("code", [0, 3])
+def test_console_entry_freezes_the_collector_before_exit(monkeypatch, code):
+    import gc
+
+    from qatune import cli
+
+    calls = []
+    monkeypatch.setattr(cli, "main", lambda: calls.append("main") or code)
+    monkeypatch.setattr(gc, "freeze", lambda: calls.append("freeze"))
+    monkeypatch.setattr(cli, "exit_without_teardown", lambda c: calls.append(f"exit {c}"))
+    assert cli.entry() == code
+    assert calls == ["main", "freeze", f"exit {code}"]

@@ -5,12 +5,12 @@ import csv
 
 import pytest
 from click.testing import CliRunner
-from tests.conftest import cli_ok
-from tests.prompt_runs import context_run, score_run
 
 from qatune.cli import cli
-from qatune.generate import answer_questions
-from qatune.model_folder import load_model_folder
+from qatune.inference.generate import answer_questions
+from qatune.model.folder import load_model_folder
+from tests.conftest import cli_ok
+from tests.prompt_runs import context_run, score_run
 
 QUESTION, PASSAGE = "what is item 3?", "item 3 is thing 3."
 
@@ -73,12 +73,12 @@ def test_a_file_without_the_context_column_is_refused(with_context, tmp_path):
 
 
 def test_a_missing_passage_or_field_is_refused_before_the_model_loads(with_context, without_context, monkeypatch):
-    import qatune.model_folder
+    import qatune.inference.loading
 
     def no_loading(*args, **kwargs):
         raise AssertionError("the model was loaded before the request was checked")
 
-    monkeypatch.setattr(qatune.model_folder, "load_model_folder", no_loading)
+    monkeypatch.setattr(qatune.inference.loading, "load_run_model", no_loading)
     one_line_error(generate(with_context, QUESTION), NEEDS)
     one_line_error(generate(without_context, QUESTION, "--context", PASSAGE), REFUSES)
     for fields in ([], ["--field", "score= "]):  # its prompt needs {score}; a blank value is none
@@ -88,12 +88,12 @@ def test_a_missing_passage_or_field_is_refused_before_the_model_loads(with_conte
 
 
 def test_a_file_without_the_passage_column_is_refused_before_the_model_loads(with_context, tmp_path, monkeypatch):
-    import qatune.model_folder
+    import qatune.inference.loading
 
     def no_loading(*args, **kwargs):
         raise AssertionError("the model was loaded before the file was read")
 
-    monkeypatch.setattr(qatune.model_folder, "load_model_folder", no_loading)
+    monkeypatch.setattr(qatune.inference.loading, "load_run_model", no_loading)
     questions = tmp_path / "q.csv"
     questions.write_text(f"question\n{QUESTION}\n", encoding="utf-8")
     result = generate(with_context, "--file", questions)

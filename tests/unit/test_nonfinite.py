@@ -6,10 +6,10 @@ import math
 
 import pytest
 import torch
-from tests.conftest import tiny_config
 
 from qatune.errors import TrainingError
 from qatune.train import LengthGroupedBatches, fit, prepare, train
+from tests.conftest import tiny_config
 
 ROWS = [(f"question number {i}", f"answer {i}") for i in range(12)]
 

@@ -3,9 +3,8 @@
 import csv
 import json
 
-from tests.conftest import tiny_config
-
 from qatune.train import train
+from tests.conftest import tiny_config
 
 ROWS = [(f"what is item {i}?", f"thing {i}") for i in range(20)]
 
@@ -44,12 +43,13 @@ def test_report_and_plot(tmp_path):
 def test_the_plot_is_drawn_on_its_own_thread_while_the_last_checkpoint_is_written(tmp_path, monkeypatch):
     import threading
 
-    import qatune.report
     import qatune.train.loop
-    import qatune.train.run
+    import qatune.train.outcome
+    import qatune.train.report
 
     order, drawn = [], []
-    draw, start, save = qatune.report._draw, qatune.train.run.draw_in_background, qatune.train.loop.save_checkpoint
+    draw, start = qatune.train.report._draw, qatune.train.outcome.draw_in_background
+    save = qatune.train.loop.save_checkpoint
 
     def recording_draw(train, evals):
         drawn.append((threading.current_thread().name, [x["step"] for x in train]))
@@ -63,8 +63,8 @@ def test_the_plot_is_drawn_on_its_own_thread_while_the_last_checkpoint_is_writte
         order.append(f"checkpoint {state.step}")
         return save(run_dir, state, *args)
 
-    monkeypatch.setattr(qatune.report, "_draw", recording_draw)
-    monkeypatch.setattr(qatune.train.run, "draw_in_background", recording_start)
+    monkeypatch.setattr(qatune.train.report, "_draw", recording_draw)
+    monkeypatch.setattr(qatune.train.outcome, "draw_in_background", recording_start)
     monkeypatch.setattr(qatune.train.loop, "save_checkpoint", recording_save)
     run_dir = run(tmp_path)
     logged = [json.loads(x)["step"] for x in (run_dir / "metrics.jsonl").read_text().splitlines() if '"train"' in x]

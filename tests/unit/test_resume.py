@@ -14,13 +14,13 @@ import pytest
 import torch
 from click.testing import CliRunner
 from safetensors.torch import load_file
-from tests.conftest import interrupt_at, tiny_config
 
-from qatune.checkpoint import find_checkpoint, list_checkpoints
 from qatune.cli import cli
 from qatune.errors import ConfigError, RunDirError
 from qatune.train import TrainingInterrupted, train
 from qatune.train import validation as validation_module
+from qatune.train.checkpoint import find_checkpoint, list_checkpoints
+from tests.conftest import interrupt_at, tiny_config
 
 ROWS = [(f"question number {i}", f"answer {i % 5}") for i in range(12)]
 
@@ -87,7 +87,7 @@ def test_a_logging_window_that_spans_the_interruption_logs_what_an_uninterrupted
 
 
 def test_a_checkpoint_written_before_logging_windows_were_saved_resumes_with_an_empty_window(tmp_path, monkeypatch):
-    from qatune import atomic
+    from qatune.runs import atomic
 
     config = config_for(tmp_path, "train.logging_steps=4")
     interrupt_at(monkeypatch, 6)
@@ -105,8 +105,8 @@ def test_a_checkpoint_written_before_logging_windows_were_saved_resumes_with_an_
 
 
 def test_a_saved_logging_window_without_all_its_numbers_marks_the_checkpoint_damaged(tmp_path, monkeypatch):
-    from qatune import atomic
-    from qatune.checkpoint import damage
+    from qatune.runs import atomic
+    from qatune.train.checkpoint import damage
 
     interrupt_at(monkeypatch, 6)
     with pytest.raises(TrainingInterrupted) as err:
@@ -142,7 +142,7 @@ def test_checkpoints_keep_the_last_k(tmp_path):
 
 
 def test_a_failed_checkpoint_write_leaves_the_previous_one(tmp_path, monkeypatch):
-    from qatune import checkpoint as checkpoint_module
+    from qatune.train import checkpoint as checkpoint_module
 
     calls = {"n": 0}
     real_save = torch.save
@@ -208,7 +208,7 @@ def test_resume_refuses_epochs_that_would_end_the_run_without_training(tmp_path,
 
 
 def test_the_stop_message_names_the_command_that_resumes(tmp_path):
-    from qatune.checkpoint import TrainState
+    from qatune.train.checkpoint import TrainState
 
     checkpoint = tmp_path / "my runs" / "faq" / "checkpoints" / "step-0000005"
     one = TrainingInterrupted("SIGTERM", TrainState(step=5, epoch=1), checkpoint)
@@ -300,7 +300,7 @@ def test_a_checkpoint_is_pruned_by_renaming_it_away_before_deleting_it(tmp_path,
     # A kill in the middle of deleting an old checkpoint must not leave a half-deleted step-N behind.
     import shutil
 
-    from qatune import atomic
+    from qatune.runs import atomic
 
     run = tmp_path / "run"
     step = run / "checkpoints" / "step-0000003"

@@ -60,7 +60,7 @@ def test_remote_code_is_off_unless_asked(monkeypatch):
 
     monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", fake)
     from qatune.errors import ModelError
-    from qatune.model import load_tokenizer
+    from qatune.model.loading import load_tokenizer
 
     with pytest.raises(ModelError):
         load_tokenizer(ModelConfig(name_or_path="someone/model"), "generative")
@@ -77,7 +77,7 @@ def test_spreadsheet_formulas_and_dde_payloads_stay_text(tmp_path):
 def test_lora_adapters_are_loaded_from_safetensors_only(tmp_path):
     pytest.importorskip("peft")
     from qatune.errors import RunDirError
-    from qatune.model_folder import ModelInfo, _load_lora
+    from qatune.model.folder import ModelInfo, _load_lora
 
     (tmp_path / "adapter_config.json").write_text("{}")
     (tmp_path / "adapter_model.bin").write_bytes(b"pickle")

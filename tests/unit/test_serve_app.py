@@ -6,10 +6,10 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 
 import pytest
-from tests.serve_runs import faq_rows, train_run, xquad_rows
 
-from qatune.generate import answer_questions
-from qatune.model_folder import load_model_folder
+from qatune.inference.generate import answer_questions
+from qatune.model.folder import load_model_folder
+from tests.serve_runs import faq_rows, train_run, xquad_rows
 
 pytest.importorskip("fastapi")
 pytest.importorskip("httpx")
@@ -84,7 +84,7 @@ def test_models_health_summary_page_and_loss_curve(causal):
 
 
 def test_the_summary_shows_only_evaluations_of_the_served_model(runs, causal):
-    from qatune.atomic import folder_id
+    from qatune.runs.atomic import folder_id
 
     run = runs["causal"]
     written = {"current": {"f1": 50.0, "model_id": folder_id(run / "final")},

@@ -5,11 +5,11 @@ import threading
 
 import pytest
 import torch
-from tests.conftest import CharTokenizer
 
 from qatune.serve import batching, decoding
 from qatune.serve.batching import Batcher, Delta, Finished, Generation, Job
 from qatune.serve.decoding import AnswerText, Decoder, Sampling, sample
+from tests.conftest import CharTokenizer
 
 EOS = 0
 
@@ -200,7 +200,7 @@ class Loaded:
 
     def __init__(self, model, tokenizer):
         from qatune.config import Config
-        from qatune.model_folder import ModelInfo
+        from qatune.model.folder import ModelInfo
 
         self.model, self.tokenizer, self.config = model, tokenizer, Config()
         self.info = ModelInfo(task="generative", max_length=64)

@@ -5,10 +5,10 @@ import logging
 from contextlib import contextmanager
 
 import pytest
-from tests.prompt_runs import context_run, score_run
 
-from qatune.generate import answer_questions
-from qatune.model_folder import load_model_folder
+from qatune.inference.generate import answer_questions
+from qatune.model.folder import load_model_folder
+from tests.prompt_runs import context_run, score_run
 
 pytest.importorskip("fastapi")
 pytest.importorskip("httpx")

@@ -1,15 +1,13 @@
-import copy
 import json
 import logging
 import math
-import os
 
 import pytest
 import torch
-from tests.conftest import tiny_config as shared_tiny_config
 
 from qatune.errors import DataError
 from qatune.train import LengthGroupedBatches, build_optimizer, build_schedulers, fit, prepare
+from tests.conftest import tiny_config as shared_tiny_config
 
 
 def tiny_config(tmp_path, rows, *overrides):
@@ -28,10 +26,9 @@ class StepSpy:
         self.norms = []
         original = build_optimizer
 
-        def spying_build(model, lr, wd):
-            optimizer = original(model, lr, wd)
-            embedding = next(p for name, p in model.named_parameters() if "wte" in name)
-            embedding.register_hook(self._count)
+        def spying_build(params, lr, wd):
+            optimizer = original(params, lr, wd)
+            params[0].register_hook(self._count)  # the embedding: one call per backward
             step = optimizer.step
 
             def recorded_step(*args, **kwargs):
@@ -66,7 +63,7 @@ def test_first_optimizer_step_after_exactly_n_micro_batches(tmp_path, monkeypatc
 def test_accumulation_gives_the_same_update_as_one_large_batch(tmp_path, monkeypatch):
     # Plain SGD: the update is the gradient itself (Adam's first step would hide its scale).
     monkeypatch.setattr("qatune.train.loop.build_optimizer",
-                        lambda model, lr, wd: torch.optim.SGD(model.parameters(), lr=1.0))
+                        lambda params, lr, wd: torch.optim.SGD(params, lr=1.0))
     rows = [("q1", "yes"), ("q2", "no"), ("q3", "ok"), ("q4", "a much longer answer with many more words")]
     big = prepare(tiny_config(tmp_path, rows, "train.batch_size=4", "train.group_by_length=false"))
     small = prepare(tiny_config(tmp_path, rows, "train.batch_size=2", "train.gradient_accumulation_steps=2",
@@ -89,50 +86,6 @@ def test_gradients_are_clipped_and_the_norm_before_clipping_is_logged(tmp_path, 
     assert spy.norms and all(norm <= 0.001 * (1 + 1e-4) for norm in spy.norms)
     logged = [json.loads(line)["grad_norm"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert all(norm > 0.01 for norm in logged)
-
-
-@pytest.mark.parametrize("max_norm", [0.01, 1e6, None])
-def test_clipping_folded_into_fused_adamw_gives_torchs_clipped_update(max_norm):
-    from types import SimpleNamespace
-
-    from accelerate.utils import DistributedType
-
-    from qatune.train import gradient_clipper
-
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 3))
-    reference = copy.deepcopy(model)
-    model(torch.randn(5, 8)).pow(2).sum().backward()
-    for p, q in zip(model.parameters(), reference.parameters()):
-        q.grad = p.grad.clone()
-    expected_norm = torch.nn.utils.clip_grad_norm_(reference.parameters(), max_norm or math.inf)
-    torch.optim.AdamW(reference.parameters(), lr=0.1, weight_decay=0.0, foreach=False).step()
-
-    optimizer = build_optimizer(model, 0.1, 0.0)
-    assert optimizer.defaults["fused"]
-    accelerator = SimpleNamespace(scaler=None, distributed_type=DistributedType.NO)
-    norm = gradient_clipper(accelerator, model, optimizer, max_norm)()
-    optimizer.step()
-    torch.testing.assert_close(norm, expected_norm)
-    for p, q in zip(model.parameters(), reference.parameters()):
-        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-7)
-        torch.testing.assert_close(p.grad, q.grad)  # the gradients the update used, clipped
-
-
-def test_total_norm_on_cpu_is_the_float64_norm_and_keeps_inf_and_nan():
-    from qatune.train.optim import total_norm
-
-    torch.manual_seed(0)
-    grads = [torch.randn(300, 700), torch.randn(5), torch.randn(64, 64).t()]  # one not contiguous
-    exact = math.sqrt(sum(g.double().pow(2).sum().item() for g in grads))
-    assert total_norm(grads).dtype == torch.float32
-    assert total_norm(grads).item() == pytest.approx(exact, rel=1e-6)
-    assert total_norm([]).item() == 0.0
-    assert total_norm([torch.ones(3), torch.tensor([1.0, math.inf])]).item() == math.inf
-    assert math.isnan(total_norm([torch.ones(3), torch.tensor([math.nan])]).item())
-    # Other dtypes keep torch's norm kernels.
-    half = [g.bfloat16() for g in grads]
-    assert total_norm(half).item() == pytest.approx(exact, rel=1e-2)
 
 
 def test_step_lr_after_warmup(tmp_path):
@@ -253,106 +206,6 @@ def test_the_log_names_families_kept_together_only_when_group_by_prefix_keeps_so
                                        "trained on too (train.train_on_prompt)"]
 
 
-@pytest.mark.parametrize(("native", "expected"), [(True, "bf16"), (False, "fp32")])
-def test_precision_auto_is_bf16_only_where_it_is_native(monkeypatch, native, expected):
-    from qatune.train import device
-
-    monkeypatch.setattr(device, "bf16_native", lambda where, unknown=True: native)
-    assert device.resolve_precision("auto", "cpu") == expected
-    assert device.resolve_precision("fp32", "cpu") == "fp32"      # an explicit choice is kept
-
-
-@pytest.mark.parametrize(("variable", "cap", "allowed"), [
-    ("ONEDNN_MAX_CPU_ISA", "AVX2", False), ("ONEDNN_MAX_CPU_ISA", "avx512_core", False),
-    ("DNNL_MAX_CPU_ISA", "AVX512_CORE_VNNI", False), ("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_AMX", True),
-    ("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_BF16", True), ("ONEDNN_MAX_CPU_ISA", "ALL", True)])
-def test_bf16_is_not_native_where_onednn_is_capped_below_it(monkeypatch, variable, cap, allowed):
-    # Capped below AVX512-BF16, oneDNN emulates bf16 whatever the CPU's flags say (hundreds of times slower).
-    from qatune.train import device
-
-    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
-    monkeypatch.delenv("DNNL_MAX_CPU_ISA", raising=False)
-    uncapped = device.bf16_native("cpu", unknown=True)
-    monkeypatch.setenv(variable, cap)
-    assert device.onednn_cap() == (None if allowed else f"{variable}={cap}")
-    assert device.bf16_native("cpu", unknown=True) is (uncapped and allowed)
-    if not allowed:
-        assert device.resolve_precision("auto", "cpu") == "fp32"
-
-
-def test_precision_auto_names_the_onednn_cap_that_ruled_bf16_out(tmp_path, monkeypatch, caplog):
-    import logging
-
-    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
-    with caplog.at_level(logging.INFO, logger="qatune"):
-        prepared = prepare(tiny_config(tmp_path, ROWS, "train.precision=auto", "train.device=cpu"))
-    assert prepared.precision == "fp32"
-    assert ("precision: fp32 (train.precision auto: bf16 is not native: ONEDNN_MAX_CPU_ISA=AVX2 holds oneDNN "
-            "below AVX512-BF16)") in caplog.messages
-
-
-def test_precision_auto_is_logged_and_saved_in_run_json(tmp_path, monkeypatch):
-    from qatune.train import device, train
-
-    monkeypatch.setattr(device, "bf16_native", lambda where, unknown=True: True)
-    run = train(tiny_config(tmp_path, ROWS, "train.precision=auto"), output_dir=tmp_path / "run", progress=False)
-    assert json.loads((run / "run.json").read_text())["precision"] == "bf16"
-    losses = [json.loads(line)["loss"] for line in (run / "metrics.jsonl").read_text().splitlines()]
-    assert all(math.isfinite(x) for x in losses)
-    import yaml
-
-    assert yaml.safe_load((run / "config.yaml").read_text())["train"]["precision"] == "auto"   # as asked
-
-
-GLIBC = (os.confstr("CS_GNU_LIBC_VERSION") or "").startswith("glibc") if hasattr(os, "confstr") else False
-
-
-@pytest.mark.skipif(not GLIBC, reason="glibc's malloc only")
-@pytest.mark.parametrize(("env", "expected"), [
-    ({}, "True"),
-    ({"MALLOC_TRIM_THRESHOLD_": "131072"}, "False"),                  # the user's own setting wins
-    ({"GLIBC_TUNABLES": "glibc.malloc.mmap_threshold=65536"}, "False"),
-])
-def test_glibc_is_told_to_keep_freed_memory_unless_the_user_set_it(env, expected):
-    import subprocess
-    import sys
-
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "GLIBC_TUNABLES"}
-    done = subprocess.run([sys.executable, "-c", "from qatune.train.device import keep_freed_memory as k; print(k())"],
-                          env={**clean, **env}, capture_output=True, text=True, check=True)
-    assert done.stdout.strip() == expected
-
-
-@pytest.mark.skipif(not GLIBC, reason="glibc's malloc only")
-def test_kept_freed_memory_is_handed_back_to_the_kernel():
-    import subprocess
-    import sys
-
-    # 400 MB in 4 MB tensors, freed: kept in the heap (below the raised mmap threshold), then handed back.
-    code = (
-        "import torch\n"
-        "from qatune.train.device import hand_back_freed_memory, keep_freed_memory\n"
-        "def rss(): return int(open('/proc/self/statm').read().split()[1]) * 4096 >> 20\n"
-        "assert keep_freed_memory()\n"
-        "held = [torch.ones(1 << 20) for _ in range(100)]\n"
-        "del held\n"
-        "kept = rss()\n"
-        "assert hand_back_freed_memory()\n"
-        "print(kept - rss())\n"
-    )
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "GLIBC_TUNABLES"}
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
-    assert int(done.stdout) > 300
-
-
-@pytest.mark.parametrize(("device_type", "precision", "expected"), [
-    ("cpu", "bf16", 2), ("cpu", "fp32", 1), ("cuda", "fp32", 32), ("cuda", "bf16", 32), ("mps", "fp32", 1)])
-def test_batch_widths_are_rounded_where_new_shapes_cost_a_kernel_build(device_type, precision, expected):
-    from qatune.train.device import pad_multiple
-
-    assert pad_multiple(device_type, precision) == expected
-
-
 @pytest.mark.parametrize(("precision", "multiple"), [("bf16", 2), ("fp32", 1)])
 def test_training_batches_have_widths_rounded_for_the_precision(tmp_path, precision, multiple):
     rows = [*ROWS, *((f"question number {i} of three", "yes") for i in range(4))]  # rows of other lengths
@@ -394,22 +247,6 @@ def test_bf16_training_with_rows_as_long_as_an_odd_position_count(tmp_path):
     assert math.isfinite(result["final_train_loss"])
 
 
-def test_bf16_on_cpu_trains_gpt2_through_its_lean_path_with_eager_attention(tmp_path, monkeypatch, caplog):
-    from qatune import lean_gpt2
-
-    eager = []  # per attention call of the training steps (the checks at start-up run without gradients)
-    real = lean_gpt2._attend
-    monkeypatch.setattr(lean_gpt2, "_attend",
-                        lambda *args: (torch.is_grad_enabled() and eager.append(args[-1])) or real(*args))
-    with caplog.at_level(logging.INFO, logger="qatune"):
-        result = fit(prepare(tiny_config(tmp_path, ROWS, "train.precision=bf16", "train.device=cpu")), None,
-                     progress=False)
-    loss_line = next(m for m in caplog.messages if m.startswith("loss: "))
-    assert loss_line.startswith("loss: GPT-2 lean path (LM head and last block on the supervised positions only")
-    assert eager and all(eager)  # the rows are short: eager attention in every step
-    assert math.isfinite(result["final_train_loss"]) and result["final_train_loss"] < result["first_train_loss"]
-
-
 SPAN_ROWS = [(f"what colour is thing {i}?", f"thing {i} is {c} and round.", c)
              for i, c in enumerate(["red", "blue", "green", "black", "white"])]
 
@@ -420,7 +257,7 @@ SPAN_ROWS = [(f"what colour is thing {i}?", f"thing {i} is {c} and round.", c)
     ids=["causal", "seq2seq", "extractive"])
 def test_rounded_widths_leave_loss_and_gradients_unchanged(tmp_path, rows, overrides):
     # The padding a rounded width adds is masked like any other: the same rows give the same loss and gradients.
-    from qatune.objectives import model_inputs, objective_for
+    from qatune.model.objectives import model_inputs, objective_for
 
     prepared = prepare(tiny_config(tmp_path, rows, *overrides))
     model = prepared.model.eval()  # no dropout: both passes see the same function
@@ -446,21 +283,13 @@ def test_rounded_widths_leave_loss_and_gradients_unchanged(tmp_path, rows, overr
 
 
 def test_check_shows_a_rows_tokens_without_the_padding_a_rounded_width_adds(tmp_path):
-    from qatune.check import render_trained_tokens
+    from qatune.commands.check import render_trained_tokens
 
     prepared = prepare(tiny_config(tmp_path, ROWS))
     example = prepared.dataset[0]
     plain = render_trained_tokens(prepared, example)
     prepared.collator.pad_to_multiple_of = len(example) + 7
     assert render_trained_tokens(prepared, example) == plain
-
-
-def test_cpu_training_asks_for_freed_memory_to_be_kept_and_hands_it_back_at_the_end(tmp_path, monkeypatch):
-    calls = []
-    monkeypatch.setattr("qatune.train.loop.keep_freed_memory", lambda: calls.append("keep") or True)
-    monkeypatch.setattr("qatune.train.loop.hand_back_freed_memory", lambda: calls.append("hand back") or True)
-    fit(prepare(tiny_config(tmp_path, ROWS)), None, progress=False)
-    assert calls == ["keep", "hand back"]
 
 
 def test_rows_whose_answer_is_not_in_the_context_are_no_longer_counted_as_kept(tmp_path, caplog):

@@ -4,15 +4,14 @@
 The resolved config is saved in each run directory, so a run can be rebuilt from it alone.
 
 sections.py holds the typed sections, loading.py reading and checking a config, keys.py the list of
-every key (``qatune config --keys``).
+every key (``qatune config --keys``), columns.py how names in a config match a sheet's columns.
 """
 
+from qatune.config.columns import PLACEHOLDER, column_key, template_fields
 from qatune.config.keys import field_names, key_table
 from qatune.config.loading import (
-    PLACEHOLDER,
     READING_KEYS,
     load_config,
-    template_fields,
     validate_config,
     with_reading_overrides,
 )
@@ -30,7 +29,23 @@ from qatune.config.sections import (
 )
 
 __all__ = [
-    "PLACEHOLDER", "READING_KEYS", "Config", "DataConfig", "GenerateConfig", "LoraSettings", "ModelConfig",
-    "SchedulerConfig", "ScratchModel", "Section", "TrainConfig", "delimiter_character", "field_names", "key_table",
-    "load_config", "template_fields", "validate_config", "with_reading_overrides",
+    "PLACEHOLDER",
+    "READING_KEYS",
+    "Config",
+    "DataConfig",
+    "GenerateConfig",
+    "LoraSettings",
+    "ModelConfig",
+    "SchedulerConfig",
+    "ScratchModel",
+    "Section",
+    "TrainConfig",
+    "column_key",
+    "delimiter_character",
+    "field_names",
+    "key_table",
+    "load_config",
+    "template_fields",
+    "validate_config",
+    "with_reading_overrides",
 ]

@@ -7,7 +7,6 @@ too, a template that uses a column nobody set) come after the types.
 from __future__ import annotations
 
 import difflib
-import re
 import typing
 from pathlib import Path
 from typing import Any, Literal
@@ -15,6 +14,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import ValidationError
 
+from qatune.config.columns import column_key, template_fields
 from qatune.config.sections import Config, DataConfig, Section, section_class
 from qatune.errors import ConfigError
 
@@ -223,25 +223,7 @@ def _cross_checks(config: Config) -> list[str]:
     return problems
 
 
-PLACEHOLDER = re.compile(r"\{\{|\}\}|\{([^{}]*)\}|[{}]")
-"""A prompt template's syntax: {name} is a placeholder (any text but braces), {{ and }} are literal braces."""
-
-
-def template_fields(template: str) -> list[str] | None:
-    """The placeholder names of a template, in order, without repeats (None: unbalanced braces)."""
-    names: list[str] = []
-    for match in PLACEHOLDER.finditer(template):
-        if match.group(0) in ("{", "}"):
-            return None
-        name = match.group(1)
-        if name is not None and name not in names:
-            names.append(name)
-    return names
-
-
 def _template_checks(data: DataConfig) -> list[str]:
-    from qatune.data.spreadsheet import column_key
-
     problems = []
     chat = data.prompt_template in ("auto", "chat")
     templates = {"user_template": data.user_template} if chat else {"prompt_template": data.prompt_template}

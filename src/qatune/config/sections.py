@@ -5,6 +5,7 @@ Unknown keys are errors; the field docstrings are the documentation (``qatune co
 
 from __future__ import annotations
 
+import difflib
 import typing
 from typing import Any, Literal
 
@@ -176,6 +177,12 @@ class SchedulerConfig(Section):
     """What step_size counts: epochs, or optimizer steps."""
 
 
+SpeedupName = Literal["fused_gelu", "lora_one_pass", "last_column", "supervised_head", "gpt2_supervised_rows",
+                      "shared_prefix", "prefix_groups", "last_layer_rows", "unpadded_rows", "attention_by_width",
+                      "bf16_master_weights", "width_rounding", "malloc_reuse", "folded_clipping"]
+"""The speed paths train.speedups can name (qatune.speedups.PATHS describes each)."""
+
+
 class TrainConfig(Section):
     epochs: int = Field(3, ge=1, le=100_000)
     """Passes over the training data."""
@@ -203,8 +210,12 @@ class TrainConfig(Section):
     group_by_prefix: bool = False
     """Generative: keep rows whose prompts share a long prefix (questions about one context, with the context
     before the question) in the same batches, where the model computes that prefix once per batch: faster,
-    but batches of fewer contexts (on W2 the trained model's loss was higher). Off, batches are only
-    length-grouped, and rows of one context that land in a batch still share their prefix."""
+    but batches of fewer contexts, which can leave a higher loss. Off, batches are only length-grouped, and
+    rows of one context that land in a batch still share their prefix."""
+    speedups: Literal["auto", "off"] | list[SpeedupName] = "auto"
+    """Paths that only make a step faster (the same loss and gradients, to rounding; each checked against the
+    model at start-up): auto: those measured to help where the run trains (CPU; none yet on a GPU); off: the
+    model's own forward, nothing patched; or a list of the paths to use. docs/performance.md lists them."""
     logging_steps: int = Field(10, ge=1)
     """Write a metrics.jsonl line every this many optimizer steps."""
     eval_batch_size: int = Field(32, ge=1)
@@ -225,6 +236,25 @@ class TrainConfig(Section):
     """Stop after this many evaluations without improvement of best_metric (null: never)."""
     report_to: Literal["none", "tensorboard"] = "none"
     """Also log metrics for TensorBoard (RUN/tensorboard; needs pip install tensorboard)."""
+
+    @field_validator("speedups", mode="before")
+    @classmethod
+    def _speedups(cls, value: Any) -> Any:
+        if value is False:  # YAML reads a bare `off` as false
+            return "off"
+        names = typing.get_args(SpeedupName)
+        if isinstance(value, str):
+            if value in ("auto", "off"):
+                return value
+            value = [value] if value in names else value
+        if not isinstance(value, list):
+            raise ValueError(f"must be auto, off or a list of paths (got {value!r})")
+        for name in value:
+            if name not in names:
+                close = difflib.get_close_matches(str(name), names, n=1)
+                hint = f"did you mean '{close[0]}'? " if close else ""
+                raise ValueError(f"unknown path {name!r}; {hint}the paths are {', '.join(names)}")
+        return value
 
 
 class GenerateConfig(Section):

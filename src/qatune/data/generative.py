@@ -9,13 +9,11 @@ they come from are in :mod:`qatune.data.templates`.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from qatune.data import prefixes
 from qatune.data.padding import IGNORE_INDEX, batch_width, round_up
 from qatune.data.spreadsheet import QARecord
 from qatune.data.templates import PromptTemplate, end_of_turn_id, special_tokens
@@ -275,14 +273,6 @@ class ExampleDataset(torch.utils.data.Dataset):
     def __getitem__(self, index: int) -> Any:
         return self.items[index]
 
-    @functools.cached_property
-    def prefix_families(self) -> list[list[int]] | None:
-        """Examples whose prompts share a long prefix, such as rows about one context
-        (:func:`qatune.data.prefixes.families`); None when there are none, or for other items."""
-        if not self.items or not all(type(item) is Example for item in self.items):
-            return None
-        return prefixes.families([item.input_ids[:item.prompt_length] for item in self.items])
-
 
 @dataclass
 class CausalCollator:
@@ -291,15 +281,17 @@ class CausalCollator:
     pad_token_id: int
     train_on_prompt: bool = False
     pad_to_multiple_of: int = 1
-    """Round the width the model computes up (a few distinct shapes beat many where each new one costs kernel
-    builds or warm-up: bf16 on CPU, GPUs; see train.device.pad_multiple). That width is the batch's less its
-    last column, which the objective leaves out (it predicts nothing)."""
+    """Round the width up to a multiple of this (fewer distinct shapes where each new one costs a kernel build)."""
     max_width: int | None = None
     """The model's positions: no width past them (None: no limit known)."""
+    uncounted_columns: int = 0
+    """Trailing columns the model does not compute (1 where the loss leaves the last column out): the width
+    rounded up is the one computed."""
 
     def __call__(self, batch: list[Example]) -> dict[str, torch.Tensor]:
         longest = max(len(example) for example in batch)
-        width = 1 + batch_width(longest - 1, self.pad_to_multiple_of, self.max_width and self.max_width - 1)
+        cut = self.uncounted_columns
+        width = cut + batch_width(longest - cut, self.pad_to_multiple_of, self.max_width and self.max_width - cut)
         input_ids = torch.full((len(batch), width), self.pad_token_id, dtype=torch.long)
         attention_mask = torch.zeros((len(batch), width), dtype=torch.long)
         labels = torch.full((len(batch), width), IGNORE_INDEX, dtype=torch.long)
@@ -315,8 +307,7 @@ class CausalCollator:
         n_items = sum(self.supervised(e) for e in batch)
         n_tokens = sum(len(e) for e in batch)
         return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels, "row": rows,
-                "n_items": n_items, "n_tokens": n_tokens, "shared_prefix": self.shared_prefix(batch),
-                "prefix_groups": self.prefix_groups(batch, width - 1)}
+                "n_items": n_items, "n_tokens": n_tokens}
 
     def supervised(self, example: Example) -> int:
         """Positions of ``example`` whose next token is trained on (its labels after the shift)."""
@@ -326,22 +317,6 @@ class CausalCollator:
     def last_label(example: Example) -> int:
         """The last trained token: the answer's end (EOS or end of turn)."""
         return example.input_ids[-1]
-
-    def shared_prefix(self, batch: list[Example]) -> int:
-        """Leading tokens common to every row and before every row's first supervised position (the
-        position that predicts the first answer token): the model may compute them once per batch."""
-        if self.train_on_prompt:
-            return 0
-        return prefixes.shared_prefix([e.input_ids for e in batch], [e.prompt_length - 1 for e in batch])
-
-    def prefix_groups(self, batch: list[Example], width: int) -> dict[str, Any] | None:
-        """Groups of rows with a longer prefix in common (rows about one context) where computing each
-        group's prefix once costs less than the batch's common one (:func:`qatune.data.prefixes.plan`).
-        ``width``: what the model reads of the batch (its width less the last column)."""
-        if self.train_on_prompt:
-            return None
-        return prefixes.plan([e.input_ids[:len(e) - 1] for e in batch], [e.prompt_length - 1 for e in batch],
-                             width, self.pad_to_multiple_of)
 
 
 def percentile(values: list[int], q: float) -> int:

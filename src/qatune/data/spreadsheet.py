@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from qatune.config.columns import column_key, template_fields
 from qatune.data.tables import NOT_FINITE, clean_cell, location, read_table, with_sheets_hint
 from qatune.errors import DataError, row_list
 
@@ -186,8 +187,6 @@ def load_from_config(data: DataConfig, path: str | Path, *, with_answers: bool =
 
 def prompt_columns(data: DataConfig) -> list[str]:
     """Columns the prompt names besides the question and context columns (``{Total Marks}``)."""
-    from qatune.config import template_fields
-
     templates = [data.user_template] if data.prompt_template in ("auto", "chat") else [data.prompt_template]
     roles = {column_key(name) for name in ("question", "context", data.question_column, data.context_column) if name}
     names: list[str] = []
@@ -268,11 +267,6 @@ def resolve_column(header: list[str], name: str, key: str, where: str) -> int:
 def _find_column(header: list[str], name: str) -> int | None:
     matches = [i for i, column in enumerate(header) if column_key(column) == column_key(name)]
     return matches[0] if len(matches) == 1 else None
-
-
-def column_key(name: str) -> str:
-    """A column name as matched: case, surrounding spaces, runs of spaces and _/- do not matter."""
-    return " ".join(re.sub(r"[_\-]", " ", name).casefold().split())
 
 
 def _column_cells(rows: list[list[Any]], index: int) -> list[str | None]:

@@ -14,8 +14,7 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from qatune.config import PLACEHOLDER, template_fields
-from qatune.data.spreadsheet import column_key
+from qatune.config.columns import PLACEHOLDER, column_key, template_fields
 from qatune.errors import ConfigError, DataError
 
 if TYPE_CHECKING:

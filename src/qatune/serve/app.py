@@ -19,16 +19,16 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.responses import FileResponse, HTMLResponse
 
-from qatune.atomic import folder_id
 from qatune.data.generative import PromptEncoder, Seq2SeqEncoder
 from qatune.data.templates import PromptTemplate
-from qatune.generate import prompt_budget, uses_context
-from qatune.model import model_max_positions
-from qatune.model_folder import LoadedModel
-from qatune.rundir import read_status
+from qatune.inference.generate import prompt_budget, uses_context
+from qatune.model.folder import LoadedModel
+from qatune.model.loading import model_max_positions
+from qatune.runs.atomic import folder_id
+from qatune.runs.layout import read_status
 from qatune.serve.batching import Batcher, Delta, Extraction, Failed, Generation, Job
 from qatune.serve.decoding import Sampling
-from qatune.serve.guard import Guard, add_error_handlers
+from qatune.serve.guard import Gate, Guard, add_error_handlers
 from qatune.serve.replies import Reply, SlotStreamingResponse
 from qatune.serve.schemas import ApiError, ChatRequest, CompletionRequest, ExtractRequest
 
@@ -129,31 +129,6 @@ def create_app(loaded: LoadedModel, settings: Settings = Settings()) -> FastAPI:
 def how_to_send_fields(names: list[str]) -> str:
     example = json.dumps(dict.fromkeys(names, "..."), ensure_ascii=False)
     return f'send them in the request body as "fields": {example} (openai client: extra_body={{"fields": {{...}}}})'
-
-
-class Gate:
-    """Counts requests in flight; beyond the limit a request is refused with 429 rather than queued."""
-
-    def __init__(self, limit: int):
-        self.limit = limit
-        self.active = 0
-
-    def enter(self) -> Slot:
-        if self.active >= self.limit:
-            raise ApiError(429, f"the server is busy ({self.active} requests in flight, the limit is {self.limit}); "
-                           "retry shortly", code="too_many_requests", kind="rate_limit_error")
-        self.active += 1
-        return Slot(self)
-
-
-class Slot:
-    def __init__(self, gate: Gate):
-        self.gate: Gate | None = gate
-
-    def release(self) -> None:
-        if self.gate is not None:
-            self.gate.active -= 1
-            self.gate = None
 
 
 class Service:

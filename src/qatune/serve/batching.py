@@ -22,8 +22,8 @@ import torch
 
 from qatune.data.extractive import best_span_offsets, prepare_features
 from qatune.data.spreadsheet import QARecord
-from qatune.generate import score_windows
-from qatune.model_folder import LoadedModel
+from qatune.inference.generate import score_windows
+from qatune.model.folder import LoadedModel
 from qatune.serve.decoding import AnswerText, Decoder, Sampling
 
 log = logging.getLogger("qatune")

@@ -1,8 +1,9 @@
 """What a request passes before any route, and how errors become answers.
 
-The Guard checks the API key, then the body size. The error handlers answer every error a client can
-cause with a 4xx in the OpenAI error shape ``{"error": {"message", "type", "param", "code"}}``, and
-anything else with a 500 whose details go to the server log only.
+The Guard checks the API key, then the body size; the Gate counts requests in flight. The error handlers
+answer every error a client can cause with a 4xx in the OpenAI error shape
+``{"error": {"message", "type", "param", "code"}}``, and anything else with a 500 whose details go to the
+server log only.
 """
 
 from __future__ import annotations
@@ -142,3 +143,28 @@ def validation_error(errors: list[dict[str, Any]] | Any) -> ApiError:
         if "input" in first and kind.endswith("_type"):
             message += f" (got {JSON_TYPES.get(type(first['input']), 'a value of another type')})"
     return ApiError(400, message, param=param, code=kind or None)
+
+
+class Gate:
+    """Counts requests in flight; beyond the limit a request is refused with 429 rather than queued."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.active = 0
+
+    def enter(self) -> Slot:
+        if self.active >= self.limit:
+            raise ApiError(429, f"the server is busy ({self.active} requests in flight, the limit is {self.limit}); "
+                           "retry shortly", code="too_many_requests", kind="rate_limit_error")
+        self.active += 1
+        return Slot(self)
+
+
+class Slot:
+    def __init__(self, gate: Gate):
+        self.gate: Gate | None = gate
+
+    def release(self) -> None:
+        if self.gate is not None:
+            self.gate.active -= 1
+            self.gate = None

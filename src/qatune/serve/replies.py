@@ -9,15 +9,13 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from fastapi.responses import StreamingResponse
 
 from qatune.serve.batching import Delta, Extracted, Failed, Finished
+from qatune.serve.guard import Slot
 from qatune.serve.schemas import ApiError, error_body
-
-if TYPE_CHECKING:
-    from qatune.serve.app import Slot
 
 
 class Reply:

@@ -20,8 +20,8 @@ from pathlib import Path
 import uvicorn
 
 from qatune.errors import QatuneError
-from qatune.model_folder import load_model_folder
-from qatune.rundir import find_model_folder
+from qatune.inference.loading import load_run_model
+from qatune.runs.layout import find_model_folder
 from qatune.serve.app import Settings, create_app
 
 log = logging.getLogger("qatune")
@@ -39,7 +39,7 @@ def serve(run_dir: str | Path, which: str, host: str, port: int, settings: Setti
             import torch
 
             torch.set_num_threads(threads)
-        loaded = load_model_folder(run_dir, which)
+        loaded = load_run_model(run_dir, which)
         app = create_app(loaded, settings)
         _route_uvicorn_logs()
         config = uvicorn.Config(app, log_config=None, access_log=False, timeout_graceful_shutdown=DRAIN_SECONDS,

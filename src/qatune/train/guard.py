@@ -10,8 +10,8 @@ from pathlib import Path
 
 import torch
 
-from qatune import atomic, rundir
 from qatune.errors import row_list
+from qatune.runs import atomic, layout
 
 log = logging.getLogger("qatune")
 
@@ -60,7 +60,7 @@ class NonFiniteGuard:
             "likely_causes": likely_causes(loss, grad_norm, lr, logit_absmax, self.precision),
         }
         if self.run_dir is not None:
-            atomic.atomic_write_text(rundir.nonfinite_report(self.run_dir, step),
+            atomic.atomic_write_text(layout.nonfinite_report(self.run_dir, step),
                                      json.dumps(diagnosis, indent=2, default=str) + "\n")
         log.warning("non-finite step %d (loss=%s, grad_norm=%s, lr=%.3g): update not applied; batch rows %s; %s",
                     step, loss, grad_norm, lr, row_list(rows), diagnosis["likely_causes"][0])

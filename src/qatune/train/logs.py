@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from qatune import atomic, rundir
+from qatune.runs import atomic, layout
 
 
 class MetricsLog:
@@ -21,7 +21,7 @@ class MetricsLog:
         if path is not None and tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
-            self.writer = SummaryWriter(log_dir=str(path.parent / rundir.TENSORBOARD))
+            self.writer = SummaryWriter(log_dir=str(path.parent / layout.TENSORBOARD))
 
     def write(self, record: dict[str, Any]) -> None:
         if self.path is None:

@@ -2,10 +2,9 @@
 
 One step: forward and backward over the window's micro-batches (the loss summed, divided by the
 supervised items of the whole window), clip (the norm is logged before clipping), check that loss
-and norm are finite, optimizer step, scheduler step. bf16 on CPU (see :mod:`qatune.train.master`):
-the weights are bf16, each micro-batch's gradients are added into fp32 masters, the optimizer
-updates the masters and the bf16 weights are refreshed from them. Checkpoints, logging and validation are calls
-out of the loop.
+and norm are finite, optimizer step, scheduler step. The speed paths (:mod:`qatune.speedups`, behind
+``train.speedups``) plug in through the ``speedups`` object at named points: before each forward, after each
+backward, after each update. Checkpoints, logging and validation are calls out of the loop.
 """
 
 from __future__ import annotations
@@ -23,17 +22,15 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from qatune import rundir
-from qatune.attention import AttentionByWidth, attention_for_training
-from qatune.checkpoint import TrainState, checkpoint_step, model_folder_from, restore, save_checkpoint
 from qatune.errors import TrainingError, row_list
-from qatune.model_folder import save_model
-from qatune.objectives import count_items, count_tokens, model_inputs, objective_for
-from qatune.train.device import hand_back_freed_memory, keep_freed_memory, make_accelerator, pad_multiple
+from qatune.model.folder import save_model
+from qatune.model.objectives import count_items, count_tokens, model_inputs
+from qatune.runs import layout
+from qatune.speedups import Speedups
+from qatune.train.checkpoint import TrainState, checkpoint_step, model_folder_from, restore, save_checkpoint
+from qatune.train.device import make_accelerator
 from qatune.train.guard import NonFiniteGuard
 from qatune.train.logs import LogWindow, MetricsLog
-from qatune.train.master import MasterWeights
-from qatune.train.master import wanted as master_weights_wanted
 from qatune.train.optim import build_optimizer, build_schedulers, gradient_clipper
 from qatune.train.preparation import Prepared
 from qatune.train.sampler import LengthGroupedBatches, training_batches
@@ -81,7 +78,7 @@ def fit(prepared: Prepared, run_dir: Path | None, progress: bool = True, resume_
 
 def train_step(loop: Loop, window: list[dict[str, torch.Tensor]]) -> dict[str, Any] | None:
     """Forward/backward over one accumulation window, clip, check, step. None when no update was applied."""
-    accelerator, objective, optimizer = loop.accelerator, loop.objective, loop.optimizer
+    accelerator, objective, optimizer, speedups = loop.accelerator, loop.objective, loop.optimizer, loop.speedups
     state, guard = loop.state, loop.guard
     items = _global_count(accelerator, sum(count_items(b, loop.task) for b in window))
     if items == 0:
@@ -91,14 +88,12 @@ def train_step(loop: Loop, window: list[dict[str, torch.Tensor]]) -> dict[str, A
     loss_sum = torch.zeros((), device=accelerator.device)
     logit_absmax = torch.zeros((), device=accelerator.device)
     for i, batch in enumerate(window):
+        speedups.before_forward(batch)
         # Gradients are synchronised across processes only on the window's last micro-batch.
-        if loop.attention is not None:
-            loop.attention.use(batch["input_ids"].shape[1])
         with accelerator.no_sync(objective) if i < len(window) - 1 else nullcontext():
             out = objective(**model_inputs(batch))
             accelerator.backward(out["loss_sum"] * accelerator.num_processes / items)
-        if loop.masters is not None:
-            loop.masters.accumulate()
+        speedups.after_backward()
         loss_sum += out["loss_sum"].detach()
         logit_absmax = torch.maximum(logit_absmax, out["logit_absmax"].float())
     grad_norm = loop.clip()
@@ -127,8 +122,7 @@ def train_step(loop: Loop, window: list[dict[str, torch.Tensor]]) -> dict[str, A
     guard.ok()
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    if loop.masters is not None:
-        loop.masters.refresh()
+    speedups.after_step()
     state.step += 1
     state.last_loss = loss
     if state.step == 1:
@@ -143,6 +137,7 @@ class Loop:
     prepared: Prepared
     run_dir: Path | None
     accelerator: Any
+    speedups: Speedups
     objective: torch.nn.Module
     optimizer: Any
     loader: Any
@@ -152,59 +147,28 @@ class Loop:
     state: TrainState
     guard: NonFiniteGuard
     metrics_log: MetricsLog
-    masters: MasterWeights | None = None
     logged: LogWindow = field(default_factory=LogWindow)
     last_checkpoint: Path | None = None
-    attention: AttentionByWidth | None = None
 
     @classmethod
     def setup(cls, prepared: Prepared, run_dir: Path | None, resume_from: Path | None) -> Loop:
         config, train_cfg = prepared.config, prepared.config.train
         accelerator = make_accelerator(config, prepared.precision)
-        if accelerator.device.type == "cpu" and keep_freed_memory():
-            log.debug("malloc: glibc keeps freed memory for reuse (fewer page faults per step)")
-        multiple = pad_multiple(accelerator.device.type, prepared.precision)
-        if hasattr(prepared.collator, "pad_to_multiple_of"):
-            prepared.collator.pad_to_multiple_of = multiple
-        elif multiple > 1:
-            log.debug("batch widths not rounded up to %d: the collator (%s) has no pad_to_multiple_of", multiple,
-                      type(prepared.collator).__name__)
-        # Set before the objective, whose loss-path checks run under each attention the run may use.
-        attention = attention_for_training(prepared.model, prepared.precision, accelerator.device.type)
-        prepared.model._qatune_attention = attention
-        objective = objective_for(config.task, prepared.model)
-        if attention is not None:
-            longest = max(prepared.dataset.lengths, default=0)
-            log.info("attention: %s", attention.describe(longest))
-        if hasattr(objective, "describe"):
-            log.info("loss: %s", objective.describe())
-        masters = None
-        if master_weights_wanted(prepared.precision, accelerator.device.type, accelerator.num_processes):
-            masters = MasterWeights(prepared.model)
-            log.info("bf16: weights held in bf16, the optimizer updates fp32 master copies")
-        optimizer = build_optimizer(masters.masters if masters else objective, train_cfg.learning_rate,
-                                    train_cfg.weight_decay)
+        speedups = Speedups(train_cfg.speedups, prepared.precision, accelerator.device, accelerator.num_processes)
+        objective = speedups.attach(prepared.model, config.task, max(prepared.dataset.lengths, default=0))
+        collator = speedups.collator(prepared.collator)
+        optimizer = build_optimizer(speedups.parameters(objective), train_cfg.learning_rate, train_cfg.weight_decay)
         sampler = training_batches(prepared.dataset, config)
-        if sampler.pack:
-            kept = [family for family in sampler.families if len(family) > 1]
-            how = ("each group's prefix computed once per batch" if getattr(objective, "groups", False)
-                   else "this model's path computes only a batch's common prefix once")
-            log.info("batches: %d of %d rows in %d groups that share a long prompt prefix (one context) kept "
-                     "together, %s (train.group_by_prefix)", sum(map(len, kept)), len(prepared.dataset), len(kept),
-                     how)
-        elif train_cfg.group_by_prefix:
-            why = ("the prompts are trained on too (train.train_on_prompt)" if train_cfg.train_on_prompt
-                   else "no rows share a long prompt prefix (one context)")
-            log.info("batches: train.group_by_prefix keeps no rows together: %s", why)
+        _log_prefix_batches(sampler, config, speedups)
         # Its own generator: starting an epoch must not draw from the global RNG that dropout uses, so a
         # resumed run sees the same dropout masks as an uninterrupted one.
-        loader = torch.utils.data.DataLoader(prepared.dataset, batch_sampler=sampler, collate_fn=prepared.collator,
+        loader = torch.utils.data.DataLoader(prepared.dataset, batch_sampler=sampler, collate_fn=collator,
                                              generator=torch.Generator().manual_seed(config.seed))
         objective, optimizer, loader = accelerator.prepare(objective, optimizer, loader)
         warmup, decay = build_schedulers(optimizer, config)
         schedulers = {"warmup": warmup, "decay": decay}
         main = accelerator.is_main_process
-        metrics_log = MetricsLog(run_dir / rundir.METRICS if run_dir and main else None,
+        metrics_log = MetricsLog(run_dir / layout.METRICS if run_dir and main else None,
                                  tensorboard=train_cfg.report_to == "tensorboard")
         state = TrainState()
         if resume_from is not None:
@@ -215,10 +179,11 @@ class Loop:
             log.info("resuming from %s (step %d, %s)", resume_from, state.step, at)
         guard = NonFiniteGuard(run_dir if main else None, train_cfg.on_nonfinite, train_cfg.max_nonfinite_steps,
                                prepared.precision, state.bad_steps)
-        clip = gradient_clipper(accelerator, objective, optimizer, train_cfg.max_grad_norm,
-                                masters.masters if masters else None)
-        return cls(prepared, run_dir, accelerator, objective, optimizer, loader, sampler, clip, schedulers, state,
-                   guard, metrics_log, masters, LogWindow.restored(state.log_window), attention=attention)
+        clip = (speedups.clipper(accelerator, optimizer, train_cfg.max_grad_norm)
+                or gradient_clipper(accelerator, speedups.parameters(objective), train_cfg.max_grad_norm))
+        log.info("%s", speedups.describe())
+        return cls(prepared, run_dir, accelerator, speedups, objective, optimizer, loader, sampler, clip, schedulers,
+                   state, guard, metrics_log, LogWindow.restored(state.log_window))
 
     @property
     def main(self) -> bool:
@@ -236,13 +201,11 @@ class Loop:
         return self.accelerator.unwrap_model(self.objective).model
 
     def full_precision(self) -> Any:
-        """The model with its fp32 weights while this is entered (bf16 training on CPU holds bf16 ones)."""
-        return self.masters.full_precision() if self.masters is not None else nullcontext()
+        """The model with its fp32 weights while this is entered (``bf16_master_weights`` trains bf16 ones)."""
+        return self.speedups.full_precision()
 
     def named_grads(self) -> Iterator[tuple[str, torch.Tensor]]:
-        if self.masters is not None:
-            return self.masters.named_grads()
-        return ((name, p.grad) for name, p in self.model().named_parameters() if p.grad is not None)
+        return self.speedups.named_grads(self.model())
 
     def total_steps(self) -> int:
         train_cfg = self.prepared.config.train
@@ -322,12 +285,9 @@ class Loop:
     def finish(self) -> dict[str, Any]:
         """final/ (by the main process) and the result summary."""
         self.metrics_log.close()
-        if self.masters is not None:
-            self.masters.release()
-        if self.accelerator.device.type == "cpu":
-            hand_back_freed_memory()
+        self.speedups.finish()
         if self.run_dir is not None and self.main:
-            prepared, final = self.prepared, self.run_dir / rundir.FINAL
+            prepared, final = self.prepared, self.run_dir / layout.FINAL
             if self.last_checkpoint is not None and checkpoint_step(self.last_checkpoint) == self.state.step:
                 model_folder_from(self.last_checkpoint, final)  # the same weights, just written
             else:
@@ -336,6 +296,21 @@ class Loop:
         state = self.state
         return {"steps": state.step, "first_train_loss": state.first_loss, "final_train_loss": state.last_loss,
                 "best_eval": state.best, "nonfinite_steps": self.guard.bad_steps}
+
+
+def _log_prefix_batches(sampler: LengthGroupedBatches, config: Any, speedups: Speedups) -> None:
+    """What ``train.group_by_prefix`` did to the batches."""
+    train_cfg = config.train
+    if sampler.pack:
+        kept = [family for family in sampler.families if len(family) > 1]
+        how = ("each group's prefix computed once per batch" if speedups.on("prefix_groups")
+               else "this model's path computes only a batch's common prefix once")
+        log.info("batches: %d of %d rows in %d groups that share a long prompt prefix (one context) kept together, "
+                 "%s (train.group_by_prefix)", sum(map(len, kept)), len(sampler.lengths), len(kept), how)
+    elif train_cfg.group_by_prefix:
+        why = ("the prompts are trained on too (train.train_on_prompt)" if train_cfg.train_on_prompt
+               else "no rows share a long prompt prefix (one context)")
+        log.info("batches: train.group_by_prefix keeps no rows together: %s", why)
 
 
 def windows(loader: Any, accum: int) -> Iterator[list[dict[str, torch.Tensor]]]:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from qatune import __version__, rundir
+from qatune import __version__
 from qatune.config import Config
 from qatune.data.extractive import SpanCollator, prepare_features
 from qatune.data.generative import (
@@ -29,22 +29,23 @@ from qatune.data.generative import (
 )
 from qatune.data.spreadsheet import LoadReport, QARecord, describe_validation, load_from_config, split_validation
 from qatune.data.templates import PromptTemplate, resolve_template
+from qatune.data.validate import Finding, error, validate_batch, validate_dataset, validate_settings, warning
 from qatune.errors import ConfigError, DataError, row_list
-from qatune.model import (
-    apply_lora,
+from qatune.model.folder import ModelInfo
+from qatune.model.loading import (
     build_scratch,
     load_model_config,
     load_pretrained,
     load_tokenizer,
-    lora_base_in_run,
     model_max_positions,
     quiet_transformers,
     train_scratch_tokenizer,
 )
-from qatune.model_folder import ModelInfo
-from qatune.train.device import bf16_native, bf16_verdict, check_device, resolve_precision, seed_everything
+from qatune.model.lora import apply_lora, lora_base_in_run
+from qatune.model.precision import bf16_native, bf16_verdict, check_device, resolve_precision
+from qatune.runs import layout
+from qatune.train.device import seed_everything
 from qatune.train.sampler import training_batches
-from qatune.validate import Finding, error, validate_batch, validate_dataset, validate_settings, warning
 
 log = logging.getLogger("qatune")
 
@@ -274,7 +275,7 @@ def _setup_lora(config: Config, model: Any, info: ModelInfo) -> tuple[Any, Any]:
         return model, None
     base_model = None
     if lora_base_in_run(config.model):
-        info.lora_base = rundir.BASE
+        info.lora_base = layout.BASE
         base_model = copy.deepcopy(model) if model is not None else None
     else:
         local = Path(config.model.name_or_path)

@@ -9,12 +9,13 @@ from typing import Any
 
 import torch
 
-from qatune import rundir
-from qatune.checkpoint import TrainState, find_checkpoint, load_state
 from qatune.config import Config, load_config
 from qatune.errors import ConfigError, DataError, RunDirError
+from qatune.runs import layout
+from qatune.runs.lock import RunLock
+from qatune.train.checkpoint import TrainState, find_checkpoint, load_state
 from qatune.train.device import is_main_process
-from qatune.train.run import fingerprint, prepare_checked, run_and_record
+from qatune.train.outcome import fingerprint, prepare_checked, run_and_record
 from qatune.train.signals import resume_command
 
 log = logging.getLogger("qatune")
@@ -28,7 +29,7 @@ def saved_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) 
     """The config a run was saved with (RUN/config.yaml), ``overrides`` applied on top: what ``--resume``
     uses without ``--config``."""
     run_dir = run_dir_of(Path(path))
-    saved = run_dir / rundir.CONFIG
+    saved = run_dir / layout.CONFIG
     if not saved.is_file():
         raise RunDirError(f"nothing to resume in {path}: {saved} not found; pass a run directory written by "
                           "qatune train (or one of its checkpoints)")
@@ -37,37 +38,37 @@ def saved_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) 
 
 def resume_run(config: Config, path: Path, progress: bool) -> Path:
     run_dir = run_dir_of(path)
-    with rundir.RunLock(run_dir) if is_main_process() else nullcontext():
+    with RunLock(run_dir) if is_main_process() else nullcontext():
         return _resume_locked(config, path, run_dir, progress)
 
 
 def run_dir_of(path: Path) -> Path:
     """The run directory of a run directory or of one of its checkpoints."""
     path = Path(path)
-    return path.parent.parent if path.parent.name == rundir.CHECKPOINTS else path
+    return path.parent.parent if path.parent.name == layout.CHECKPOINTS else path
 
 
 def _resume_locked(config: Config, path: Path, run_dir: Path, progress: bool) -> Path:
     checkpoint = find_checkpoint(path)
-    saved = load_config(run_dir / rundir.CONFIG)
+    saved = load_config(run_dir / layout.CONFIG)
     changed = [key for key in differences(saved.model_dump(mode="json"), config.model_dump(mode="json"))
                if not key.startswith(RESUMABLE_KEYS)]
     if changed:
         may_change = ", ".join(key + "*" if key.endswith(".") else key for key in RESUMABLE_KEYS[1:])
         raise ConfigError(f"the config differs from the run being resumed in {changed}; only {may_change} may "
-                          f"change on resume: resume without --config (the run's own {run_dir / rundir.CONFIG} is "
+                          f"change on resume: resume without --config (the run's own {run_dir / layout.CONFIG} is "
                           "used) and --set only those keys, or start a new run")
     check_epochs_left(load_state(checkpoint), config.train.epochs, saved.train.epochs, checkpoint, path)
     config = config.model_copy(update={"output_dir": str(run_dir)})
     prepared = prepare_checked(config)
-    if rundir.read_status(run_dir).get("data_fingerprint") not in (None, fingerprint(prepared)):
+    if layout.read_status(run_dir).get("data_fingerprint") not in (None, fingerprint(prepared)):
         raise DataError(f"the training data changed since {run_dir} was started; an exact resume needs the same "
                         "rows (start a new run to train on the new data)")
     prepared.model = load_weights(prepared.model, checkpoint)
     prepared.base_model = None  # RUN/base is already saved
     if is_main_process():
-        rundir.write_config(run_dir, config.to_yaml())
-        rundir.write_status(run_dir, status="running", resumed_from=str(checkpoint))
+        layout.write_config(run_dir, config.to_yaml())
+        layout.write_status(run_dir, status="running", resumed_from=str(checkpoint))
     return run_and_record(prepared, run_dir, progress, resume_from=checkpoint)
 
 

@@ -6,10 +6,14 @@ import collections
 import itertools
 import math
 import random
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
 import torch
+
+from qatune.data.generative import Example
+from qatune.speedups import prefixes
 
 
 class LengthGroupedBatches(torch.utils.data.Sampler):
@@ -111,6 +115,21 @@ def training_batches(dataset: Any, config: Any) -> LengthGroupedBatches:
     train_cfg = config.train
     families = None
     if train_cfg.group_by_prefix and not train_cfg.train_on_prompt:
-        families = getattr(dataset, "prefix_families", None)
+        families = prompt_families(dataset)
     return LengthGroupedBatches(dataset.lengths, train_cfg.batch_size, config.seed, group=train_cfg.group_by_length,
                                 families=families)
+
+
+_FAMILIES: weakref.WeakKeyDictionary[Any, list[list[int]] | None] = weakref.WeakKeyDictionary()
+
+
+def prompt_families(dataset: Any) -> list[list[int]] | None:
+    """Examples of a dataset whose prompts share a long prefix, such as rows about one context
+    (:func:`qatune.speedups.prefixes.families`; found once per dataset); None when there are none, or for
+    examples that are not a causal LM's."""
+    if dataset not in _FAMILIES:
+        items = dataset.items
+        causal = bool(items) and all(type(item) is Example for item in items)
+        prompts = [item.input_ids[:item.prompt_length] for item in items] if causal else []
+        _FAMILIES[dataset] = prefixes.families(prompts) if causal else None
+    return _FAMILIES[dataset]

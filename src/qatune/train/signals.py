@@ -9,8 +9,8 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from qatune.checkpoint import TrainState
 from qatune.errors import TrainingError
+from qatune.train.checkpoint import TrainState
 
 if TYPE_CHECKING:
     from typing_extensions import Self

@@ -8,10 +8,10 @@ from typing import Any
 
 import torch
 
-from qatune import rundir
-from qatune.checkpoint import TrainState
-from qatune.evaluate import evaluation_parts, metrics_from, write_predictions
-from qatune.model_folder import save_model
+from qatune.inference.evaluate import evaluation_parts, metrics_from, write_predictions
+from qatune.model.folder import save_model
+from qatune.runs import layout
+from qatune.train.checkpoint import TrainState
 from qatune.train.logs import MetricsLog
 from qatune.train.preparation import Prepared
 
@@ -30,7 +30,7 @@ def evaluate_epoch(prepared: Prepared, model: torch.nn.Module, run_dir: Path | N
     mine = list(range(rank, len(records), world))
     predictions, loss_sum, count = evaluation_parts(model, prepared.tokenizer, prepared.info,
                                                     [records[i] for i in mine], config.generate,
-                                                    config.train.eval_batch_size)
+                                                    config.train.eval_batch_size, speedups=config.train.speedups)
     if world > 1:
         from accelerate.utils import gather_object
 
@@ -42,7 +42,7 @@ def evaluate_epoch(prepared: Prepared, model: torch.nn.Module, run_dir: Path | N
     model.train()
     metrics_log.write({"event": "eval", "epoch": state.epoch, "step": state.step, **metrics})
     if run_dir is not None:
-        write_predictions(run_dir / rundir.VALIDATION_PREDICTIONS, records, predictions)
+        write_predictions(run_dir / layout.VALIDATION_PREDICTIONS, records, predictions)
     log.info("epoch %d: eval loss %s, exact match %.1f, F1 %.1f (%d examples)", state.epoch,
              f"{metrics['loss']:.4f}" if metrics["loss"] is not None else "n/a", metrics["exact_match"],
              metrics["f1"], metrics["num_examples"])
@@ -52,7 +52,7 @@ def evaluate_epoch(prepared: Prepared, model: torch.nn.Module, run_dir: Path | N
     state.best = {**metrics, "epoch": state.epoch, "step": state.step}
     state.stale_evals = 0
     if run_dir is not None:
-        save_model(run_dir / rundir.BEST, model, prepared.tokenizer, config, prepared.info)
+        save_model(run_dir / layout.BEST, model, prepared.tokenizer, config, prepared.info)
     return True
 
 

@@ -2,13 +2,13 @@
 and chat template): exact token positions, labels and rendering."""
 
 import pytest
-from tests.conftest import chat_tokenizer
 
 from qatune.config import DataConfig
 from qatune.data.generative import IGNORE_INDEX, CausalCollator, PromptEncoder
 from qatune.data.spreadsheet import QARecord
 from qatune.data.templates import PromptTemplate, resolve_template
 from qatune.errors import ConfigError, DataError
+from tests.conftest import chat_tokenizer
 
 SYSTEM = "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
 

@@ -1,11 +1,11 @@
 import pytest
 import torch
-from tests.conftest import wordpiece_tokenizer
 
 from qatune.data.extractive import SpanCollator, best_span, check_window, locate_answer, prepare_features
 from qatune.data.padding import IGNORE_INDEX
 from qatune.data.spreadsheet import QARecord
 from qatune.errors import DataError
+from tests.conftest import wordpiece_tokenizer
 
 WORDS = [f"w{i}" for i in range(20)]
 TOKENIZER = wordpiece_tokenizer(["who", "?", "paris", "is", "big", ".", "the", "city", "new", "york", "un",

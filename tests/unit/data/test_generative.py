@@ -1,12 +1,12 @@
 import pytest
 import torch
-from tests.conftest import CharTokenizer
 
 from qatune.data.generative import CausalCollator, PromptEncoder, choose_max_length, encode_examples
 from qatune.data.padding import IGNORE_INDEX, left_pad
 from qatune.data.spreadsheet import QARecord
 from qatune.data.templates import PromptTemplate
 from qatune.errors import DataError
+from tests.conftest import CharTokenizer
 
 TEMPLATE = PromptTemplate("Q:{question}\nA:", answer_prefix=" ")
 
@@ -38,13 +38,16 @@ def test_labels_mask_prompt_and_padding_but_never_the_eos_even_when_pad_is_eos(c
     assert (batch["labels"][0, 9:] == IGNORE_INDEX).all()
 
 
-@pytest.mark.parametrize(("multiple", "limit", "width"), [(1, None, 13), (4, None, 13), (8, None, 17), (8, 15, 15)])
-def test_a_rounded_width_rounds_the_columns_the_model_computes(char_tokenizer, multiple, limit, width):
-    # A 13-token row: the model computes 12 columns (the last predicts nothing), and 12 is what is rounded,
-    # never past the model's positions.
+@pytest.mark.parametrize(("multiple", "limit", "uncounted", "width"),
+                         [(1, None, 1, 13), (4, None, 1, 13), (8, None, 1, 17), (8, 15, 1, 15), (4, None, 0, 16),
+                          (8, None, 0, 16), (8, 15, 0, 15)])
+def test_a_rounded_width_rounds_the_columns_the_model_computes(char_tokenizer, multiple, limit, uncounted, width):
+    # A 13-token row: where the loss leaves the last column out (it predicts nothing), the model computes 12
+    # columns, and 12 is what is rounded; never past the model's positions.
     encoder = PromptEncoder(char_tokenizer, TEMPLATE)
     row = encoder.example(QARecord("abcd", ["xy"]), 64)
-    batch = CausalCollator(pad_token_id=0, pad_to_multiple_of=multiple, max_width=limit)([row])
+    batch = CausalCollator(pad_token_id=0, pad_to_multiple_of=multiple, max_width=limit,
+                           uncounted_columns=uncounted)([row])
     assert batch["input_ids"].shape == (1, width)
     assert batch["labels"][0].tolist() == [IGNORE_INDEX] * 9 + ids(" xy") + [0] + [IGNORE_INDEX] * (width - 13)
 
@@ -113,7 +116,7 @@ def test_missing_eos_is_refused():
 
 
 def test_real_bpe_tokenizer_trained_on_the_fly_keeps_answer_tokens_identical():
-    from qatune.model import train_scratch_tokenizer
+    from qatune.model.loading import train_scratch_tokenizer
 
     texts = ["Question: who wrote it?\nAnswer: Ada Lovelace"] * 5
     tokenizer = train_scratch_tokenizer("generative", texts, 300)
@@ -126,23 +129,6 @@ def test_real_bpe_tokenizer_trained_on_the_fly_keeps_answer_tokens_identical():
     batch = CausalCollator(tokenizer.pad_token_id)([example])
     assert batch["labels"][0, -1] == tokenizer.eos_token_id
     assert torch.equal(batch["labels"][0, example.prompt_length:], batch["input_ids"][0, example.prompt_length:])
-
-
-def test_shared_prefix_is_common_to_every_row_and_ends_before_the_first_supervised_position(char_tokenizer):
-    encoder = PromptEncoder(char_tokenizer, TEMPLATE)
-    collate = CausalCollator(pad_token_id=0)
-    a = encoder.example(QARecord("abc", ["x"]), 64)    # Q:abc\nA: x<eos>
-    b = encoder.example(QARecord("abd", ["y"]), 64)
-    c = encoder.example(QARecord("b", ["z"]), 64)
-    assert collate([a, b])["shared_prefix"] == len("Q:ab")
-    assert collate([a, b, c])["shared_prefix"] == len("Q:")
-    # Identical prompts: the prefix stops at the position that predicts the first answer token.
-    assert collate([a, a])["shared_prefix"] == a.prompt_length - 1
-    assert collate([a])["shared_prefix"] == 0
-    assert CausalCollator(pad_token_id=0, train_on_prompt=True)([a, b])["shared_prefix"] == 0
-    other = PromptEncoder(char_tokenizer, PromptTemplate("{question}\nA:", answer_prefix=" "))
-    assert collate([a, other.example(QARecord("Q:b", ["z"]), 64)])["shared_prefix"] == len("Q:")
-    assert collate([a, other.example(QARecord("x", ["z"]), 64)])["shared_prefix"] == 0
 
 
 @pytest.mark.parametrize("train_on_prompt", [False, True])

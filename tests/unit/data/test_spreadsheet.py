@@ -2,10 +2,10 @@ import json
 
 import pytest
 from openpyxl import Workbook
-from tests.conftest import notes_then_data_workbook
 
 from qatune.data.spreadsheet import load_records, split_validation
 from qatune.errors import DataError
+from tests.conftest import notes_then_data_workbook
 
 
 def write_xlsx(path, rows, sheet="Sheet1", extra_sheets=()):

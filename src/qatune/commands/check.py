@@ -1,0 +1,208 @@
+"""``qatune check``: a preflight report on config, data, tokenization and settings. Trains nothing
+(unless ``--overfit N``, which trains a few dozen steps on N rows to prove labels and masks are wired).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from qatune.config import Config
+from qatune.data.generative import PromptEncoder, percentile
+from qatune.data.padding import IGNORE_INDEX
+from qatune.data.spreadsheet import describe_validation, normalize_question
+from qatune.data.templates import PromptTemplate
+from qatune.data.validate import error, warning
+from qatune.errors import row_list
+from qatune.train import Prepared, fit, prepare
+
+OVERFIT_STEPS = 50
+OVERFIT_TARGET = 0.1
+"""Loss per supervised token (or window) the overfit run must reach (or 1/20 of where it started)."""
+
+
+def run_check(config: Config, overfit: int | None = None, overfit_steps: int = OVERFIT_STEPS) -> dict[str, Any]:
+    """The report as a dict (``ok`` is False when there is an error finding)."""
+    prepared = prepare(config, with_model=False)
+    findings = list(prepared.findings)
+    report: dict[str, Any] = {
+        "task": config.task,
+        "model": config.model.name_or_path or "scratch",
+        "files": prepared.reports,
+        "leakage": _leakage(prepared),
+        "max_length": prepared.info.max_length,
+    }
+    if report["leakage"]["count"]:
+        findings.append(warning("leakage", f"{report['leakage']['count']} questions appear in both the training and "
+                                           "the evaluation data: evaluation scores will be too optimistic"))
+    if config.task == "generative":
+        report.update(_generative_section(prepared))
+        if not report["supervision"]["eos_supervised"]:
+            findings.append(error("eos-not-supervised", "the EOS after the answer is not a label: the model never "
+                                                        "learns to stop"))
+    else:
+        report.update(_extractive_section(prepared))
+    if not prepared.eval_records:
+        findings.append(warning("no-validation", "no validation data: set data.eval_file or data.validation_fraction "
+                                                 "to see exact match/F1 after every epoch and keep the best model"))
+    if overfit:
+        report["overfit"] = _overfit(config, prepared, overfit, overfit_steps)
+        if not report["overfit"]["passed"]:
+            findings.append(error("overfit-failed", report["overfit"]["message"]))
+    report["findings"] = [f.to_dict() for f in findings]
+    report["ok"] = not any(f.level == "error" for f in findings)
+    return report
+
+
+def _leakage(prepared: Prepared) -> dict[str, Any]:
+    train = {normalize_question(r.question) for r in prepared.train_records}
+    both = sorted({r.question for r in prepared.eval_records if normalize_question(r.question) in train})
+    return {"count": len(both), "examples": both[:5]}
+
+
+def _generative_section(prepared: Prepared) -> dict[str, Any]:
+    examples = prepared.dataset.items
+    lengths = prepared.reports["encoding"]["lengths"]
+    info = prepared.info
+    # The token that ends an answer: the EOS, or a chat template's end-of-turn token.
+    end = PromptEncoder(prepared.tokenizer, PromptTemplate(info.prompt_template, info.answer_prefix)).end_id
+    # The collator's own counts, per example without building a batch of each (200,000 rows: 10 s -> 0.2 s);
+    # the batch validator has checked real batches of it.
+    collator = prepared.collator
+    supervised = [collator.supervised(example) for example in examples]
+    eos_ok = all(collator.last_label(example) == end for example in examples)
+    rendered = [render_trained_tokens(prepared, example) for example in examples[:2]]
+    encoding = prepared.reports["encoding"]
+    return {
+        "lengths": {**lengths, "what": "prompt + answer + EOS tokens"},
+        "truncated_rows": encoding["truncated_rows"],
+        "dropped_rows": encoding["too_long_rows"],
+        "supervision": {"min": min(supervised), "mean": sum(supervised) / len(supervised), "eos_supervised": eos_ok,
+                        "end_token": prepared.tokenizer.decode([end], skip_special_tokens=False),
+                        "train_on_prompt": prepared.config.train.train_on_prompt},
+        "prompt_template": info.prompt_template,
+        "examples": rendered,
+    }
+
+
+def _extractive_section(prepared: Prepared) -> dict[str, Any]:
+    features = prepared.dataset.items
+    tokens = [len(f) for f in features]
+    per_row: dict[int, int] = {}
+    for feature in features:
+        per_row[feature.row] = per_row.get(feature.row, 0) + 1
+    encoding = prepared.reports["encoding"]
+    rendered = [render_span(prepared, f) for f in features if f.has_answer][:2]
+    return {
+        "lengths": {"min": min(tokens), "median": percentile(tokens, 50), "p95": percentile(tokens, 95),
+                    "max": max(tokens), "what": "question + context tokens per window"},
+        "windows": {"total": encoding["windows"], "without_answer": encoding["windows_without_answer"],
+                    "max_per_row": max(per_row.values())},
+        "answer_not_in_context_rows": encoding["answer_not_in_context_rows"],
+        "span_audit": encoding["span_audit"],
+        "examples": rendered,
+    }
+
+
+def render_trained_tokens(prepared: Prepared, example: Any) -> str:
+    """The example's text with the trained (label) tokens inside ⟦ ⟧."""
+    if prepared.info.seq2seq:
+        source = prepared.tokenizer.decode(example.input_ids, skip_special_tokens=False)
+        target = prepared.tokenizer.decode(example.target_ids, skip_special_tokens=False)
+        return f"encoder: {source}\ndecoder: ⟦{target}⟧"
+    batch = prepared.collator([example])
+    n = len(example)  # the collator may round the width up (training on bf16 CPUs, GPUs): no padding shown
+    ids = batch["input_ids"][0, :n].tolist()
+    trained = [label != IGNORE_INDEX for label in batch["labels"][0, :n].tolist()]
+    trained[0] = False  # the first token is never predicted
+    pieces, start = [], 0
+    for i in range(1, len(ids) + 1):
+        if i == len(ids) or trained[i] != trained[start]:
+            text = prepared.tokenizer.decode(ids[start:i], skip_special_tokens=False)
+            pieces.append(f"⟦{text}⟧" if trained[start] else text)
+            start = i
+    return "".join(pieces)
+
+
+def render_span(prepared: Prepared, feature: Any) -> str:
+    record = prepared.train_records[feature.example]
+    context = record.context or ""
+    start = feature.offsets[feature.start_position][0]
+    end = feature.offsets[feature.end_position][1]
+    left, right = max(0, start - 120), min(len(context), end + 120)
+    snippet = ("…" if left else "") + context[left:start] + "⟦" + context[start:end] + "⟧" + context[end:right]
+    return f"Q: {record.question}\nC: {snippet}{'…' if right < len(context) else ''}"
+
+
+def _overfit(config: Config, prepared: Prepared, n: int, steps: int) -> dict[str, Any]:
+    rows = prepared.train_records[:n]
+    small = config.model_copy(deep=True)
+    small.train.epochs = steps
+    small.train.batch_size = 100_000  # every step sees all N rows (all their windows, for extractive)
+    small.train.gradient_accumulation_steps = 1
+    small.train.warmup_steps = 0
+    small.train.scheduler.gamma = 1.0
+    run = prepare(small, train_records=rows, eval_records=[])
+    result = fit(run, None, progress=False)
+    first, last = result["first_train_loss"], result["final_train_loss"]
+    passed = math.isfinite(last) and last <= max(OVERFIT_TARGET, first / 20)
+    message = (f"overfit {len(rows)} rows for {result['steps']} steps: loss {first:.4f} -> {last:.4f} "
+               f"({'passed' if passed else 'did not fall near zero'})")
+    if not passed:
+        message += ("; the labels, masks or learning rate are not letting the model learn even these rows "
+                    "(try a higher train.learning_rate for this check, then look at the rendered examples)")
+    return {"rows": len(rows), "steps": result["steps"], "first_loss": first, "final_loss": last,
+            "target": OVERFIT_TARGET, "passed": passed, "message": message}
+
+
+def render_report(report: dict[str, Any]) -> str:
+    """The human-readable report printed by ``qatune check``."""
+    lines = [f"qatune check: {report['task']} QA, model {report['model']}", ""]
+    lines.append("Data")
+    for key, file in report["files"].items():
+        if key in ("encoding", "validation"):
+            continue
+        lines.append(f"  {key}: {file['file']}: {file['rows_read']} rows read, {file['kept']} kept, "
+                     f"{file['duplicates']} duplicates")
+        for reason, rows in file["dropped"].items():
+            lines.append(f"    dropped {len(rows)} ({reason}): rows {row_list(rows)}")
+    lines.append(f"  validation: {describe_validation(report['files']['validation'])}")
+    leak = report["leakage"]
+    lines.append(f"  questions in both train and eval: {leak['count']}" +
+                 (f" (e.g. {leak['examples'][0]!r})" if leak["count"] else ""))
+    lengths = report["lengths"]
+    lines += ["", "Tokens",
+              (f"  {lengths['what']}: min {lengths['min']}, median {lengths['median']}, p95 {lengths['p95']}, "
+               f"max {lengths['max']}"),
+              f"  max_length: {report['max_length']}"]
+    if report["task"] == "generative":
+        lines.append(f"  rows truncated (question shortened): {len(report['truncated_rows'])}; "
+                     f"dropped (does not fit): {len(report['dropped_rows'])}")
+        sup = report["supervision"]
+        lines += ["", "What is trained",
+                  (f"  supervised tokens per example: min {sup['min']}, mean {sup['mean']:.1f}; "
+                   f"EOS supervised: {'yes' if sup['eos_supervised'] else 'NO'} ({sup['end_token']!r}); "
+                   f"prompt trained: {'yes' if sup['train_on_prompt'] else 'no'}"),
+                  f"  prompt template: {report['prompt_template']!r}",
+                  "  examples (trained tokens inside ⟦ ⟧):"]
+    else:
+        windows, audit = report["windows"], report["span_audit"]
+        lines.append(f"  windows: {windows['total']} ({windows['without_answer']} without the answer -> CLS; "
+                     f"at most {windows['max_per_row']} per row)")
+        lines += ["", "Span audit",
+                  (f"  labelled spans that decode to the answer: {audit['matched']}/{audit['checked']} "
+                   f"({100 * audit['share']:.1f}%); answer ends inside a token: {audit['token_boundary']}; "
+                   f"mismatches: {len(audit['mismatches'])}"),
+                  f"  answers not found in their context: {len(report['answer_not_in_context_rows'])}",
+                  "  examples (labelled span inside ⟦ ⟧):"]
+    for example in report["examples"]:
+        lines += ["    " + line for line in example.splitlines()] + [""]
+    if "overfit" in report:
+        lines += ["Overfit check", f"  {report['overfit']['message']}", ""]
+    errors = [f for f in report["findings"] if f["level"] == "error"]
+    warnings = [f for f in report["findings"] if f["level"] == "warning"]
+    lines.append(f"Findings: {len(errors)} errors, {len(warnings)} warnings")
+    for finding in errors + warnings:
+        lines.append(f"  {finding['level']}: [{finding['code']}] {finding['message']}")
+    lines += ["", "fit to train" if report["ok"] else "NOT fit to train: fix the errors above"]
+    return "\n".join(lines)

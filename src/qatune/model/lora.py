@@ -1,0 +1,35 @@
+"""LoRA adapters (peft) on a loaded model: which weights train, and where a run keeps the base they sit on."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from qatune.config import ModelConfig
+from qatune.errors import ModelError
+from qatune.model.loading import model_source
+
+
+def apply_lora(model: Any, lora: Any, task: str) -> Any:
+    """Wrap a model with LoRA adapters; only the adapters (and a QA head) are trained."""
+    try:
+        from peft import LoraConfig, TaskType, get_peft_model
+    except ImportError:
+        raise ModelError("model.lora needs the peft library: pip install 'qatune[lora]'") from None
+    if task == "extractive":
+        task_type = TaskType.QUESTION_ANS
+    else:
+        task_type = TaskType.SEQ_2_SEQ_LM if model.config.is_encoder_decoder else TaskType.CAUSAL_LM
+    settings = LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+                          target_modules=lora.target_modules, task_type=task_type)
+    try:
+        return get_peft_model(model, settings)
+    except ValueError as exc:
+        names = sorted({name.rsplit(".", 1)[-1] for name, _ in model.named_modules() if name})
+        raise ModelError(f"model.lora: {str(exc).splitlines()[0]}; set model.lora.target_modules to some of "
+                         f"{names[:30]}") from None
+
+
+def lora_base_in_run(model: ModelConfig) -> bool:
+    """LoRA whose base weights are saved in RUN/base: on a scratch model, and on a GGUF file (so that eval
+    and generate read a plain safetensors base and need neither the file nor the gguf package)."""
+    return model.scratch is not None or (model.name_or_path is not None and model_source(model).is_gguf)
