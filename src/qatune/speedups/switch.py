@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from qatune.model.objectives import CausalLMObjective, is_encoder_decoder, objective_for
-from qatune.speedups import activations, causal, lora, master_weights, memory
+from qatune.speedups import activations, causal, gpt2, lora, master_weights, memory
 from qatune.speedups.attention import AttentionByWidth, attention_switch
 from qatune.speedups.checks import REDUCED_PRECISION_SLACK, forget
 from qatune.speedups.clipping import folded_clipper
@@ -101,6 +101,7 @@ class Speedups:
         self.masters: MasterWeights | None = None
         self.attention: AttentionByWidth | None = None
         self.longest = 0
+        self.dropout = False
         self.notes: list[str] = []
 
     def on(self, name: str) -> bool:
@@ -146,6 +147,7 @@ class Speedups:
             paths = {name for name in causal.CAUSAL_PATHS if self.on(name)}
             if paths:
                 objective = causal.SupervisedRowsObjective(model, paths)
+            self.dropout = gpt2.has_dropout(model)
         self._attach_masters(model)
         if self.masters is None and self.precision == "bf16" and self.device.type == "cpu":
             self.notes.append("bf16: autocast over fp32 weights")
@@ -260,7 +262,7 @@ class Speedups:
 
     # --- the log
 
-    def describe(self, dropout: bool = False) -> str:
+    def describe(self) -> str:
         """One line: which paths are on, and why each other is off."""
         on = [name for name in NAMES if self.on(name)]
         why_off: dict[str, list[str]] = {}  # paths off for the same reason, named together
@@ -279,7 +281,7 @@ class Speedups:
         notes = list(self.notes)
         if self.attention is not None:
             notes.append("attention: " + self.attention.describe(self.longest))
-        if dropout and (self.on("shared_prefix") or self.on("prefix_groups") or self.on("gpt2_supervised_rows")):
+        if self.dropout and any(self.on(name) for name in ("shared_prefix", "prefix_groups", "gpt2_supervised_rows")):
             notes.append("prompt prefixes are not shared while dropout is active")
         return text + "".join(f"; {note}" for note in notes)
 
