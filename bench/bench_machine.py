@@ -1,40 +1,53 @@
-"""What every benchmark records about the machine it ran on, how it writes its JSON, and shared data slices.
+"""What every benchmark records about the machine it ran on, where its results go, and how it runs its arms.
 
-Imported by the scripts beside it (``python bench/NAME.py`` puts this folder on sys.path).
+Imported by the scripts of bench/ (``python bench/NAME.py`` puts this folder on sys.path; the probes in
+bench/probes/ add it).
 """
 
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import os
 import platform
-import statistics
+import re
+import subprocess
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results"
 
 VECTOR_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16")
 """The /proc/cpuinfo flags that decide torch's CPU kernels (recorded with every result)."""
 
+AVX2_ONLY = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"}
+"""Environment that keeps torch's kernels (ATen, oneDNN, MKL) to AVX2: a CPU with native bf16 measured as one
+without it (an AVX2 machine's fp32 speed, bf16 emulated)."""
+ISA_CAPS = (*AVX2_ONLY, "DNNL_MAX_CPU_ISA")
+
+CHILD_ENV = {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+"""What every benchmark's child processes run with: nothing from a model hub, no tokenizer threads."""
+
+
+def _cpuinfo() -> tuple[str, set[str]]:
+    text = Path("/proc/cpuinfo").read_text(errors="replace") if Path("/proc/cpuinfo").exists() else ""
+    model = next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("model name")),
+                 platform.processor() or platform.machine())
+    flags = set(next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), []))
+    return model, flags
+
 
 def describe() -> dict:
-    """The CPU's model name, core count, its vector flags and whether it does bf16 natively (AVX512-BF16 or AMX)."""
-    text = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    model = next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("model name")),
-                 platform.processor())
-    flags = set(next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), []))
+    """The CPU's model name, core count, its vector flags and whether it does bf16 natively (AVX512-BF16 or AMX),
+    and the kernel caps set in the environment, if any."""
+    model, flags = _cpuinfo()
     info = {"cpu": model, "cores": os.cpu_count(), "avx512_bf16": "avx512_bf16" in flags,
             "amx_bf16": "amx_bf16" in flags, "flags": [f for f in VECTOR_FLAGS if f in flags]}
     caps = {name: os.environ[name] for name in ISA_CAPS if name in os.environ}
     return {**info, "isa_caps": caps} if caps else info
-
-
-AVX2_ONLY = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"}
-"""Environment that keeps torch's kernels (ATen, oneDNN, MKL) to AVX2: this CPU as an fp32-only one (an AVX2
-machine's fp32 matmul speed, bf16 emulated) for the "CPU without native bf16" measurements."""
-ISA_CAPS = (*AVX2_ONLY, "DNNL_MAX_CPU_ISA")
 
 
 def describe_torch() -> dict:
@@ -45,9 +58,65 @@ def describe_torch() -> dict:
     return {**describe(), "torch": torch.__version__, "torch_threads": torch.get_num_threads(), "gpu": gpu}
 
 
+def headline(info: dict) -> str:
+    """One line: the CPU, its flags, the GPU and any kernel caps (every script prints it first)."""
+    flags = " ".join(info.get("flags", [])) or "none of " + " ".join(VECTOR_FLAGS)
+    return (f"CPU: {info['cpu']} ({info['cores']} cores; avx512_bf16={info['avx512_bf16']}, "
+            f"amx_bf16={info['amx_bf16']}; flags: {flags})" + (f"; GPU: {info['gpu']}" if info.get("gpu") else "")
+            + (f"; kernels capped: {info['isa_caps']}" if info.get("isa_caps") else ""))
+
+
+def gpu_name() -> str | None:
+    """The CUDA GPU's name, or None (asked of torch; without torch, of nvidia-smi)."""
+    try:
+        import torch
+    except ImportError:
+        try:
+            done = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                                  text=True, check=True, timeout=30)
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return done.stdout.splitlines()[0].strip() if done.stdout.strip() else None
+    return torch.cuda.get_device_name() if torch.cuda.is_available() else None
+
+
+def machine_name() -> str:
+    """The folder of bench/results/ this machine's results go to: the GPU where there is one (``h200``), else the
+    CPU's family and what decides its matrix products (``xeon-amx``, ``epyc-avx512-bf16``, ``epyc-avx2``).
+    QATUNE_BENCH_MACHINE overrides it."""
+    if os.environ.get("QATUNE_BENCH_MACHINE"):
+        return os.environ["QATUNE_BENCH_MACHINE"]
+    gpu = gpu_name()
+    if gpu:
+        return _slug(re.sub(r"^(NVIDIA|AMD)\s+", "", gpu))
+    model, flags = _cpuinfo()
+    family = next((name for word, name in (("xeon", "xeon"), ("epyc", "epyc"), ("ryzen", "ryzen"), ("core", "core"),
+                                           ("intel", "intel"), ("amd", "amd")) if word in model.lower()),
+                  platform.machine().lower() or "cpu")
+    isa = next((name for flag, name in (("amx_bf16", "amx"), ("avx512_bf16", "avx512-bf16"), ("avx512f", "avx512"),
+                                        ("avx2", "avx2")) if flag in flags), "")
+    return f"{family}-{isa}" if isa else family
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-") or "machine"
+
+
+def results_path(stem: str, suffix: str = "") -> Path:
+    """bench/results/<this machine>/<stem><suffix>.json: where a benchmark writes by default."""
+    return RESULTS / machine_name() / f"{stem}{suffix}.json"
+
+
+def json_option(parser: argparse.ArgumentParser, stem: str) -> None:
+    """``--json PATH``; without it, the script writes :func:`results_path` (``stem``, and the suffix it adds for
+    a non-default variant: a forced precision, capped kernels)."""
+    parser.add_argument("--json", type=Path, default=None, metavar="PATH",
+                        help=f"where to write the results (default: bench/results/<this machine>/{stem}.json)")
+
+
 def native_bf16() -> bool:
-    """As qatune decides it: the CPU's flags, unless oneDNN is held below them."""
-    from qatune.train.device import bf16_native
+    """As qatune decides it on CPU: the CPU's flags, unless oneDNN is held below them."""
+    from qatune.model.precision import bf16_native
 
     return bf16_native("cpu", unknown=False)
 
@@ -80,87 +149,34 @@ def matmul_peak(dtype, n: int = 2048, repeats: int = 10) -> float:
     return 2 * n**3 / times[len(times) // 2]
 
 
-def headline(info: dict) -> str:
-    flags = " ".join(info.get("flags", [])) or "none of " + " ".join(VECTOR_FLAGS)
-    return (f"CPU: {info['cpu']} ({info['cores']} cores; avx512_bf16={info['avx512_bf16']}, "
-            f"amx_bf16={info['amx_bf16']}; flags: {flags})" + (f"; GPU: {info['gpu']}" if info.get("gpu") else "")
-            + (f"; kernels capped: {info['isa_caps']}" if info.get("isa_caps") else ""))
-
-
-def json_option(parser: argparse.ArgumentParser, script: str) -> None:
-    """``--json PATH``, by default the script's own path with .json (the file the README may quote)."""
-    parser.add_argument("--json", type=Path, default=Path(script).with_suffix(".json"), metavar="PATH",
-                        help="where to write the results (default: %(default)s)")
-
-
-def per_batch_options(doc: str, script: str, rows: int = 48, passes: int = 3,
-                      more: Callable[[argparse.ArgumentParser], None] | None = None) -> tuple[argparse.Namespace, dict]:
-    """The options of a script that times one change per batch (``--rows``, ``--passes``, ``--json`` and what
-    ``more`` adds), parsed; then the machine, described and printed. Returns (options, machine)."""
-    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rows", type=int, default=rows)
-    parser.add_argument("--passes", type=int, default=passes)
-    if more is not None:
-        more(parser)
-    json_option(parser, script)
-    args = parser.parse_args()
-    info = describe_torch()
-    print(headline(info), flush=True)
-    return args, info
-
-
 def write_json(path: Path, results: dict) -> None:
-    """``results`` and when they were measured, as indented JSON."""
-    path.write_text(json.dumps({**results, "measured": time.strftime("%Y-%m-%d %H:%M")}, indent=2) + "\n",
-                    encoding="utf-8")
-    print(f"wrote {path}")
+    """``results`` and when they were measured, as indented JSON (folders made as needed)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({**results, "measured": time.strftime("%Y-%m-%d %H:%M")}, indent=2, default=str)
+                    + "\n", encoding="utf-8")
+    print(f"wrote {path}", flush=True)
 
 
-def timed_pass(batches: list, arms: list, step, number: int) -> dict[str, float]:
-    """One pass over ``batches``: each batch stepped once per arm (``(name, batch -> batch)`` pairs), the arms'
-    order alternating from batch to batch and from pass to pass. The summed seconds of each arm's steps."""
-    seconds = {name: 0.0 for name, _ in arms}
-    for i, batch in enumerate(batches):
-        for name, shape in arms if (i + number) % 2 == 0 else reversed(arms):
-            step_batch = shape(batch)
-            start = time.perf_counter()
-            step(step_batch)
-            seconds[name] += time.perf_counter() - start
-    return seconds
+def alternating(rounds: int, arms: Sequence[str]) -> Iterator[tuple[int, str]]:
+    """(round, arm) in the order the arms run: every arm once per round, the order reversed every other round,
+    so that neither arm always runs first (on a warm or a busy machine)."""
+    for number in range(rounds):
+        for arm in arms if number % 2 == 0 else reversed(arms):
+            yield number, arm
 
 
-def timed_passes(batches: list, arms: list, step, passes: int) -> tuple[list[dict[str, float]], float, str]:
-    """``passes`` timed passes (:func:`timed_pass`) of two arms, the new way first and the old way second, each
-    printed with its ratio: the old way's seconds over the new way's (how many times faster the new way is).
-    Returns the passes (each arm's seconds and the ratio), their median ratio, and the ratios as text."""
-    (new, _), (old, _) = arms
-    done = []
-    for number in range(passes):
-        seconds = timed_pass(batches, arms, step, number)
-        ratio = seconds[old] / seconds[new]
-        done.append({**seconds, "ratio": ratio})
-        print(f"pass {number + 1}: {new} {seconds[new]:.2f} s, {old} {seconds[old]:.2f} s: x{ratio:.3f}", flush=True)
-    median = statistics.median(p["ratio"] for p in done)
-    return done, median, ", ".join(f"x{p['ratio']:.3f}" for p in done)
+def child_result(command: list[str], env: dict[str, str] | None = None, cwd: Path = ROOT) -> dict:
+    """Run one arm in a fresh process (clean peak RSS, its own kernel caches) and return the JSON it printed on
+    a line starting with ``RESULT``; a failed arm stops the benchmark with the end of its output."""
+    done = subprocess.run(command, capture_output=True, text=True, cwd=cwd, check=False,
+                          env={**os.environ, **CHILD_ENV, **(env or {})})
+    line = next((x for x in done.stdout.splitlines() if x.startswith("RESULT ")), None)
+    if done.returncode != 0 or line is None:
+        sys.stderr.write(done.stdout[-3000:] + done.stderr[-5000:])
+        raise SystemExit(f"an arm failed (exit {done.returncode}): {' '.join(command)[:300]}")
+    return json.loads(line[len("RESULT "):])
 
 
-def write_nq_rows(shared: Path, rows: int, path: Path) -> Path:
-    """The first ``rows`` NQ-open rows as a question/answer CSV (the W1 data)."""
-    with open(shared / "nq_open" / "nq_open.csv", encoding="utf-8", newline="") as f:
-        picked = list(csv.DictReader(f))[:rows]
-    with open(path, "w", encoding="utf-8", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=["question", "answer"], extrasaction="ignore")
-        writer.writeheader()
-        writer.writerows(picked)
-    return path
-
-
-W1_CONFIG = """
-seed: {seed}
-model:
-  scratch: {{n_layer: 6, n_embd: 512, n_head: 8, vocab_size: 4096, n_positions: 256}}
-data: {{train_file: {data}}}
-train: {{epochs: 1, batch_size: 16, learning_rate: 5.0e-4, weight_decay: 0.0, max_grad_norm: 1.0,
-        logging_steps: 10, precision: {precision}}}
-"""
-"""W1 as a qatune config (GPT-2 6x512x8 from scratch, batch 16, one epoch): format with seed, data, precision."""
+def print_result(result: dict) -> None:
+    """What a child prints for :func:`child_result`."""
+    print("RESULT " + json.dumps(result, default=str), flush=True)

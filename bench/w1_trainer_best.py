@@ -1,10 +1,11 @@
 """W1 as a person would write it with transformers.Trainer at its best: build the tokenizer and the
 model, encode the rows (answer + EOS supervised, prompt -100), train one epoch, save the final model.
 
-The same work as `qatune train` on W1 (bench/w1_process.py runs both as whole processes): a byte-level
-BPE of 4,096 tokens trained on the rows, a GPT-2 6x512x8 from config, batch 16, lr 5e-4, no weight
-decay, clipping at 1.0, length-grouped batches with dynamic padding, bf16 autocast where the CPU has
-native bf16 (else fp32), no checkpoints, no evaluation, the final model saved as safetensors.
+The same work as `qatune train` on W1 (bench/workloads.py; bench/w1_process_vs_trainer.py runs both as
+whole processes): a byte-level BPE of 4,096 tokens trained on the rows, a GPT-2 6x512x8 from config, batch 16,
+lr 5e-4, no weight decay, clipping at 1.0, length-grouped batches with dynamic padding, bf16 autocast where
+bf16 is native (a CUDA GPU with bf16, a CPU with AVX512-BF16 or AMX; else fp32), no checkpoints, no
+evaluation, the final model saved as safetensors. It imports nothing of qatune.
 
     python bench/w1_trainer_best.py DATA.csv OUTPUT_DIR [--seed 42] [--fp32]
 """
@@ -24,6 +25,7 @@ from transformers import (
     Trainer,
     TrainingArguments,
 )
+from workloads import W1, w1_trainer_arguments  # bench/ is on sys.path
 
 EOS = "<|endoftext|>"
 
@@ -32,7 +34,10 @@ ONEDNN_WITHOUT_BF16 = ("SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX5
 
 
 def native_bf16() -> bool:
-    """The CPU's bf16 flags, unless oneDNN is held below them (bench_machine.AVX2_ONLY): bf16 is then emulated."""
+    """A CUDA GPU's bf16, else the CPU's bf16 flags, unless oneDNN is held below them (bench_machine.AVX2_ONLY):
+    bf16 is then emulated."""
+    if torch.cuda.is_available():
+        return torch.cuda.is_bf16_supported()
     flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
     cap = os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA") or ""
     return ("avx512_bf16" in flags or "amx_bf16" in flags) and cap.strip().upper() not in ONEDNN_WITHOUT_BF16
@@ -47,12 +52,13 @@ def main(data: str, output: str, seed: int, fp32: bool = False) -> None:
     bpe.decoder = decoders.ByteLevel()
     bpe.post_processor = processors.ByteLevel(trim_offsets=False)
     bpe.train_from_iterator([p + " " + a for p, (_, a) in zip(prompts, rows)], trainers.BpeTrainer(
-        vocab_size=4096, special_tokens=[EOS], initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        vocab_size=W1.vocab, special_tokens=[EOS], initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False))
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, bos_token=EOS, eos_token=EOS, unk_token=EOS,
                                         pad_token=EOS)
     torch.manual_seed(seed)
-    model = GPT2LMHeadModel(GPT2Config(vocab_size=len(tokenizer), n_positions=256, n_embd=512, n_layer=6, n_head=8,
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=len(tokenizer), n_positions=W1.positions, n_embd=W1.width,
+                                       n_layer=W1.layers, n_head=W1.heads,
                                        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
                                        bos_token_id=tokenizer.eos_token_id, eos_token_id=tokenizer.eos_token_id,
                                        pad_token_id=tokenizer.pad_token_id))
@@ -62,18 +68,13 @@ def main(data: str, output: str, seed: int, fp32: bool = False) -> None:
     for p, a in zip(prompt_ids, answer_ids):
         ids = p + a + [tokenizer.eos_token_id]
         features.append({"input_ids": ids, "labels": [-100] * len(p) + ids[len(p):]})
-    args = TrainingArguments(
-        output_dir=output, per_device_train_batch_size=16, learning_rate=5e-4, num_train_epochs=1, weight_decay=0.0,
-        warmup_steps=0, lr_scheduler_type="constant", max_grad_norm=1.0, seed=seed, report_to=[],
-        save_strategy="no", logging_steps=10, disable_tqdm=True, dataloader_num_workers=0,
-        train_sampling_strategy="group_by_length", bf16=native_bf16() and not fp32,
-        use_cpu=not torch.cuda.is_available())
+    args = TrainingArguments(**w1_trainer_arguments(output, seed, native_bf16() and not fp32))
     collator = DataCollatorForSeq2Seq(tokenizer, padding=True, label_pad_token_id=-100, return_tensors="pt")
     trainer = Trainer(model=model, args=args, train_dataset=features, data_collator=collator,
                       processing_class=tokenizer)
     trainer.train()
     trainer.save_model(output)
-    # What it chose, for bench/w1_process.py to record (its stdout is not kept).
+    # What it chose, for bench/w1_process_vs_trainer.py to record (its stdout is not kept).
     (Path(output) / "precision.txt").write_text("bf16" if args.bf16 else "fp32", encoding="utf-8")
 
 
