@@ -14,6 +14,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = ROOT.parent / "shared" / "data"
+DEMO_TRAIN_ROWS = 160
+DEMO_EVAL_ROWS = 80
 
 
 def read(name: str) -> list[dict[str, str]]:
@@ -74,10 +76,15 @@ def main() -> int:
     grading_workbook(data / "grading.xlsx")
     write(data / "squadshifts_train.csv", read("squadshifts_new_wiki/squadshifts_new_wiki.csv")[:400],
           ["question", "context", "answer", "answer_start"])
-    write(data / "xquad_eval.csv", read("xquad_en/xquad_en.csv")[:200], ["question", "context", "answer", "answer_start"])
+    write(data / "xquad_eval.csv", read("xquad_en/xquad_en.csv")[:200],
+          ["question", "context", "answer", "answer_start"])
     squad = "squadshifts_new_wiki/squadshifts_new_wiki"
-    write(data / "squadshifts_qa.csv", majority_answers(read(f"{squad}.csv")[:400], read(f"{squad}_all_answers.csv")[:400]),
-          ["question", "context", "answer"])
+    qa = majority_answers(read(f"{squad}.csv")[:400], read(f"{squad}_all_answers.csv")[:400])
+    write(data / "squadshifts_qa.csv", qa, ["question", "context", "answer"])
+    # make demo (configs/smollm2-demo.yaml): the first rows of the two files above, few enough for a few minutes
+    # on 2 CPU cores, training and both evaluations included.
+    write(data / "squadshifts_demo.csv", qa[:DEMO_TRAIN_ROWS], ["question", "context", "answer"])
+    write(data / "xquad_demo.csv", read("xquad_en/xquad_en.csv")[:DEMO_EVAL_ROWS], ["question", "context", "answer"])
     write(fixtures / "faq100.csv", faq_rows(100, skip=200), ["question", "answer"])
     write(fixtures / "xquad_slice.csv", read("xquad_en/xquad_en.csv")[200:260], ["question", "context", "answer"])
     return 0
