@@ -103,8 +103,10 @@ def _slug(text: str) -> str:
 
 
 def results_path(stem: str, suffix: str = "") -> Path:
-    """bench/results/<this machine>/<stem><suffix>.json: where a benchmark writes by default."""
-    return RESULTS / machine_name() / f"{stem}{suffix}.json"
+    """bench/results/<this machine>/<stem><suffix>.json: where a benchmark writes by default (QATUNE_BENCH_RESULTS,
+    as bench/headline.py --out sets it, names another folder)."""
+    folder = os.environ.get("QATUNE_BENCH_RESULTS")
+    return (Path(folder) if folder else RESULTS / machine_name()) / f"{stem}{suffix}.json"
 
 
 def json_option(parser: argparse.ArgumentParser, stem: str) -> None:

