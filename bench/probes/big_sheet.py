@@ -7,8 +7,8 @@ distinct (nothing is dropped as a duplicate) and the tokenizer sees realistic te
 offline demo's (a small GPT-2 trained from scratch, its BPE tokenizer trained on the sheet). Each
 measurement runs in a fresh process (clean peak RSS).
 
-    python bench/big_sheet.py                      # 20k, 50k, 100k and 200k rows (~10 minutes)
-    python bench/big_sheet.py --rows 20000 200000
+    python bench/probes/big_sheet.py               # 20k, 50k, 100k and 200k rows (~10 minutes)
+    python bench/probes/big_sheet.py --rows 20000 200000
 """
 
 from __future__ import annotations
@@ -21,14 +21,14 @@ import re
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-from bench_machine import describe, headline  # bench/ is on sys.path
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-ROOT = Path(__file__).resolve().parent.parent
-SHARED = Path(os.environ.get("QATUNE_SHARED_DATA", ROOT.parent / "shared" / "data"))
-OUT = Path(__file__).with_suffix(".json")
+from bench_machine import CHILD_ENV, describe, headline, json_option, results_path, write_json
+from workloads import SHARED, need_shared_data
+
+STEM = "big_sheet"
 
 CONFIG = """
 model: {{scratch: {{n_layer: 2, n_embd: 128, n_head: 4, vocab_size: 4000}}}}
@@ -77,7 +77,7 @@ def make_sheet(rows: int, path: Path) -> None:
 
 def measure(mode: str, config: Path, out: Path) -> dict:
     done = subprocess.run([sys.executable, "-c", CHILD, mode, str(config), str(out)], capture_output=True,
-                          text=True, timeout=3600, check=False)
+                          text=True, timeout=3600, check=False, env={**os.environ, **CHILD_ENV})
     lines = [line for line in done.stderr.splitlines() if line.startswith("{\"seconds\"")]
     if not lines:
         raise SystemExit(f"{mode} failed:\n{done.stderr[-3000:]}")
@@ -87,7 +87,9 @@ def measure(mode: str, config: Path, out: Path) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, nargs="+", default=[20_000, 50_000, 100_000, 200_000])
+    json_option(parser, STEM)
     args = parser.parse_args()
+    need_shared_data()
     machine = describe()
     print(headline(machine))
     results = []
@@ -111,10 +113,8 @@ def main() -> None:
                                                       "first_step_peak_rss_mb")}
     print(f"{small['rows']} -> {big['rows']} rows (x{factor:.0f}): " +
           ", ".join(f"{key} x{value:.1f}" for key, value in growth.items()))
-    OUT.write_text(json.dumps({"machine": machine, "results": results, "growth": growth,
-                               "rows_factor": factor, "measured": time.strftime("%Y-%m-%d %H:%M")},
-                              indent=2) + "\n")
-    print(f"wrote {OUT}")
+    write_json(args.json or results_path(STEM), {"machine": machine, "results": results, "growth": growth,
+                                                 "rows_factor": factor})
 
 
 if __name__ == "__main__":

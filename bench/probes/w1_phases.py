@@ -6,8 +6,8 @@ child is this script with --child; nothing in qatune is changed). Prints the med
 rounds and its share of the whole process; the "exit" phase is the wall time the parent saw after the
 child's last mark.
 
-    python bench/w1_phases.py                  # 3 rounds, ~3 minutes on 2 cores
-    python bench/w1_phases.py --rounds 5 --rows 1000
+    python bench/probes/w1_phases.py           # 3 rounds, ~3 minutes on 2 cores
+    python bench/probes/w1_phases.py --rounds 5 --rows 1000
 """
 
 from __future__ import annotations
@@ -23,10 +23,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench_machine import W1_CONFIG, describe, headline, json_option, write_json, write_nq_rows
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-ROOT = Path(__file__).resolve().parent.parent
-SHARED = Path(os.environ.get("QATUNE_SHARED_DATA", ROOT.parent / "shared" / "data"))
+from bench_machine import CHILD_ENV, ROOT, describe, headline, json_option, results_path, write_json
+from workloads import W1, need_shared_data, w1_overrides, write_nq_rows
+
+STEM = "w1_phases"
 
 TIMED = [
     ("qatune.train.preparation", "quiet_transformers", "import transformers"),
@@ -36,12 +38,12 @@ TIMED = [
     ("qatune.train.preparation", "build_scratch", "build the model (with its transformers imports)"),
     ("qatune.train.preparation", "_encode_generative", "encode the rows"),
     ("qatune.train.preparation", "validate_first_batches", "batch validator and settings checks"),
-    ("qatune.train.run", "prepare", "set-up before anything is written (all of the above)"),
+    ("qatune.train.outcome", "prepare", "set-up before anything is written (all of the above)"),
     ("qatune.train.loop", "Loop.setup", "loop set-up (accelerator, objective checks, optimizer)"),
     ("qatune.train.loop", "Loop.checkpoint", "the end-of-epoch checkpoint"),
     ("qatune.train.loop", "Loop.finish", "final/ (linked from the checkpoint)"),
-    ("qatune.train.run", "fit", "fit (the loop, its set-up, checkpoint and final/)"),
-    ("qatune.train.run", "write_report", "report.md and loss.png"),
+    ("qatune.train.outcome", "fit", "fit (the loop, its set-up, checkpoint and final/)"),
+    ("qatune.train.outcome", "write_report", "report.md and loss.png"),
 ]
 
 
@@ -84,21 +86,23 @@ def main() -> int:
     if sys.argv[1:2] == ["--child"]:
         return child(sys.argv[2:])
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rows", type=int, default=1000)
+    parser.add_argument("--rows", type=int, default=W1.rows)
     parser.add_argument("--rounds", type=int, default=3)
-    json_option(parser, __file__)
+    json_option(parser, STEM)
     args = parser.parse_args()
+    need_shared_data()
     info = describe()
     print(headline(info), flush=True)
     rounds = []
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    env = {**os.environ, **CHILD_ENV}
     with tempfile.TemporaryDirectory() as tmp:
-        data = write_nq_rows(SHARED, args.rows, Path(tmp) / "nq.csv")
+        data = write_nq_rows(args.rows, Path(tmp) / "nq.csv")
         config = Path(tmp) / "w1.yaml"
-        config.write_text(W1_CONFIG.format(seed=42, data=data, precision="auto"), encoding="utf-8")
+        config.write_text("seed: 42\n", encoding="utf-8")
+        overrides = [f"--set={override}" for override in w1_overrides(data, "auto")]
         for round_ in range(args.rounds):
-            command = [sys.executable, __file__, "--child", "train", "--config", str(config), "--output-dir",
-                       str(Path(tmp) / "run"), "--overwrite", "--quiet"]
+            command = [sys.executable, __file__, "--child", "train", "--config", str(config), *overrides,
+                       "--output-dir", str(Path(tmp) / "run"), "--overwrite", "--quiet"]
             begin = time.perf_counter()
             done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=ROOT, check=False)
             wall = time.perf_counter() - begin
@@ -117,8 +121,8 @@ def main() -> int:
     print(f"\nW1, {args.rows} rows, precision {precision}: median of {args.rounds} rounds")
     for key, seconds in median.items():
         print(f"{seconds:8.2f} s  {100 * seconds / whole:5.1f}%  {key}")
-    write_json(args.json, {"machine": info, "rows": args.rows, "precision": precision, "rounds": rounds,
-                           "median_seconds": median})
+    write_json(args.json or results_path(STEM), {"machine": info, "rows": args.rows, "precision": precision,
+                                                 "rounds": rounds, "median_seconds": median})
     return 0
 
 

@@ -11,13 +11,12 @@ fresh processes, alternating, and prints the wall time of each and the differenc
 
 The command: `qatune train` on the demo's 150 FAQ rows, a 1-layer scratch GPT-2, one epoch.
 
-    python bench/exit_time.py               # 5 rounds, ~1 minute on 2 cores
+    python bench/probes/exit_time.py        # 5 rounds, ~1 minute on 2 cores
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
@@ -26,17 +25,18 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench_machine import describe, headline  # bench/ is on sys.path
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-ROOT = Path(__file__).resolve().parent.parent
-OUT = Path(__file__).with_suffix(".json")
+from bench_machine import CHILD_ENV, ROOT, alternating, describe, headline, json_option, results_path, write_json
+
+STEM = "exit_time"
 COMMAND = ["train", "--config", "configs/tiny-gpt2.yaml", "--set", "train.epochs=1", "--set", "model.scratch.n_layer=1",
            "--overwrite", "--quiet"]
 NO_FREEZE = "import sys; from qatune.cli import main; sys.exit(main())"
 
 
 def wall(command: list[str]) -> float:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    env = {**os.environ, **CHILD_ENV}
     start = time.perf_counter()
     subprocess.run(command, check=True, capture_output=True, env=env, cwd=ROOT)
     return time.perf_counter() - start
@@ -45,6 +45,7 @@ def wall(command: list[str]) -> float:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=5)
+    json_option(parser, STEM)
     args = parser.parse_args()
     info = describe()
     print(headline(info), flush=True)
@@ -53,17 +54,16 @@ def main() -> int:
         tail = [*COMMAND, "--output-dir", str(Path(tmp) / "run")]
         commands = {"frozen": [sys.executable, "-m", "qatune", *tail],
                     "default": [sys.executable, "-c", NO_FREEZE, *tail]}
-        for round_ in range(args.rounds):
-            for name in (("frozen", "default") if round_ % 2 == 0 else ("default", "frozen")):
-                runs[name].append(wall(commands[name]))
-            print(f"round {round_ + 1}: frozen {runs['frozen'][-1]:.2f} s, default {runs['default'][-1]:.2f} s, "
-                  f"saved {runs['default'][-1] - runs['frozen'][-1]:.2f} s", flush=True)
+        for round_, name in alternating(args.rounds, ["frozen", "default"]):
+            runs[name].append(wall(commands[name]))
+            if len(runs["frozen"]) == len(runs["default"]):
+                print(f"round {round_ + 1}: frozen {runs['frozen'][-1]:.2f} s, default {runs['default'][-1]:.2f} s, "
+                      f"saved {runs['default'][-1] - runs['frozen'][-1]:.2f} s", flush=True)
     saved = [d - f for f, d in zip(runs["frozen"], runs["default"])]
     print(f"\ngc.freeze() at exit saves {statistics.median(saved):.2f} s (median of rounds)")
-    OUT.write_text(json.dumps({"machine": info, "command": COMMAND, "runs": runs, "saved_seconds": saved,
-                               "median_saved_seconds": statistics.median(saved),
-                               "measured": time.strftime("%Y-%m-%d %H:%M")}, indent=2) + "\n")
-    print(f"wrote {OUT}")
+    write_json(args.json or results_path(STEM), {
+        "machine": info, "command": COMMAND, "runs": runs, "saved_seconds": saved,
+        "median_saved_seconds": statistics.median(saved)})
     return 0
 
 

@@ -9,9 +9,9 @@ qatune's batched, length-sorted, left-padded generation (batch 32) and once one 
 Start-up: wall time of ``qatune --help`` in a fresh process (median of 5): torch and transformers
 must not be imported for it.
 
-Writes both to bench/generate_and_startup.json with the CPU they ran on.
+Writes both to bench/results/<this machine>/generate_and_startup.json with the CPU they ran on.
 
-    python bench/generate_and_startup.py              # ~3 minutes on 2 CPU cores
+    python bench/probes/generate_and_startup.py       # ~3 minutes on 2 CPU cores
 """
 
 from __future__ import annotations
@@ -28,11 +28,13 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-import torch
-from bench_machine import describe_torch, headline, json_option, write_json  # bench/ is on sys.path
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-ROOT = Path(__file__).resolve().parent.parent
-SHARED = Path(os.environ.get("QATUNE_SHARED_DATA", ROOT.parent / "shared" / "data"))
+import torch
+from bench_machine import describe_torch, headline, json_option, results_path, write_json
+from workloads import SHARED, W1
+
+STEM = "generate_and_startup"
 
 
 def startup_seconds(repeats: int = 5) -> list[float]:
@@ -49,7 +51,7 @@ def main() -> int:
     parser.add_argument("--questions", type=int, default=500)
     parser.add_argument("--new-tokens", type=int, default=8)
     parser.add_argument("--batch-size", type=int, default=32)
-    json_option(parser, __file__)
+    json_option(parser, STEM)
     args = parser.parse_args()
     machine = describe_torch()
     print(headline(machine), flush=True)
@@ -69,10 +71,11 @@ def main() -> int:
         rows = list(csv.DictReader(f))[: args.questions]
     template = PromptTemplate()
     tokenizer = train_scratch_tokenizer("generative", [template.render(r["question"]) + " " + r["answer"]
-                                                       for r in rows], 4096)
+                                                       for r in rows], W1.vocab)
     torch.manual_seed(0)
-    model = build_scratch(ScratchModel(n_layer=6, n_embd=512, n_head=8, vocab_size=4096, n_positions=256),
-                          "generative", tokenizer).eval()
+    shape = ScratchModel(n_layer=W1.layers, n_embd=W1.width, n_head=W1.heads, vocab_size=W1.vocab,
+                         n_positions=W1.positions)
+    model = build_scratch(shape, "generative", tokenizer).eval()
     info = ModelInfo(task="generative", max_length=256)
     questions = [r["question"] for r in rows]
     generate = GenerateConfig(max_new_tokens=args.new_tokens)
@@ -93,7 +96,7 @@ def main() -> int:
     generation = {"batched_s": batched_s, "batched_questions_per_s": len(questions) / batched_s, "single_s": single_s,
                   "single_questions_per_s": len(questions) / single_s, "speedup": single_s / batched_s,
                   "identical_answers": same}
-    write_json(args.json, {"machine": machine, "parameters": parameters,
+    write_json(args.json or results_path(STEM), {"machine": machine, "parameters": parameters,
                            "startup": {"runs_s": startup, "median_s": statistics.median(startup)},
                            "generation": generation})
     return 0

@@ -3,9 +3,9 @@
 W1's model (GPT-2 6 layers x 512 x 8 heads, vocab 4096) through qatune's training objective, batches of
 16 rows with varying lengths (28-36 tokens, as length-grouped batches have), eager and compiled
 (dynamic shapes). Prints the first compiled step (the compile cost) and the mean step time of both, and
-writes them to bench/compile_probe.json with the CPU they ran on.
+writes them to bench/results/<this machine>/compile_probe.json with the CPU they ran on.
 
-    python bench/compile_probe.py        # ~3 minutes on 2 CPU cores
+    python bench/probes/compile_probe.py        # ~3 minutes on 2 CPU cores
 """
 
 from __future__ import annotations
@@ -13,12 +13,18 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
-from bench_machine import describe_torch, headline, json_option, write_json  # bench/ is on sys.path
+from bench_machine import describe_torch, headline, json_option, results_path, write_json
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from qatune.model.objectives import CausalLMObjective, fuse_activations
+from qatune.model.objectives import CausalLMObjective
+from qatune.speedups.activations import fuse_activations
+
+STEM = "compile_probe"
 
 ROWS = 16
 LENGTHS = (28, 30, 32, 34, 36, 28, 30, 32)
@@ -44,7 +50,7 @@ def mean_step(objective: torch.nn.Module) -> float:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    json_option(parser, __file__)
+    json_option(parser, STEM)
     args = parser.parse_args()
     info = describe_torch()
     print(headline(info), flush=True)
@@ -71,10 +77,11 @@ def main() -> int:
         print(f"break-even after {break_even:.0f} steps (W1 is 63 steps)")
     else:
         print("compiled steps are not faster here: never worth it")
-    write_json(args.json, {"machine": info, "parameters": {"model": "GPT-2 6x512x8, vocab 4096, no dropout",
-                                                           "rows": ROWS, "lengths": list(LENGTHS), "dynamic": True},
-                           "eager_step_s": eager_s, "compiled_step_s": compiled_s, "compile_s": compile_s,
-                           "compiled_faster_percent": faster, "break_even_steps": break_even})
+    write_json(args.json or results_path(STEM), {
+        "machine": info, "eager_step_s": eager_s, "compiled_step_s": compiled_s, "compile_s": compile_s,
+        "compiled_faster_percent": faster, "break_even_steps": break_even,
+        "parameters": {"model": "GPT-2 6x512x8, vocab 4096, no dropout", "rows": ROWS, "lengths": list(LENGTHS),
+                       "dynamic": True}})
     return 0
 
 

@@ -1,28 +1,29 @@
 """Attention kernel and GELU kernel of a GPT-2 training step on CPU: which is faster, at which row width.
 
-What qatune's choices rest on (src/qatune/model.py): a scratch GPT-2 uses the fused tanh-GELU kernel
-(``gelu_pytorch_tanh``, the same function as GPT-2's ``gelu_new``), and training under bf16 on CPU switches
-to eager attention when no row is longer than EAGER_ATTENTION_MAX_TOKENS. A W1-shaped GPT-2 (6x512x8,
-vocab 4,096) runs full training steps (forward, backward, clipping, fused AdamW) for each variant,
-alternating variants within each round; prints milliseconds per step (median of rounds) and writes
-bench/cpu_attention.json with the CPU it ran on.
+What two speed paths rest on: fused_gelu (GPT-2's Python ``gelu_new`` run as torch's fused tanh-GELU,
+``gelu_pytorch_tanh``, the same function; a scratch GPT-2 is built with it) and attention_by_width (eager
+attention for batches of at most 256 tokens under bf16 on CPU). Plain transformers, no qatune: a W1-shaped
+GPT-2 (6x512x8, vocab 4,096) runs full training steps (forward, backward, clipping, fused AdamW) for each
+variant, alternating variants within each round; prints milliseconds per step (median of rounds) and writes
+bench/results/<this machine>/cpu_attention.json with the CPU it ran on.
 
-    python bench/cpu_attention.py            # ~3 minutes on 2 cores
+    python bench/probes/cpu_attention.py     # ~3 minutes on 2 cores
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
 from pathlib import Path
 
-import torch
-from bench_machine import describe, headline  # bench/ is on sys.path
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-OUT = Path(__file__).with_suffix(".json")
+import torch
+from bench_machine import describe, headline, json_option, results_path, write_json
+
+STEM = "cpu_attention"
 SHAPES = [(16, 32), (8, 128), (4, 256)]  # (rows, tokens): same tokens per step at W1's batch size, wider rows
 VARIANTS = [("sdpa", "gelu_new"), ("eager", "gelu_new"), ("sdpa", "gelu_pytorch_tanh"), ("eager", "gelu_pytorch_tanh")]
 
@@ -53,7 +54,9 @@ def ms_per_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, ids: t
 
 
 def main() -> int:
-    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    json_option(parser, STEM)
+    args = parser.parse_args()
     info = {**describe(), "torch_threads": torch.get_num_threads(), "torch": torch.__version__}
     print(headline(info), flush=True)
     models = {variant: build(*variant) for variant in VARIANTS}
@@ -74,9 +77,8 @@ def main() -> int:
                                 "speedup_vs_sdpa_gelu_new": round(base / median, 2)})
                 print(f"{precision} {rows:2}x{width:<3} {attention:5} {activation:17} {median:7.1f} ms/step  "
                       f"x{base / median:.2f}", flush=True)
-    OUT.write_text(json.dumps({"machine": info, "model": "GPT-2 6x512x8, vocab 4096 (21M parameters)",
-                               "results": results, "measured": time.strftime("%Y-%m-%d %H:%M")}, indent=2) + "\n")
-    print(f"wrote {OUT}")
+    write_json(args.json or results_path(STEM), {"machine": info, "results": results,
+                                                 "model": "GPT-2 6x512x8, vocab 4096 (21M parameters)"})
     return 0
 
 

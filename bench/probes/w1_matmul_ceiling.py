@@ -1,22 +1,21 @@
 """How much of the matmul peak W1's own matrix products can reach: the ceiling on the loop's MFU.
 
-MFU (bench/generative_vs_trainer.py) is 6 x parameters x tokens/s over the peak of one large n x n x n
+MFU (bench/w1_loop_vs_trainer.py) is 6 x parameters x tokens/s over the peak of one large n x n x n
 product. A training step cannot beat the time its matrix products take at the shapes the step has, so
 this times exactly those products, alone, back to back: for every linear layer of W1's GPT-2 (6 layers
 x 512, vocabulary 4096) and each batch size, the forward X W^T, and the backward dY W and dY^T X, at
-M = batch x tokens per row (21.2 in W1: bench/generative_vs_trainer.json). Attention's own products
+M = batch x tokens per row (21.2 in W1, as the W1 loop's results record). Attention's own products
 and everything that is not a matrix product are left out, so the ceiling is generous: a step that did
 nothing else would reach it.
 
     ceiling MFU = 6 x parameters x M / (time of one step's products) / peak
 
 Run for bf16 (weights and activations in bf16, as qatune trains on CPU) and fp32, each against its
-own peak. Prints a table per batch size; writes bench/w1_matmul_ceiling.json.
+own peak (bf16 only where it is native). Prints a table per batch size, and, against the W1 loop measured on
+this machine (bench/results/<this machine>/w1_loop_vs_trainer.json), the share of a step its products take.
 
-    python bench/w1_matmul_ceiling.py
-    python bench/w1_matmul_ceiling.py --batch-sizes 16 64 256
-    python bench/w1_matmul_ceiling.py --loop bench/generative_vs_trainer_amd_bf16.json \
-        --json bench/w1_matmul_ceiling_amd_bf16.json     # on the AMD EPYC with AVX512-BF16
+    python bench/probes/w1_matmul_ceiling.py
+    python bench/probes/w1_matmul_ceiling.py --batch-sizes 16 64 256
 """
 
 from __future__ import annotations
@@ -28,12 +27,14 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-from bench_machine import describe_torch, headline, json_option, matmul_peak, native_bf16, write_json
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-LAYERS, WIDTH, VOCAB, POSITIONS = 6, 512, 4096, 256
-W1_RUN = Path(__file__).with_name("generative_vs_trainer.json")
-"""The W1 loop measured on the same machine, whose step the ceiling is compared with (``--loop``)."""
+import torch
+from bench_machine import describe_torch, headline, json_option, matmul_peak, native_bf16, results_path, write_json
+from workloads import W1
+
+LAYERS, WIDTH, VOCAB, POSITIONS = W1.layers, W1.width, W1.vocab, W1.positions
+STEM = "w1_matmul_ceiling"
 
 
 def linear_shapes() -> list[tuple[int, int]]:
@@ -43,7 +44,7 @@ def linear_shapes() -> list[tuple[int, int]]:
 
 
 def parameters() -> int:
-    """W1's parameter count as generative_vs_trainer's MFU takes it: the tied LM head once, the position
+    """W1's parameter count as the W1 loop's MFU takes it: the tied LM head once, the position
     embeddings (POSITIONS x WIDTH, no multiply-adds) not at all."""
     per_layer = sum(k * n + n for k, n in linear_shapes()[:4]) + 4 * WIDTH  # + two LayerNorms
     return VOCAB * WIDTH + LAYERS * per_layer + 2 * WIDTH
@@ -76,22 +77,26 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[16, 32, 64, 128, 256, 512])
     parser.add_argument("--tokens-per-row", type=float, default=None,
-                        help="default: W1's mean from bench/generative_vs_trainer.json (21.2)")
+                        help="default: W1's mean from the W1 loop's results (21.2)")
     parser.add_argument("--repeats", type=int, default=20)
-    parser.add_argument("--loop", type=Path, default=W1_RUN, metavar="PATH",
-                        help="the W1 loop's JSON from this machine (default: %(default)s)")
-    json_option(parser, __file__)
+    parser.add_argument("--loop", type=Path, default=None, metavar="PATH",
+                        help="the W1 loop's JSON from this machine (default: bench/results/<this machine>/"
+                             "w1_loop_vs_trainer.json)")
+    json_option(parser, STEM)
     args = parser.parse_args()
+    args.loop = args.loop or results_path("w1_loop_vs_trainer")
     per_row = args.tokens_per_row
     measured_step = None
     if args.loop.exists():
         w1 = json.loads(args.loop.read_text())
         best = w1["summary"]["qatune"]
         per_row = per_row or w1["runs"]["qatune"][0]["row_tokens_mean"]
-        steps = -(-w1["args"]["rows"] // w1["args"]["batch_size"])
-        measured_step = {"batch_size": w1["args"]["batch_size"], "ms_per_step": 1e3 * best["seconds"] / steps,
-                         "mfu": best["mfu"], "precision": "bf16" if w1["args"].get("bf16") else "fp32",
-                         "file": args.loop.name, "cpu": w1["machine"]["cpu"]}
+        batch_size = w1["args"].get("batch_size", W1.batch_size)
+        steps = -(-w1["args"]["rows"] // batch_size)
+        loop_precision = w1.get("precision") or ("bf16" if w1["args"].get("bf16") else "fp32")
+        measured_step = {"batch_size": batch_size, "ms_per_step": 1e3 * best["seconds"] / steps,
+                         "mfu": best["mfu"], "precision": loop_precision, "file": str(args.loop),
+                         "cpu": w1["machine"]["cpu"]}
     per_row = per_row or 21.2
     info = describe_torch()
     print(headline(info), flush=True)
@@ -128,10 +133,10 @@ def main() -> int:
                   f"products alone take {same[name]['ms_per_step']:.0f} ms ({100 * share:.0f}% of the step): a step "
                   f"doing nothing else would reach {100 * measured_step['ceiling_vs_its_peak']:.1f}% of the peak that "
                   f"MFU was measured against ({100 * same[name]['ceiling_mfu']:.1f}% of this run's peak)")
-    write_json(args.json, {"machine": info, "peaks": peaks, "parameters": params, "tokens_per_row": per_row,
-                           "rows": rows, "w1_loop": measured_step,
-                           "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()
-                                    if k != "json"}})
+    write_json(args.json or results_path(STEM), {
+        "machine": info, "peaks": peaks, "parameters": params, "tokens_per_row": per_row, "rows": rows,
+        "w1_loop": measured_step,
+        "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items() if k != "json"}})
     return 0
 
 
