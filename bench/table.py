@@ -149,7 +149,8 @@ def table(results: Path = RESULTS) -> str:
                 if suffix not in VARIANTS:
                     continue
                 data = json.loads(path.read_text())
-                link = f"[{path.name}](../{path.relative_to(ROOT).as_posix()})"
+                where = path.relative_to(ROOT).as_posix() if path.is_relative_to(ROOT) else path.as_posix()
+                link = f"[{path.name}](../{where})"
                 for comparison, precision, ours, theirs, ratios in rows(data):
                     what = f"{comparison} ({VARIANTS[suffix]})" if VARIANTS[suffix] else comparison
                     lines.append(f"| `{folder.name}` | {what} | {precision} | {ours} | {theirs} | {ratios} | {link} |")
