@@ -1,7 +1,8 @@
-# make demo:      install, then fine-tune the packaged SmolLM2-135M-Instruct on a slice of the example sheet, offline:
-#                 the base model's held-out score, the fine-tuned one's, one answer (a few minutes on 2 cores).
+# make demo:      install, then fine-tune the packaged SmolLM2-135M-Instruct offline on 160 reading-comprehension rows
+#                 (configs/smollm2-demo.yaml): the untouched model's score on 80 held-out questions next to the
+#                 fine-tuned model's, then one answer (a few minutes on 2 cores).
 # make demo-tiny: a small GPT-2 built from scratch learns examples/data/faq.csv by heart (about a minute).
-# make test:      the whole test suite; make test-fast: the unit tests (under 2 minutes on 2 cores).
+# make test:      the whole test suite; make test-fast: the tests not marked slow (under 2 minutes on 2 cores).
 # make bench:     the headline benchmarks on this machine (bench/headline.py; they read ../shared/data).
 PYTHON ?= python3
 VENV ?= .venv
@@ -24,11 +25,20 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
+DEMO_HELD_OUT := examples/data/xquad_demo.csv
+WARSAW := Warsaw lies in east-central Poland about 300 km from the Carpathian Mountains and about 260 km from the \
+Baltic Sea, 523 km east of Berlin, Germany. The city straddles the Vistula River.
+
 demo: $(STAMP)
-	$(BIN)/qatune eval --base --config configs/smollm2-qa.yaml
-	$(BIN)/qatune train --config configs/smollm2-qa.yaml --overwrite
-	$(BIN)/qatune eval runs/smollm2-qa --data examples/data/xquad_eval.csv
-	$(BIN)/qatune generate runs/smollm2-qa "Which river flows through Warsaw?" --context "Warsaw lies in east-central Poland about 300 km from the Carpathian Mountains and about 260 km from the Baltic Sea, 523 km east of Berlin, Germany. The city straddles the Vistula River."
+	@echo "== 1/4 the untouched model on the held-out questions of $(DEMO_HELD_OUT)"
+	$(BIN)/qatune eval --base --config configs/smollm2-demo.yaml --data $(DEMO_HELD_OUT)
+	@echo "== 2/4 fine-tuning it on examples/data/squadshifts_demo.csv"
+	$(BIN)/qatune train --config configs/smollm2-demo.yaml --overwrite
+	@echo "== 3/4 the fine-tuned model on the same held-out questions"
+	$(BIN)/qatune eval runs/smollm2-demo --data $(DEMO_HELD_OUT)
+	@echo "== 4/4 before and after, then one question about a passage it has not seen"
+	$(BIN)/python examples/compare_evals.py runs/smollm2-demo-base/eval-xquad_demo.json runs/smollm2-demo/eval-xquad_demo.json
+	$(BIN)/qatune generate runs/smollm2-demo "Which river flows through Warsaw?" --context "$(WARSAW)"
 
 demo-tiny: $(STAMP)
 	$(BIN)/qatune train --config configs/tiny-gpt2.yaml --overwrite
