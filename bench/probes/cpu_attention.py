@@ -55,6 +55,7 @@ def ms_per_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, ids: t
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=3, help="rounds (every variant once per round)")
     json_option(parser, STEM)
     args = parser.parse_args()
     info = {**describe(), "torch_threads": torch.get_num_threads(), "torch": torch.__version__}
@@ -65,7 +66,7 @@ def main() -> int:
         for rows, width in SHAPES:
             ids = torch.randint(0, 4096, (rows, width), generator=torch.Generator().manual_seed(0))
             times: dict[tuple[str, str], list[float]] = {v: [] for v in VARIANTS}
-            for _ in range(3):
+            for _ in range(args.rounds):
                 for variant in VARIANTS:
                     times[variant].append(ms_per_step(*models[variant], ids, precision == "bf16"))
             base = statistics.median(times[VARIANTS[0]])
