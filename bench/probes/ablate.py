@@ -92,7 +92,7 @@ def child(spec: dict) -> dict:
     steps = len(timed) * spec["passes"]
     loop.speedups.finish()
     return {"seconds": sum(passes), "passes": passes, "steps": steps, "batches": len(batches),
-            "first_loss": first["loss"] if first else None,
+            "first_loss": first["loss"] if first else float("nan"),  # nan: a first batch with no answer tokens
             "faults_per_step": (after.ru_minflt - before.ru_minflt) / steps,
             "peak_rss_mb": after.ru_maxrss / 1024, "speedups": loop.speedups.describe(),
             "on": [name for name, why in loop.speedups.reasons.items() if why is None],
