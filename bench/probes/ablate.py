@@ -69,8 +69,7 @@ def arms(name: str, device: str, precision_: str) -> dict[str, list[str]]:
 def child(spec: dict) -> dict:
     """One arm: qatune's loop set up from the config, stepped over the epoch's batches."""
     from qatune.config import load_config
-    from qatune.train import prepare, train_step
-    from qatune.train.loop import Loop
+    from qatune.train import Loop, prepare, train_step
 
     prepared = prepare(load_config(None, spec["overrides"]))
     loop = Loop.setup(prepared, None, None)
