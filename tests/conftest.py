@@ -8,6 +8,10 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# The tests' models are tiny, and two torch threads that spin-wait for each other on a machine busy with other
+# work make them ten times slower (a 9-step run of tiny_config: 10 s with two threads, 0.9 s with one, beside
+# other jobs on 2 cores). Set before torch is imported; the CLI processes the tests start inherit it.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures"
@@ -33,6 +37,31 @@ def tiny_config(tmp_path, rows, *overrides):
     return load_config(None, [f"data.train_file={data}", *TINY_MODEL, "train.logging_steps=1", *overrides])
 
 
+def one_epoch_config(tmp_path, rows, *overrides):
+    """tiny_config for one epoch without weight decay: what tests of a single update compare exactly."""
+    return tiny_config(tmp_path, rows, "train.epochs=1", "train.weight_decay=0.0", *overrides)
+
+
+MIXED_ROWS = [(f"question number {i}", "yes" if i % 2 else "a much longer answer with many words") for i in range(14)]
+"""14 rows whose answers alternate between one word and seven: batches hold unequal numbers of answer tokens."""
+
+SPAN_ROWS = [(f"what colour is thing {i}?", f"thing {i} is {c} and round.", c)
+             for i, c in enumerate(["red", "blue", "green", "black", "white"])]
+"""Five (question, context, answer) rows whose answer is a word of the context."""
+
+ITEM_TEXTS = [f"Question: what is item {i}?\nAnswer: thing {i * 7}" for i in range(30)]
+"""Texts to train a scratch tokenizer on."""
+
+
+def resume_config(tmp_path, *overrides):
+    """A run that exact resume must reproduce: 12 rows, batch 2 with accumulation 2 (3 optimizer steps an epoch),
+    3 epochs, a checkpoint every 2 steps, dropout, warmup and a decaying learning rate."""
+    rows = [(f"question number {i}", f"answer {i % 5}") for i in range(12)]
+    return tiny_config(tmp_path, rows, "model.scratch.dropout=0.1", "train.epochs=3", "train.batch_size=2",
+                       "train.gradient_accumulation_steps=2", "train.save_every=2", "train.learning_rate=3e-3",
+                       "train.warmup_steps=2", "train.scheduler.gamma=0.5", *overrides)
+
+
 def speedups_on(caplog) -> list[str]:
     """The speed paths a training run's log line says are on."""
     line = next(m for m in caplog.messages if m.startswith("speedups ("))
@@ -44,6 +73,15 @@ def speedups_on(caplog) -> list[str]:
 @pytest.fixture
 def fixtures() -> Path:
     return FIXTURES
+
+
+@pytest.fixture(scope="session")
+def serve_run(tmp_path_factory):
+    """A tiny causal run that knows the first 40 FAQ answers (for the qatune serve and eval tests; trained once a
+    session, 40 epochs)."""
+    from tests.serve_runs import train_run
+
+    return train_run("causal", tmp_path_factory.mktemp("serve"))
 
 
 class CharTokenizer:

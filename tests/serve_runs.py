@@ -40,8 +40,10 @@ def xquad_rows() -> list[dict[str, str]]:
         return list(csv.DictReader(f))
 
 
-def train_run(kind: str, folder: Path) -> Path:
-    """Train a tiny run of ``kind`` (causal, seq2seq, lora, extractive) into folder/kind; returns the run dir."""
+def train_run(kind: str, folder: Path, epochs: int | None = None) -> Path:
+    """Train a tiny run of ``kind`` (causal, seq2seq, lora, extractive) into folder/kind; returns the run dir.
+    ``epochs``: fewer than TRAIN says, for tests that need the run's shape (tokenizer, positions) but not what it
+    learns."""
     folder.mkdir(parents=True, exist_ok=True)
     if kind == "extractive":
         data = FIXTURES / "xquad_slice.csv"
@@ -54,8 +56,9 @@ def train_run(kind: str, folder: Path) -> Path:
             writer.writerows(faq_rows())
         task = "task: generative\ndata: {train_file: %s}\n"
     lora = "  lora: {r: 8, alpha: 16, dropout: 0.0}\n" if kind == "lora" else ""
+    train = TRAIN[kind] if epochs is None else re.sub(r"epochs: \d+", f"epochs: {epochs}", TRAIN[kind])
     config = folder / f"{kind}.yaml"
-    config.write_text(f"seed: 1\n{task % data}model:\n  scratch: {SCRATCH[kind]}\n{lora}train: {TRAIN[kind]}\n",
+    config.write_text(f"seed: 1\n{task % data}model:\n  scratch: {SCRATCH[kind]}\n{lora}train: {train}\n",
                       encoding="utf-8")
     cli_ok("train", "--config", config, "--output-dir", folder / kind, "--quiet")
     return folder / kind

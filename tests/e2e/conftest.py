@@ -2,15 +2,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.serve_runs import ServerProcess, train_run
+from tests.serve_runs import ServerProcess
 
 CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
-
-
-@pytest.fixture(scope="session")
-def serve_run(tmp_path_factory):
-    """A tiny causal run that knows the first 40 FAQ answers (for the qatune serve tests)."""
-    return train_run("causal", tmp_path_factory.mktemp("serve-e2e"))
 
 
 @pytest.fixture(scope="session")

@@ -1,3 +1,5 @@
+"""The click group: commands, exit codes, one clean line per error, the entry points."""
+
 import json
 import subprocess
 import sys
@@ -91,32 +93,6 @@ def test_a_closed_pipe_is_not_an_internal_error():
     done = subprocess.run(f"{sys.executable} -m qatune config --keys | head -1", shell=True, capture_output=True,
                           text=True, timeout=60)
     assert done.stdout.startswith("task ") and "internal error" not in done.stderr and "Traceback" not in done.stderr
-
-
-EXIT_SCRIPT = """
-import atexit, sys, threading, time
-from qatune.commands.process import exit_without_teardown
-atexit.register(lambda: print("atexit handler ran", file=sys.stderr))
-sys.stdout.write("buffered output")  # a pipe: block-buffered, written only by the flush
-if sys.argv[1] == "thread":
-    threading.Thread(target=lambda: (time.sleep(0.5), print("thread finished"))).start()
-exit_without_teardown(int(sys.argv[2]))
-print(" (teardown exit)")
-sys.exit(int(sys.argv[2]))
-"""
-
-
-def test_exit_without_teardown_runs_atexit_handlers_flushes_and_keeps_the_code():
-    done = subprocess.run([sys.executable, "-c", EXIT_SCRIPT, "plain", "3"], capture_output=True, text=True,
-                          timeout=60)
-    assert (done.returncode, done.stdout, done.stderr) == (3, "buffered output", "atexit handler ran\n")
-
-
-def test_exit_without_teardown_leaves_the_exit_to_python_while_a_thread_runs():
-    done = subprocess.run([sys.executable, "-c", EXIT_SCRIPT, "thread", "0"], capture_output=True, text=True,
-                          timeout=60)
-    assert (done.returncode, done.stdout, done.stderr) == (0, "buffered output (teardown exit)\nthread finished\n",
-                                                           "atexit handler ran\n")
 
 
 def test_an_empty_answer_prints_an_empty_line_and_a_note(monkeypatch):

@@ -1,11 +1,11 @@
-from pathlib import Path
+"""Loading a config: defaults < YAML < --set, every problem at once, each naming its key; every shipped config
+loads; YAML is read safely."""
 
 import pytest
 
 from qatune.config import Config, field_names, load_config
 from qatune.errors import ConfigError
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.conftest import ROOT
 
 
 def write(tmp_path, text):
@@ -176,3 +176,12 @@ def test_every_shipped_config_loads(path):
     assert (ROOT / config.data.train_file).exists()
     if config.data.eval_file:
         assert (ROOT / config.data.eval_file).exists()
+
+
+def test_yaml_is_read_safely(tmp_path):
+    path = tmp_path / "evil.yaml"
+    marker = tmp_path / "pwned"
+    path.write_text(f'!!python/object/apply:os.system ["touch {marker}"]\n', encoding="utf-8")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(path)
+    assert not marker.exists()

@@ -308,3 +308,10 @@ def test_prompt_columns_come_from_the_template_without_the_question_and_context(
     chat = DataConfig(train_file="x", prompt_template="chat", user_template="{Student ID}: {question}")
     assert prompt_columns(chat) == ["Student ID"]
     assert prompt_columns(DataConfig(train_file="x")) == []
+
+
+def test_spreadsheet_formulas_and_dde_payloads_stay_text(tmp_path):
+    path = tmp_path / "f.csv"
+    path.write_text("question,answer\n\"=cmd|' /C calc'!A0\",=1+1\n", encoding="utf-8")
+    records, _ = load_records(path)
+    assert (records[0].question, records[0].answer) == ("=cmd|' /C calc'!A0", "=1+1")

@@ -6,7 +6,7 @@ import math
 import pytest
 
 from qatune.train import prepare
-from tests.unit.test_train import ROWS, tiny_config
+from tests.conftest import MIXED_ROWS, one_epoch_config
 
 
 @pytest.mark.parametrize(("native", "expected"), [(True, "bf16"), (False, "fp32")])
@@ -41,7 +41,7 @@ def test_precision_auto_names_the_onednn_cap_that_ruled_bf16_out(tmp_path, monke
 
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
     with caplog.at_level(logging.INFO, logger="qatune"):
-        prepared = prepare(tiny_config(tmp_path, ROWS, "train.precision=auto", "train.device=cpu"))
+        prepared = prepare(one_epoch_config(tmp_path, MIXED_ROWS, "train.precision=auto", "train.device=cpu"))
     assert prepared.precision == "fp32"
     assert ("precision: fp32 (train.precision auto: bf16 is not native: ONEDNN_MAX_CPU_ISA=AVX2 holds oneDNN "
             "below AVX512-BF16)") in caplog.messages
@@ -52,10 +52,11 @@ def test_precision_auto_is_logged_and_saved_in_run_json(tmp_path, monkeypatch):
     from qatune.train import train
 
     monkeypatch.setattr(device, "bf16_native", lambda where, unknown=True: True)
-    run = train(tiny_config(tmp_path, ROWS, "train.precision=auto"), output_dir=tmp_path / "run", progress=False)
+    run = train(one_epoch_config(tmp_path, MIXED_ROWS, "train.precision=auto"), output_dir=tmp_path / "run",
+                progress=False)
     assert json.loads((run / "run.json").read_text())["precision"] == "bf16"
     losses = [json.loads(line)["loss"] for line in (run / "metrics.jsonl").read_text().splitlines()]
-    assert all(math.isfinite(x) for x in losses)
+    assert losses and all(math.isfinite(x) for x in losses)
     import yaml
 
     assert yaml.safe_load((run / "config.yaml").read_text())["train"]["precision"] == "auto"   # as asked

@@ -1,7 +1,10 @@
 """qatune serve's API in-process (FastAPI's TestClient) on tiny trained runs of every kind: answers as
-`qatune generate` gives them, streaming, batching, and a 4xx in the OpenAI error shape for every bad request."""
+`qatune generate` gives them, streaming, batching, and a 4xx in the OpenAI error shape for every bad request.
+And runs whose prompt reads more than the question: the columns it names come as "fields", the passage as
+"context" (or a system message); what is missing or not used is a 400 saying how to send it."""
 
 import json
+import logging
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 
@@ -9,22 +12,22 @@ import pytest
 
 from qatune.inference.generate import answer_questions
 from qatune.model.folder import load_model_folder
+from tests.prompt_runs import context_run, score_run
 from tests.serve_runs import faq_rows, train_run, xquad_rows
 
 pytest.importorskip("fastapi")
 pytest.importorskip("httpx")
-pytestmark = pytest.mark.slow
 
-from fastapi.testclient import TestClient  # noqa: E402
+from fastapi.testclient import TestClient
 
-from qatune.serve.app import Limits, Settings, create_app  # noqa: E402
+from qatune.serve.app import Limits, Settings, create_app
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
+def runs(serve_run, tmp_path_factory):
     pytest.importorskip("peft")
     folder = tmp_path_factory.mktemp("serve")
-    return {kind: train_run(kind, folder) for kind in ("causal", "seq2seq", "lora", "extractive")}
+    return {"causal": serve_run, **{kind: train_run(kind, folder) for kind in ("seq2seq", "lora", "extractive")}}
 
 
 @contextmanager
@@ -32,6 +35,19 @@ def serving(run, **settings):
     app = create_app(load_model_folder(run, device="cpu"), Settings(**settings))
     with TestClient(app) as client:
         client.service = app.state.service
+        yield client
+
+
+@pytest.fixture(scope="module")
+def fresh_run(tmp_path_factory):
+    """A causal run of the shape of runs["causal"] (its tokenizer, its positions) trained for one epoch: for what does
+    not depend on what a model has learnt (errors, limits, the API key)."""
+    return train_run("causal", tmp_path_factory.mktemp("serve-fresh"), epochs=1)
+
+
+@pytest.fixture(scope="module")
+def fresh(fresh_run):
+    with serving(fresh_run, limits=Limits(max_body_bytes=4096, max_prompt_tokens=100, max_tokens=50)) as client:
         yield client
 
 
@@ -68,6 +84,7 @@ def chat(question, **fields):
 QUESTIONS = [row["question"] for row in faq_rows(6)]
 
 
+@pytest.mark.slow
 def test_models_health_summary_page_and_loss_curve(causal):
     models = causal.get("/v1/models").json()
     assert models["object"] == "list" and [m["id"] for m in models["data"]] == ["causal"]
@@ -83,22 +100,23 @@ def test_models_health_summary_page_and_loss_curve(causal):
     assert curve.headers["content-type"] == "image/png" and curve.content[:4] == b"\x89PNG"
 
 
-def test_the_summary_shows_only_evaluations_of_the_served_model(runs, causal):
+def test_the_summary_shows_only_evaluations_of_the_served_model(fresh_run, fresh):
     from qatune.runs.atomic import folder_id
 
-    run = runs["causal"]
+    run = fresh_run
     written = {"current": {"f1": 50.0, "model_id": folder_id(run / "final")},
                "before-resume": {"f1": 10.0, "model_id": "0123456789abcdef"},
                "older-qatune": {"f1": 20.0}}
     try:
         for name, metrics in written.items():
             (run / f"eval-{name}.json").write_text(json.dumps(metrics))
-        assert sorted(causal.get("/run").json()["evaluations"]) == ["current", "older-qatune"]
+        assert sorted(fresh.get("/run").json()["evaluations"]) == ["current", "older-qatune"]
     finally:
         for name in written:
             (run / f"eval-{name}.json").unlink()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["causal", "seq2seq", "lora"])
 def test_generative_runs_answer_as_qatune_generate_does(runs, kind):
     loaded = load_model_folder(runs[kind], device="cpu")
@@ -119,6 +137,7 @@ def test_generative_runs_answer_as_qatune_generate_does(runs, kind):
     assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"] > usage["prompt_tokens"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("endpoint", ["chat", "completions"])
 def test_streamed_chunks_add_up_to_the_answer(causal, endpoint):
     question = QUESTIONS[1]
@@ -144,6 +163,7 @@ def test_streamed_chunks_add_up_to_the_answer(causal, endpoint):
     assert len({e["id"] for e in events}) == 1
 
 
+@pytest.mark.slow
 def test_stop_strings_max_tokens_and_sampling(causal):
     question = QUESTIONS[1]  # answer: Thomaston
     stopped = causal.post("/v1/completions", json={"prompt": question, "stop": ["ton", "zzz"]}).json()
@@ -157,6 +177,7 @@ def test_stop_strings_max_tokens_and_sampling(causal):
     assert seeded[0] == seeded[1]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["causal", "seq2seq"])
 def test_batched_answers_equal_alone_answers_at_temperature_0(runs, kind):
     questions = [*QUESTIONS, "who?", "what is the name of the longest river in the whole wide world?"]
@@ -180,6 +201,7 @@ def test_batched_answers_equal_alone_answers_at_temperature_0(runs, kind):
     assert batched == alone
 
 
+@pytest.mark.slow
 def test_extractive_run_answers_with_a_span_and_its_score(runs):
     row = xquad_rows()[0]
     loaded = load_model_folder(runs["extractive"], device="cpu")
@@ -274,42 +296,42 @@ BAD_REQUESTS = {
 }
 
 
-def test_a_form_encoded_body_is_told_to_send_json(causal):
-    error = assert_error(causal.post("/v1/completions", content=b"prompt=x",
+def test_a_form_encoded_body_is_told_to_send_json(fresh):
+    error = assert_error(fresh.post("/v1/completions", content=b"prompt=x",
                                      headers={"content-type": "application/x-www-form-urlencoded"}), 400)
     assert error["message"] == "the body must be a JSON object, sent with the header 'Content-Type: application/json'"
 
 
-def test_seeds_at_the_generators_limits_are_answered(causal):
+def test_seeds_at_the_generators_limits_are_answered(fresh):
     for seed in (2**64 - 1, -(2**63)):
-        assert causal.post("/v1/completions", json={"prompt": QUESTIONS[0], "max_tokens": 2, "temperature": 1,
+        assert fresh.post("/v1/completions", json={"prompt": QUESTIONS[0], "max_tokens": 2, "temperature": 1,
                                                     "seed": seed}).status_code == 200
 
 
 @pytest.mark.parametrize("name", list(BAD_REQUESTS))
-def test_a_bad_request_gets_a_4xx_in_the_openai_shape_and_the_server_keeps_serving(causal, name):
+def test_a_bad_request_gets_a_4xx_in_the_openai_shape_and_the_server_keeps_serving(fresh, name):
     method, path, kwargs, status, param, code = BAD_REQUESTS[name]
-    assert_error(causal.request(method, path, **kwargs), status, param, code)
-    assert causal.post("/v1/completions", json={"prompt": QUESTIONS[0], "max_tokens": 2}).status_code == 200
+    assert_error(fresh.request(method, path, **kwargs), status, param, code)
+    assert fresh.post("/v1/completions", json={"prompt": QUESTIONS[0], "max_tokens": 2}).status_code == 200
 
 
-def test_a_question_is_cut_to_leave_max_tokens_room_in_the_model_positions(causal):
-    encoder, positions = causal.service.encoder, causal.service.positions
+def test_a_question_is_cut_to_leave_max_tokens_room_in_the_model_positions(fresh):
+    encoder, positions = fresh.service.encoder, fresh.service.positions
     question = "where"
     while len(encoder.prompt_ids(question)) < positions - 30:
         question += " where"
-    fits = causal.post("/v1/completions", json={"prompt": question, "max_tokens": 20}).json()
+    fits = fresh.post("/v1/completions", json={"prompt": question, "max_tokens": 20}).json()
     assert fits["usage"]["prompt_tokens"] == len(encoder.prompt_ids(question))
-    cut = causal.post("/v1/completions", json={"prompt": question, "max_tokens": 40}).json()
+    cut = fresh.post("/v1/completions", json={"prompt": question, "max_tokens": 40}).json()
     assert cut["usage"]["prompt_tokens"] == len(encoder.prompt_ids(question, None, positions - 40))
 
 
-def test_a_question_longer_than_the_model_positions_is_cut_as_qatune_generate_cuts_it(runs):
-    loaded = load_model_folder(runs["causal"], device="cpu")
+def test_a_question_longer_than_the_model_positions_is_cut_as_qatune_generate_cuts_it(fresh_run):
+    loaded = load_model_folder(fresh_run, device="cpu")
     question = "where did henry knox die? " + "and where " * 100
     expected = answer_questions(loaded.model, loaded.tokenizer, loaded.info, [question],
                                 generate=loaded.config.generate)
-    with serving(runs["causal"], limits=Limits(max_prompt_tokens=1000)) as client:
+    with serving(fresh_run, limits=Limits(max_prompt_tokens=1000)) as client:
         encoder, positions = client.service.encoder, client.service.positions
         assert len(encoder.prompt_ids(question)) > positions
         asked = client.post("/v1/chat/completions", json=chat(question)).json()  # no max_tokens: the run's 32
@@ -333,23 +355,23 @@ def test_a_question_longer_than_the_model_positions_is_cut_as_qatune_generate_cu
         assert "more than this server allows (1000)" in too_long["message"] and "max_tokens" not in too_long["message"]
 
 
-def test_too_many_requests_in_flight_get_429(causal):
-    gate = causal.service.gate
+def test_too_many_requests_in_flight_get_429(fresh):
+    gate = fresh.service.gate
     gate.active = gate.limit  # as if that many requests were being answered
     try:
-        busy = causal.post("/v1/completions", json={"prompt": "x"})
+        busy = fresh.post("/v1/completions", json={"prompt": "x"})
         assert_error(busy, 429, None, "too_many_requests")
         assert busy.headers["retry-after"] == "1"
     finally:
         gate.active = 0
-    assert causal.post("/v1/completions", json={"prompt": "x", "max_tokens": 2}).status_code == 200
+    assert fresh.post("/v1/completions", json={"prompt": "x", "max_tokens": 2}).status_code == 200
     assert gate.active == 0  # every slot was given back, streamed or not
-    sse(causal.post("/v1/completions", json={"prompt": "x", "max_tokens": 2, "stream": True}))
+    sse(fresh.post("/v1/completions", json={"prompt": "x", "max_tokens": 2, "stream": True}))
     assert gate.active == 0
 
 
-def test_with_an_api_key_every_request_but_the_page_needs_it(runs):
-    with serving(runs["causal"], api_key="s3cret") as client:
+def test_with_an_api_key_every_request_but_the_page_needs_it(fresh_run):
+    with serving(fresh_run, api_key="s3cret") as client:
         assert_error(client.get("/v1/models"), 401, None, "invalid_api_key")
         assert_error(client.get("/health"), 401, None, "invalid_api_key")
         assert_error(client.post("/v1/completions", json={"prompt": "x"}, headers={"Authorization": "Bearer nope"}),
@@ -363,3 +385,131 @@ def test_with_an_api_key_every_request_but_the_page_needs_it(runs):
         assert_error(client.get("/v1/models", headers={"Authorization": "Bearer S3CRET"}), 401, None,
                      "invalid_api_key")
         assert client.post("/v1/completions", json={"prompt": "x", "max_tokens": 2}, headers=good).status_code == 200
+
+
+# --- runs whose prompt reads more than the question
+
+QUESTION, PASSAGE = "what is item 3?", "item 3 is thing 3."
+
+
+@pytest.fixture(scope="module")
+def field_runs(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("prompt-inputs")
+    return {"score": score_run(folder / "score"), "context": context_run(folder / "context")}
+
+
+@pytest.fixture(scope="module")
+def scored(field_runs):
+    with serving(field_runs["score"]) as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def passage(field_runs):
+    with serving(field_runs["context"]) as client:
+        yield client
+
+
+def expected(run, context=None, fields=None):
+    loaded = load_model_folder(run, device="cpu")
+    return answer_questions(loaded.model, loaded.tokenizer, loaded.info, [QUESTION], [context],
+                            loaded.config.generate, fields=[fields or {}])[0]
+
+
+def chat_of(*messages, **body):
+    return {"messages": [{"role": role, "content": text} for role, text in messages], **body}
+
+
+def error_of(response, param, code):
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert (error["param"], error["code"], error["type"]) == (param, code, "invalid_request_error")
+    return error["message"]
+
+
+def test_the_prompt_columns_come_as_fields_and_answer_as_generate_does(field_runs, scored):
+    want = expected(field_runs["score"], fields={"score": "1"})
+    asked = scored.post("/v1/chat/completions", json=chat_of(("user", QUESTION), fields={"score": "1"}))
+    assert asked.status_code == 200, asked.text
+    assert asked.json()["choices"][0]["message"]["content"] == want
+    completion = scored.post("/v1/completions", json={"prompt": QUESTION, "fields": {"score": "1"}}).json()
+    assert completion["choices"][0]["text"] == want
+    tokens = asked.json()["usage"]["prompt_tokens"]
+    assert tokens == len(scored.service.encoder.prompt_ids(QUESTION, fields={"score": "1"}))
+    # a number is the text a spreadsheet cell of it reads as; a name matches ignoring case, spaces, _ and -
+    for fields in ({"score": 1}, {"score": 1.0}, {" Score": "1"}):
+        same = scored.post("/v1/completions", json={"prompt": QUESTION, "fields": fields}).json()
+        assert same["usage"]["prompt_tokens"] == tokens and same["choices"][0]["text"] == want, fields
+
+
+def test_a_missing_prompt_column_is_a_400_that_says_how_to_send_it(scored):
+    for body in (chat_of(("user", QUESTION)), chat_of(("user", QUESTION), fields={}), {"prompt": QUESTION},
+                 {"prompt": QUESTION, "fields": {"score": "  "}}):  # blank: in training a blank cell drops its row
+        path = "/v1/chat/completions" if "messages" in body else "/v1/completions"
+        message = error_of(scored.post(path, json=body), "fields", "missing_fields")
+        assert "['score']" in message and '"fields": {"score": "..."}' in message and "extra_body" in message
+
+
+def test_unknown_or_malformed_fields_are_a_400(scored, passage):
+    message = error_of(scored.post("/v1/completions", json={"prompt": QUESTION, "fields": {"score": "1", "x": "2"}}),
+                       "fields", "unknown_field")
+    assert "['x']" in message and "['score']" in message
+    message = error_of(passage.post("/v1/completions", json={"prompt": QUESTION, "context": PASSAGE,
+                                                              "fields": {"score": "1"}}), "fields", "unknown_field")
+    assert "no column besides the question" in message
+    for fields in ('{"score": true}', '{"score": null}', '{"score": [1]}', '["score"]', '"score=1"', '{"score": NaN}'):
+        response = scored.post("/v1/completions", content=f'{{"prompt": "{QUESTION}", "fields": {fields}}}',
+                               headers={"content-type": "application/json"})
+        assert response.status_code == 400 and response.json()["error"]["param"] == "fields", (fields, response.text)
+
+
+def test_a_prompt_with_a_context_takes_it_from_context_or_the_system_message(field_runs, passage):
+    want = expected(field_runs["context"], context=PASSAGE)
+    by_system = passage.post("/v1/chat/completions", json=chat_of(("system", PASSAGE), ("user", QUESTION))).json()
+    by_field = passage.post("/v1/chat/completions", json=chat_of(("user", QUESTION), context=PASSAGE)).json()
+    by_completion = passage.post("/v1/completions", json={"prompt": QUESTION, "context": PASSAGE}).json()
+    assert by_system["choices"][0]["message"]["content"] == by_field["choices"][0]["message"]["content"] == want
+    assert by_completion["choices"][0]["text"] == want
+
+
+def test_a_prompt_with_a_context_refuses_a_request_without_one(passage):
+    for path, body in [("/v1/chat/completions", chat_of(("user", QUESTION))),
+                       ("/v1/chat/completions", chat_of(("system", "  "), ("user", QUESTION))),
+                       ("/v1/completions", {"prompt": QUESTION}),
+                       ("/v1/completions", {"prompt": QUESTION, "context": ""})]:
+        message = error_of(passage.post(path, json=body), "context", "missing_context")
+        assert "uses a context" in message and "'context'" in message and "system message" in message
+
+
+def test_a_prompt_without_a_context_refuses_one_and_ignores_a_system_message(scored):
+    fields = {"score": "1"}
+    for path, body in [("/v1/completions", {"prompt": QUESTION, "context": PASSAGE, "fields": fields}),
+                       ("/v1/chat/completions", chat_of(("user", QUESTION), context=PASSAGE, fields=fields))]:
+        message = error_of(scored.post(path, json=body), "context", "unexpected_context")
+        assert "no {context}" in message
+    # chat clients send a system message of their own: it is not this run's business
+    alone = scored.post("/v1/chat/completions", json=chat_of(("user", QUESTION), fields=fields)).json()
+    with_system = scored.post("/v1/chat/completions", json=chat_of(("system", "You are helpful."), ("user", QUESTION),
+                                                                   fields=fields)).json()
+    assert with_system["choices"] == alone["choices"] and with_system["usage"] == alone["usage"]
+
+
+def test_the_summary_and_the_start_log_say_what_a_request_needs(field_runs, scored, passage):
+    assert scored.get("/run").json()["fields"] == ["score"] and scored.get("/run").json()["uses_context"] is False
+    assert passage.get("/run").json()["fields"] == [] and passage.get("/run").json()["uses_context"] is True
+    lines = []
+    handler = logging.Handler()
+    handler.emit = lambda record: lines.append(record.getMessage())
+    log = logging.getLogger("qatune")
+    level = log.level
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    try:
+        for run in field_runs.values():
+            with serving(run):
+                pass
+    finally:
+        log.removeHandler(handler)
+        log.setLevel(level)
+    assert any("needs the column(s) ['score']" in line and '"fields": {"score": "..."}' in line for line in lines)
+    assert any("reads a context" in line and "'context'" in line for line in lines), lines

@@ -8,18 +8,10 @@ import torch.nn.functional as F
 from qatune.data.padding import IGNORE_INDEX
 from qatune.speedups import gpt2 as lean_gpt2
 from qatune.speedups.causal import CAUSAL_PATHS, SupervisedRowsObjective
+from tests.unit.speedups.models import tiny_gpt2, tiny_llama
 
 ALL = set(CAUSAL_PATHS)
 checked = SupervisedRowsObjective.checked
-
-
-def tiny_gpt2(dropout: float = 0.0, seed: int = 0, tied: bool = True):
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    torch.manual_seed(seed)
-    config = GPT2Config(n_layer=3, n_embd=32, n_head=4, vocab_size=50, n_positions=32, resid_pdrop=dropout,
-                        embd_pdrop=dropout, attn_pdrop=dropout, tie_word_embeddings=tied)
-    return GPT2LMHeadModel(config)
 
 
 def qa_batch():
@@ -103,15 +95,6 @@ def test_a_path_that_does_not_reproduce_the_model_is_not_used(monkeypatch):
     assert "gpt2_supervised_rows" not in objective.paths and "supervised_head" in objective.paths
     batch = qa_batch()
     torch.testing.assert_close(objective(**batch, shared_prefix=3)["loss_sum"], reference_loss(model, batch))
-
-
-def tiny_llama(dropout: float = 0.0):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    return LlamaForCausalLM(LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                        num_attention_heads=4, num_key_value_heads=2, vocab_size=50,
-                                        attention_dropout=dropout))
 
 
 def backbone_widths(backbone):
@@ -641,3 +624,28 @@ def test_under_gradient_checkpointing_the_backbone_runs_whole():
     got = grads(model, out["loss_sum"])
     for name, grad in expected.items():
         torch.testing.assert_close(got[name], grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_lora_on_a_llama_keeps_the_lm_head_on_supervised_positions_only():
+    """peft's own ``model`` attribute must not be taken for Llama's backbone (base_model_prefix "model")."""
+    pytest.importorskip("peft")
+    import torch
+
+    from qatune.config import LoraSettings
+    from qatune.model.lora import apply_lora
+    from qatune.speedups.causal import SupervisedRowsObjective
+    from qatune.speedups.gpt2 import has_dropout
+    from tests.conftest import chat_tokenizer
+    from tests.conftest import tiny_llama as chat_llama
+
+    tokenizer = chat_tokenizer()
+    model = apply_lora(chat_llama(tokenizer), LoraSettings(r=4, target_modules=["q_proj", "v_proj"]), "generative")
+    objective = SupervisedRowsObjective.checked(model)
+    assert {"supervised_head", "last_layer_rows", "unpadded_rows"} <= objective.paths
+    assert has_dropout(model)  # LoRA's dropout: while training, prompt prefixes are computed per row
+    ids = torch.tensor([[5, 6, 7, 8, 9, 10]])
+    labels = torch.tensor([[-100, -100, -100, 8, 9, 10]])
+    model.eval()
+    out = objective(input_ids=ids, attention_mask=torch.ones_like(ids), labels=labels)
+    reference = model(input_ids=ids, attention_mask=torch.ones_like(ids), labels=labels).loss
+    assert torch.allclose(out["loss_sum"] / out["count"], reference, atol=1e-5)

@@ -5,11 +5,12 @@ import os
 import pytest
 
 from qatune.train import fit, prepare
-from tests.unit.test_train import ROWS, tiny_config
+from tests.conftest import MIXED_ROWS, one_epoch_config
 
 GLIBC = (os.confstr("CS_GNU_LIBC_VERSION") or "").startswith("glibc") if hasattr(os, "confstr") else False
 
 
+@pytest.mark.slow  # a Python process per case, each importing torch
 @pytest.mark.skipif(not GLIBC, reason="glibc's malloc only")
 @pytest.mark.parametrize(("env", "expected"), [
     ({}, "True"),
@@ -27,6 +28,7 @@ def test_glibc_is_told_to_keep_freed_memory_unless_the_user_set_it(env, expected
     assert done.stdout.strip() == expected
 
 
+@pytest.mark.slow  # a Python process that imports torch and fills 400 MB
 @pytest.mark.skipif(not GLIBC, reason="glibc's malloc only")
 def test_kept_freed_memory_is_handed_back_to_the_kernel():
     import subprocess
@@ -53,5 +55,5 @@ def test_cpu_training_asks_for_freed_memory_to_be_kept_and_hands_it_back_at_the_
     calls = []
     monkeypatch.setattr("qatune.speedups.memory.keep_freed_memory", lambda: calls.append("keep") or True)
     monkeypatch.setattr("qatune.speedups.memory.hand_back_freed_memory", lambda: calls.append("hand back") or True)
-    fit(prepare(tiny_config(tmp_path, ROWS)), None, progress=False)
+    fit(prepare(one_epoch_config(tmp_path, MIXED_ROWS)), None, progress=False)
     assert calls == ["keep", "hand back"]

