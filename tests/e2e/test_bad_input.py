@@ -10,8 +10,6 @@ from openpyxl import Workbook
 
 from qatune.cli import cli
 
-pytestmark = pytest.mark.slow
-
 GOOD_ROWS = "".join(f"what is item {i}?,thing {i}\n" for i in range(12))
 SCRATCH = "model: {scratch: {n_layer: 1, n_embd: 32, n_head: 2, vocab_size: 300}}\n"
 
@@ -251,8 +249,12 @@ def test_verbose_shows_the_traceback(tmp_path):
     assert result.exit_code == 1 and "Traceback" in result.stderr
 
 
-def test_the_matrix_has_at_least_30_cases():
-    standalone = [name for name in globals() if name.startswith("test_") and name not in
-                  ("test_train_refuses_bad_input", "test_the_matrix_has_at_least_30_cases",
-                   "test_verbose_shows_the_traceback")]
-    assert len(CASES) + len(CONFIG_CASES) + len(standalone) >= 30
+@pytest.mark.parametrize("name, build, expected", CASES + CONFIG_CASES, ids=[c[0] for c in CASES + CONFIG_CASES])
+def test_check_refuses_bad_input_with_the_line_train_gives(tmp_path, name, build, expected):
+    train_args = build(tmp_path)
+    check_args = ["check", *train_args[1:train_args.index("--output-dir")]]
+    result = run_case(tmp_path, check_args)
+    assert_clean_failure(result, expected, tmp_path)
+    assert not (tmp_path / "run").exists()
+    trained = run_case(tmp_path, train_args)
+    assert result.stderr.strip().splitlines()[-1] == trained.stderr.strip().splitlines()[-1]

@@ -41,11 +41,11 @@ train: {{epochs: 2, batch_size: 4, logging_steps: 1, learning_rate: 3.0e-3, prec
         losses[name] = [(x["step"], x["loss"]) for x in lines if x["event"] == "train"]
         evals[name] = [x for x in lines if x["event"] == "eval"]
     assert [e["num_examples"] for e in evals["two"]] == [11, 11]       # every held-out row once, none twice
-    for a, b in zip(evals["one"], evals["two"]):
+    for a, b in zip(evals["one"], evals["two"], strict=True):
         assert (a["exact_match"], a["f1"]) == (b["exact_match"], b["f1"])
         assert abs(a["loss"] - b["loss"]) <= 1e-4 * a["loss"]
     assert [s for s, _ in losses["two"]] == list(range(1, 9))          # 8 steps, each logged once
-    for (s1, l1), (s2, l2) in zip(losses["one"], losses["two"]):
+    for (s1, l1), (s2, l2) in zip(losses["one"], losses["two"], strict=True):
         assert s1 == s2 and abs(l1 - l2) <= 1e-4 * abs(l1)
     a = load_file(tmp_path / "one" / "final" / "model.safetensors")
     b = load_file(tmp_path / "two" / "final" / "model.safetensors")

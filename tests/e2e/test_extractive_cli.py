@@ -59,8 +59,17 @@ def test_loss_falls(run_dir):
     assert train[-1]["loss"] < train[0]["loss"] / 3
 
 
-def test_eval_metrics_and_predictions(run_dir):
+@pytest.fixture(scope="module")
+def evaluated(run_dir):
+    """`qatune eval` of the run on its training rows: the metrics it prints, and the rows of the
+    predictions-xquad_slice.csv it writes into the run."""
     metrics = json.loads(invoke("eval", run_dir, "--data", DATA, "--json").stdout)
+    with open(run_dir / "predictions-xquad_slice.csv", encoding="utf-8") as f:
+        return metrics, list(csv.DictReader(f))
+
+
+def test_eval_metrics_and_predictions(run_dir, evaluated):
+    metrics, _ = evaluated
     assert metrics["num_examples"] == 60 and metrics["perplexity"] is None
     first_train_loss = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[0])["loss"]
     assert 0 < metrics["loss"] < first_train_loss / 2   # the training rows: far below the untrained loss
@@ -70,23 +79,33 @@ def test_eval_metrics_and_predictions(run_dir):
     assert len(rows) == 60
 
 
-def test_generate_returns_a_span_of_the_context(run_dir):
+def test_generate_returns_a_span_of_the_context(run_dir, evaluated):
+    _, predictions = evaluated
     with open(DATA, encoding="utf-8") as f:
-        row = next(csv.DictReader(f))
+        rows = list(csv.DictReader(f))
+    row = rows[0]
     answer = invoke("generate", run_dir, row["question"], "--context", row["context"]).stdout.rstrip("\n")
     assert answer and answer in row["context"]
+    assert answer == predictions[0]["prediction"]        # what eval predicted for the same row
+    learned = [(row, p) for row, p in zip(rows, predictions, strict=True) if p["em"] == "100"]
+    assert learned, "eval got no row exactly right"
+    row, _ = learned[0]
+    assert invoke("generate", run_dir, row["question"], "--context", row["context"]).stdout == row["answer"] + "\n"
 
 
-def test_generate_with_context_file_and_file(run_dir, tmp_path):
+def test_generate_with_context_file_and_file(run_dir, evaluated, tmp_path):
+    _, predictions = evaluated
     passage = tmp_path / "passage.txt"
     passage.write_text("The Saxon Garden was opened to the public in 1727.", encoding="utf-8")
     answer = invoke("generate", run_dir, "When was it opened?", "--context-file", passage).stdout.strip()
     assert answer and answer in passage.read_text()
+    assert answer == invoke("generate", run_dir, "When was it opened?", "--context", passage.read_text()).stdout.strip()
     out = tmp_path / "answers.csv"
     invoke("generate", run_dir, "--file", DATA, "--output", out)
     with open(out, encoding="utf-8") as f:
         rows = list(csv.DictReader(f))
     assert len(rows) == 60 and all(r["answer"] for r in rows)
+    assert [r["answer"] for r in rows] == [p["prediction"] for p in predictions]   # a file's answers are eval's
 
 
 def test_generate_without_context_is_a_clear_error(run_dir):
