@@ -47,7 +47,7 @@ data:
   train_file: {data}
   eval_file: {data}
   system_prompt: ""
-train: {{epochs: 60, batch_size: 8, learning_rate: 3.0e-3, weight_decay: 0.0, warmup_steps: 5, logging_steps: 20}}
+train: {{epochs: 25, batch_size: 8, learning_rate: 1.0e-2, weight_decay: 0.0, warmup_steps: 5, logging_steps: 20}}
 generate: {{max_new_tokens: 16}}
 """, encoding="utf-8")
     return path

@@ -2,12 +2,9 @@
 
 import json
 
-import pytest
 from click.testing import CliRunner
 
 from qatune.cli import cli
-
-pytestmark = pytest.mark.slow
 
 
 def write_config(tmp_path, rows, extra=""):

@@ -11,8 +11,6 @@ from click.testing import CliRunner
 from qatune.cli import cli
 from tests.conftest import interrupt_at, tiny_config
 
-pytestmark = pytest.mark.slow
-
 ROWS = [(f"question number {i}", f"answer {i % 5}") for i in range(12)]
 
 
@@ -47,6 +45,7 @@ def status(run):
     return json.loads((run / "run.json").read_text())
 
 
+@pytest.mark.slow
 def test_a_run_longer_than_its_config_file_is_not_ended_by_it_and_resumes_with_the_printed_command(
         tmp_path, config_file, monkeypatch):
     straight = tmp_path / "straight"
@@ -81,6 +80,7 @@ def test_a_run_longer_than_its_config_file_is_not_ended_by_it_and_resumes_with_t
     assert train_lines(run) == train_lines(straight)
 
 
+@pytest.mark.slow
 def test_resume_without_config_takes_set_of_the_resumable_keys_only(tmp_path, config_file, monkeypatch):
     run = tmp_path / "run"
     interrupt_at(monkeypatch, 2)
