@@ -22,9 +22,6 @@ import json
 import logging
 import os
 import shutil
-import socket
-import sys
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -33,7 +30,7 @@ from qatune.runs.atomic import atomic_write_text
 from qatune.runs.lock import holder
 
 if TYPE_CHECKING:
-    from typing_extensions import Self
+    pass
 
 log = logging.getLogger("qatune")
 
