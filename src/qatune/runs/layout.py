@@ -23,14 +23,11 @@ import logging
 import os
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from qatune.errors import RunDirError
 from qatune.runs.atomic import atomic_write_text
 from qatune.runs.lock import holder
-
-if TYPE_CHECKING:
-    pass
 
 log = logging.getLogger("qatune")
 
