@@ -16,6 +16,7 @@ CPU, a server), so they are parsed as the command line parses them: a known comm
 from __future__ import annotations
 
 import csv
+import os
 import re
 import shlex
 import shutil
@@ -245,8 +246,10 @@ def test_make_demo_commands_parse():
 
     if shutil.which("make") is None:
         pytest.skip("make is not installed")
-    done = subprocess.run(["make", "-n", "-o", ".venv/.installed", "demo", "demo-tiny"], cwd=ROOT,
-                          capture_output=True, text=True, check=True)
+    # Under `make test` this runs inside make: without the outer make's variables, and no "Entering directory".
+    env = {key: value for key, value in os.environ.items() if key not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS")}
+    done = subprocess.run(["make", "-n", "--no-print-directory", "-o", ".venv/.installed", "demo", "demo-tiny"],
+                          cwd=ROOT, capture_output=True, text=True, check=True, env=env)
     written: list[str] = []
     names = []
     for line in done.stdout.splitlines():
