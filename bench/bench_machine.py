@@ -116,6 +116,24 @@ def json_option(parser: argparse.ArgumentParser, stem: str) -> None:
                         help=f"where to write the results (default: bench/results/<this machine>/{stem}.json)")
 
 
+def comparison_parser(doc: str | None, stem: str, rows: int, rounds: int) -> argparse.ArgumentParser:
+    """The options of a side-by-side training comparison (qatune's arms against an anchor's): rows, rounds, seed,
+    both arms' precision, one qatune arm per ``train.speedups`` setting, where to write, and the hidden ones a
+    child process takes to run one arm."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", type=int, default=rows)
+    parser.add_argument("--rounds", type=int, default=rounds, help="alternating rounds (every arm once per round)")
+    parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--precision", choices=["auto", "fp32", "bf16"], default="auto",
+                        help="both arms' precision (auto: bf16 where native, else fp32)")
+    parser.add_argument("--speedups", nargs="+", default=["auto"], metavar="SETTING",
+                        help="train.speedups of each qatune arm: auto, off, all or a comma-separated list of paths")
+    json_option(parser, stem)
+    parser.add_argument("--arm", help=argparse.SUPPRESS)
+    parser.add_argument("--paths", help=argparse.SUPPRESS)
+    return parser
+
+
 def native_bf16() -> bool:
     """As qatune decides it on CPU: the CPU's flags, unless oneDNN is held below them."""
     from qatune.model.precision import bf16_native

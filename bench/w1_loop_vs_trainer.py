@@ -23,7 +23,6 @@ on a GPU ``auto`` turns them all off), each against the same Trainer runs.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import resource
@@ -39,9 +38,9 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 from bench_machine import (
     alternating,
     child_result,
+    comparison_parser,
     describe_torch,
     headline,
-    json_option,
     matmul_peak,
     print_result,
     results_path,
@@ -171,18 +170,7 @@ def summarize(runs: dict[str, list[dict]], params: int, peaks: dict[str, float],
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rows", type=int, default=W1.rows)
-    parser.add_argument("--rounds", type=int, default=5, help="alternating rounds (every arm once per round)")
-    parser.add_argument("--seed", type=int, default=42)
-    parser.add_argument("--precision", choices=["auto", "fp32", "bf16"], default="auto",
-                        help="both arms' precision (auto: bf16 where native, else fp32)")
-    parser.add_argument("--speedups", nargs="+", default=["auto"], metavar="SETTING",
-                        help="train.speedups of each qatune arm: auto, off, all or a comma-separated list of paths")
-    json_option(parser, STEM)
-    parser.add_argument("--arm", help=argparse.SUPPRESS)
-    parser.add_argument("--paths", help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = comparison_parser(__doc__, STEM, W1.rows, 5).parse_args()
     forced = args.precision
     args.precision = precision(args.precision)
 

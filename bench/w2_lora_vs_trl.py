@@ -25,7 +25,6 @@ compute-bound peak it exceeds 100%: read it as a ratio between the arms.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import resource
@@ -41,9 +40,9 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 from bench_machine import (
     alternating,
     child_result,
+    comparison_parser,
     describe_torch,
     headline,
-    json_option,
     matmul_peak,
     print_result,
     results_path,
@@ -172,18 +171,7 @@ def arm_trl(args, paths) -> dict:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rows", type=int, default=W2.rows)
-    parser.add_argument("--rounds", type=int, default=2, help="alternating rounds (every arm once per round)")
-    parser.add_argument("--seed", type=int, default=42)
-    parser.add_argument("--precision", choices=["auto", "fp32", "bf16"], default="auto",
-                        help="both arms' precision (auto: bf16 where native, else fp32)")
-    parser.add_argument("--speedups", nargs="+", default=["auto"], metavar="SETTING",
-                        help="train.speedups of each qatune arm: auto, off, all or a comma-separated list of paths")
-    json_option(parser, STEM)
-    parser.add_argument("--arm", help=argparse.SUPPRESS)
-    parser.add_argument("--paths", help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = comparison_parser(__doc__, STEM, W2.rows, 2).parse_args()
     forced = args.precision
     args.precision = precision(args.precision)
     if args.arm:  # a child process: one arm, its result printed as JSON
