@@ -150,6 +150,17 @@ def test_a_list_turns_on_only_the_paths_it_names(tmp_path, caplog):
     assert "last_column, " in line and "(not listed in train.speedups)" in line
 
 
+@pytest.mark.parametrize(("dropout", "noted"), [(0.0, False), (0.1, True)])
+def test_the_log_notes_that_prompt_prefixes_are_not_shared_while_dropout_is_active(tmp_path, caplog, dropout,
+                                                                                   noted):
+    config = tiny_config(tmp_path, ROWS, "train.epochs=1", "train.device=cpu", f"model.scratch.dropout={dropout}")
+    with caplog.at_level(logging.INFO, logger="qatune"):
+        fit(prepare(config), None, progress=False)
+    line = next(m for m in caplog.messages if m.startswith("speedups ("))
+    assert "gpt2_supervised_rows" in speedups_on(caplog)
+    assert line.endswith("; prompt prefixes are not shared while dropout is active") is noted
+
+
 def test_a_path_listed_without_what_it_needs_says_so():
     from tests.unit.speedups.models import tiny_llama as llama
 
