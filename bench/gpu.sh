@@ -8,8 +8,13 @@
 #   GPU_SH_BUDGET=600 bash bench/gpu.sh   # seconds for the whole script (default 470)
 #
 # Without a package index, the install falls back to what the machine has: qatune from src/ on PYTHONPATH.
+# W1 and W2 read ../shared/data (or QATUNE_SHARED_DATA); on a machine that receives only the repository, copy
+# the data into ./shared/data first (git-ignored through .git/info/exclude: cp -r ../shared/data shared/data).
 set -uo pipefail
 cd "$(dirname "$0")/.."
+if [ -z "${QATUNE_SHARED_DATA:-}" ] && [ ! -d ../shared/data ] && [ -d shared/data ]; then
+  export QATUNE_SHARED_DATA="$PWD/shared/data"
+fi
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false PIP_BREAK_SYSTEM_PACKAGES=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 budget=${GPU_SH_BUDGET:-470}
 log() { echo "[gpu.sh $((SECONDS))s] $*"; }
