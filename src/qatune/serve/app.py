@@ -86,7 +86,7 @@ def create_app(loaded: LoadedModel, settings: Settings = Settings()) -> FastAPI:
     async def page() -> HTMLResponse:
         return HTMLResponse(resources.files("qatune.serve").joinpath("static/index.html").read_text(encoding="utf-8"))
 
-    @app.get("/health")
+    @app.api_route("/health", methods=["GET", "HEAD"])
     async def health() -> dict[str, Any]:
         return {"status": "ok", "model": service.model_id, "in_flight": service.gate.active,
                 "waiting": service.batcher.waiting}

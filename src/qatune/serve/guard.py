@@ -24,11 +24,16 @@ from qatune.serve.schemas import ApiError, error_body
 log = logging.getLogger("qatune")
 
 
+OPEN_PATHS = ("/", "/health")
+"""What answers without the API key: the page (it asks for the key) and the liveness probe."""
+
+
 class Guard:
     """ASGI middleware run before any route: the API key, then the body size (read here, then replayed).
 
     With an API key every request needs ``Authorization: Bearer KEY``, except GET / (the page itself,
-    the same static file for everyone; it asks for the key and sends it with its own requests).
+    the same static file for everyone; it asks for the key and sends it with its own requests) and GET /health
+    (a load balancer's or container's liveness probe, as llama.cpp's server and vLLM keep it open).
     """
 
     def __init__(self, app: Any, api_key: str | None, max_body_bytes: int):
@@ -41,7 +46,7 @@ class Guard:
             await self.app(scope, receive, send)
             return
         headers = Headers(scope=scope)
-        if self.expected is not None and not (scope["path"] == "/" and scope["method"] in ("GET", "HEAD")):
+        if self.expected is not None and not (scope["path"] in OPEN_PATHS and scope["method"] in ("GET", "HEAD")):
             given = headers.get("authorization", "").encode()
             scheme, _, key = given.partition(b" ")
             # the scheme's name is case-insensitive (RFC 9110), the key is not

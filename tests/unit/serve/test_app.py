@@ -370,10 +370,13 @@ def test_too_many_requests_in_flight_get_429(fresh):
     assert gate.active == 0
 
 
-def test_with_an_api_key_every_request_but_the_page_needs_it(fresh_run):
+def test_with_an_api_key_every_request_but_the_page_and_the_health_probe_needs_it(fresh_run):
     with serving(fresh_run, api_key="s3cret") as client:
         assert_error(client.get("/v1/models"), 401, None, "invalid_api_key")
-        assert_error(client.get("/health"), 401, None, "invalid_api_key")
+        assert_error(client.get("/run"), 401, None, "invalid_api_key")
+        assert_error(client.post("/health", json={}), 401, None, "invalid_api_key")  # only the probe is open
+        assert client.get("/health").json()["status"] == "ok"  # a load balancer's probe needs no key
+        assert client.head("/health").status_code == 200
         assert_error(client.post("/v1/completions", json={"prompt": "x"}, headers={"Authorization": "Bearer nope"}),
                      401, None, "invalid_api_key")
         assert_error(client.post("/v1/completions", json={"prompt": "x"}, headers={"Authorization": "s3cret"}),
