@@ -23,7 +23,7 @@ from qatune.data.generative import (
     encode_examples,
 )
 from qatune.data.spreadsheet import QARecord, load_from_config
-from qatune.data.templates import PromptTemplate, resolve_template
+from qatune.data.templates import PromptTemplate
 from qatune.errors import ConfigError
 from qatune.inference.generate import (
     answer_questions,
@@ -32,9 +32,10 @@ from qatune.inference.generate import (
     score_windows,
     uses_context,
 )
-from qatune.inference.loading import load_run_model
+from qatune.inference.loading import load_run_model, model_id, read_run, results_place
 from qatune.inference.metrics import best_scores, corpus_scores
-from qatune.model.folder import ModelInfo, read_model_folder
+from qatune.model.folder import ModelInfo
+from qatune.model.gguf_file import resolve_prompt
 from qatune.model.loading import (
     load_model_config,
     load_pretrained,
@@ -126,7 +127,7 @@ def evaluate_run(run_dir: str | Path, data_file: str | Path, which: str = layout
     ``reading``: ``key=value`` changes to how the file is read (sheet, columns, delimiter: READING_KEYS),
     for a held-out file laid out unlike the training file.
     """
-    config, info = read_model_folder(layout.find_model_folder(run_dir, which))  # the file is read before the model
+    config, info = read_run(run_dir, which)  # the data file is read before the model
     data = with_reading_overrides(config, reading).data if reading else config.data
     records, report = load_from_config(data, data_file, with_context=uses_context(info))
     loaded = load_run_model(run_dir, which)
@@ -137,8 +138,9 @@ def evaluate_run(run_dir: str | Path, data_file: str | Path, which: str = layout
     metrics["data_file"] = str(data_file)
     metrics["rows_dropped"] = report.dropped_total
     metrics["model"] = str(loaded.folder)
-    metrics["model_id"] = atomic.folder_id(loaded.folder)  # which writing of that folder was evaluated
-    paths = write_results(layout.results_dir(Path(run_dir), loaded.folder), data_file, metrics, records, predictions)
+    metrics["model_id"] = model_id(loaded)  # which writing of that model was evaluated
+    out_dir, prefix = results_place(run_dir, loaded)
+    paths = write_results(out_dir, data_file, metrics, records, predictions, prefix)
     return metrics, paths
 
 
@@ -161,7 +163,7 @@ def evaluate_base(config: Config, data_file: str | Path | None = None, batch_siz
     model_config = load_model_config(config.model)
     model = load_pretrained(config.model, config.task, tokenizer, model_config)
     seq2seq = bool(getattr(model_config, "is_encoder_decoder", False))
-    template = resolve_template(config.data, tokenizer, config.model.name_or_path)
+    template = resolve_prompt(config.data, config.model, tokenizer)
     encoder = (Seq2SeqEncoder if seq2seq else PromptEncoder)(tokenizer, template)
     limit = model_max_positions(model_config, tokenizer)
     max_length = choose_max_length([encoder.full_length(r) for r in records], config.data.max_length, limit)
@@ -182,10 +184,10 @@ def evaluate_base(config: Config, data_file: str | Path | None = None, batch_siz
 
 
 def write_results(out_dir: Path, data_file: str | Path, metrics: dict[str, Any], records: list[QARecord],
-                  predictions: list[str]) -> dict[str, Path]:
+                  predictions: list[str], prefix: str = "") -> dict[str, Path]:
     """eval-NAME.json and predictions-NAME.csv, each written atomically; results of another file with the
     same name (data/a/x.csv after data/b/x.csv) are replaced with a warning."""
-    paths = layout.eval_outputs(out_dir, data_file)
+    paths = layout.eval_outputs(out_dir, data_file, prefix)
     metrics["data_path"] = str(Path(data_file).resolve())
     try:
         before = json.loads(paths["metrics"].read_text(encoding="utf-8")).get("data_path")

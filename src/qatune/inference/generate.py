@@ -161,13 +161,11 @@ def answer_one(run_dir: str | Path, question: str, context: str | None = None, c
     """The answer of a trained run to one question (the ``qatune generate RUN "question"`` command).
 
     ``fields``: values of the other columns the run's prompt names (``--field 'Total Marks=3'``)."""
-    from qatune.inference.loading import load_run_model
-    from qatune.model.folder import read_model_folder
-    from qatune.runs.layout import find_model_folder
+    from qatune.inference.loading import load_run_model, read_run
 
     if context_file is not None:
         context = _read_context(context_file)
-    _, info = read_model_folder(find_model_folder(run_dir, which))  # what the prompt needs, before the model loads
+    _, info = read_run(run_dir, which)  # what the prompt needs, before the model loads
     _check_context(info, context)
     given = _check_fields(info, fields or {})
     loaded = load_run_model(run_dir, which)
@@ -211,12 +209,10 @@ def answer_file(run_dir: str | Path, data_file: str | Path, output: str | Path |
     answer, in the format its suffix names (ANSWER_FORMATS; default RUN/answers-NAME.csv).
     """
     from qatune.data.spreadsheet import load_from_config
-    from qatune.inference.loading import load_run_model
-    from qatune.model.folder import read_model_folder
-    from qatune.runs.layout import find_model_folder
+    from qatune.inference.loading import load_run_model, read_run
 
     path = _answers_path(run_dir, data_file, output)
-    config, info = read_model_folder(find_model_folder(run_dir, which))  # the file is read before the model loads
+    config, info = read_run(run_dir, which)  # the data file is read before the model loads
     data = with_reading_overrides(config, reading).data if reading else config.data
     records, _ = load_from_config(data, data_file, with_answers=False, with_context=uses_context(info))
     names, rows = _input_table(data, Path(data_file), records)
@@ -233,7 +229,12 @@ def answer_file(run_dir: str | Path, data_file: str | Path, output: str | Path |
 
 def _answers_path(run_dir: str | Path, data_file: str | Path, output: str | Path | None) -> Path:
     """Where the answers go, checked before any work: a format we write, and not the questions file."""
-    path = Path(output) if output else Path(run_dir) / f"answers-{Path(data_file).stem}.csv"
+    if output:
+        path = Path(output)
+    elif Path(run_dir).is_file():  # a .gguf file: beside it, named after it
+        path = Path(run_dir).parent / f"answers-{Path(run_dir).stem}-{Path(data_file).stem}.csv"
+    else:
+        path = Path(run_dir) / f"answers-{Path(data_file).stem}.csv"
     if path.suffix.lower() not in ANSWER_FORMATS:
         raise DataError(f"--output {path}: cannot write '{path.suffix or '(no suffix)'}' files; end the name with "
                         f"one of {', '.join(ANSWER_FORMATS)}")

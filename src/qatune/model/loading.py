@@ -213,6 +213,7 @@ def load_pretrained(model: ModelConfig, task: str, tokenizer: Any, model_config:
         from transformers import GgufConfig
 
         kwargs["quantization_config"] = GgufConfig(dequantize=True)
+        kwargs["config"] = model_config  # with what the GGUF reader leaves out put back (gguf_config_fixes)
     quiet_transformers()
     try:
         with _quiet_gguf_progress():
@@ -361,10 +362,20 @@ def load_model_config(model: ModelConfig) -> Any:
     source = model_source(model)
     kwargs = _load_kwargs(model, source)
     try:
-        return AutoConfig.from_pretrained(source.path, trust_remote_code=model.trust_remote_code, **kwargs)
+        config = AutoConfig.from_pretrained(source.path, trust_remote_code=model.trust_remote_code, **kwargs)
     except (OSError, ValueError, KeyError) as exc:
         raise ModelError(_load_failure("model", model.name_or_path, exc,
                                        offline=kwargs.get("local_files_only"))) from None
+    return gguf_config_fixes(config) if source.is_gguf else config
+
+
+def gguf_config_fixes(config: Any) -> Any:
+    """What transformers' GGUF reader leaves out of a config, put back: a GPT-2's context length arrives as
+    ``n_ctx``, which GPT-2 does not read, and its position embeddings would be taken for 1,024 rows."""
+    n_ctx = getattr(config, "n_ctx", None)
+    if getattr(config, "model_type", None) == "gpt2" and isinstance(n_ctx, int) and n_ctx != config.n_positions:
+        config.n_positions = n_ctx
+    return config
 
 
 def model_max_positions(config: Any, tokenizer: Any = None) -> int | None:

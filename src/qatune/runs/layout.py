@@ -51,9 +51,10 @@ def nonfinite_report(run_dir: Path, step: int) -> Path:
     return Path(run_dir) / f"nonfinite-step-{step}.json"
 
 
-def eval_outputs(run_dir: Path, data_file: str | Path) -> dict[str, Path]:
-    """Where ``qatune eval`` writes its metrics and predictions for a data file."""
-    stem = Path(data_file).stem
+def eval_outputs(run_dir: Path, data_file: str | Path, prefix: str = "") -> dict[str, Path]:
+    """Where ``qatune eval`` writes its metrics and predictions for a data file (``prefix``: a model file's name
+    and a dash, when the results go beside it)."""
+    stem = prefix + Path(data_file).stem
     return {"metrics": Path(run_dir) / f"eval-{stem}.json", "predictions": Path(run_dir) / f"predictions-{stem}.csv"}
 
 

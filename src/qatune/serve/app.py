@@ -22,9 +22,9 @@ from fastapi.responses import FileResponse, HTMLResponse
 from qatune.data.generative import PromptEncoder, Seq2SeqEncoder
 from qatune.data.templates import PromptTemplate
 from qatune.inference.generate import prompt_budget, uses_context
+from qatune.inference.loading import model_id
 from qatune.model.folder import LoadedModel
 from qatune.model.loading import model_max_positions
-from qatune.runs.atomic import folder_id
 from qatune.runs.layout import read_status
 from qatune.serve.batching import Batcher, Delta, Extraction, Failed, Generation, Job
 from qatune.serve.decoding import Sampling
@@ -139,8 +139,12 @@ class Service:
         self.info = loaded.info
         self.limits = settings.limits
         self.settings = settings
-        self.run_dir = loaded.folder.parent if (loaded.folder.parent / "run.json").is_file() else loaded.folder
-        self.model_id = self.run_dir.name
+        if loaded.folder.is_file():  # a .gguf file: its results lie beside it, named after it
+            self.run_dir, self.model_id = loaded.folder.parent, loaded.folder.stem
+            self.results_prefix = f"eval-{loaded.folder.stem}-"
+        else:
+            self.run_dir = loaded.folder.parent if (loaded.folder.parent / "run.json").is_file() else loaded.folder
+            self.model_id, self.results_prefix = self.run_dir.name, "eval-"
         self.created = int(loaded.folder.stat().st_mtime)
         self.batcher = Batcher(loaded, settings.max_batch_size, settings.batch_wait_ms)
         self.gate = Gate(settings.limits.max_concurrent)
@@ -346,8 +350,8 @@ class Service:
         status = read_status(self.run_dir)
         result = status.get("result") or {}
         evaluations = {}
-        served = folder_id(self.loaded.folder)
-        for path in sorted(self.run_dir.glob("eval-*.json")):
+        served = model_id(self.loaded)
+        for path in sorted(self.run_dir.glob(f"{self.results_prefix}*.json")):
             try:
                 metrics = json.loads(path.read_text(encoding="utf-8"))
             except (OSError, ValueError):
@@ -355,7 +359,7 @@ class Service:
             # Results of another model folder, or of this one before it was written again (a resumed run), are
             # not this model's.
             if isinstance(metrics, dict) and metrics.get("model_id", served) == served:
-                evaluations[path.stem.removeprefix("eval-")] = metrics
+                evaluations[path.stem.removeprefix(self.results_prefix)] = metrics
         return {
             "id": self.model_id, "task": self.info.task, "kind": self.kind, "base_model": self.base_model,
             "prompt_template": self.info.prompt_template, "uses_context": self.uses_context,

@@ -20,8 +20,7 @@ from pathlib import Path
 import uvicorn
 
 from qatune.errors import QatuneError
-from qatune.inference.loading import load_run_model
-from qatune.runs.layout import find_model_folder
+from qatune.inference.loading import load_run_model, read_run
 from qatune.serve.app import Settings, create_app
 
 log = logging.getLogger("qatune")
@@ -32,7 +31,7 @@ DRAIN_SECONDS = 30
 def serve(run_dir: str | Path, which: str, host: str, port: int, settings: Settings,
           threads: int | None = None) -> None:
     """Serve a run until interrupted."""
-    find_model_folder(run_dir, which)  # a wrong RUN fails before anything else
+    read_run(run_dir, which)  # a wrong RUN fails before anything else
     sock = bind(host, port)
     try:
         if threads is not None:

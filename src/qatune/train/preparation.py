@@ -32,6 +32,7 @@ from qatune.data.templates import PromptTemplate, resolve_template
 from qatune.data.validate import Finding, error, validate_batch, validate_dataset, validate_settings, warning
 from qatune.errors import ConfigError, DataError, row_list
 from qatune.model.folder import ModelInfo
+from qatune.model.gguf_file import resolve_prompt
 from qatune.model.loading import (
     build_scratch,
     load_model_config,
@@ -183,8 +184,7 @@ def _setup_model(config: Config, train_records: list[QARecord], with_model: bool
 
 def _encode_generative(config: Config, built: _Model, records: list[QARecord], train_report: LoadReport,
                        reports: dict[str, Any]) -> _Encoded:
-    source = config.model.name_or_path or "the scratch model"
-    template = resolve_template(config.data, built.tokenizer, source)
+    template = resolve_prompt(config.data, config.model, built.tokenizer)
     encoder = (Seq2SeqEncoder if built.seq2seq else PromptEncoder)(built.tokenizer, template)
     encoder.warm(records)
     lengths = [encoder.full_length(r) for r in records]
