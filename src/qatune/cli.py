@@ -156,9 +156,10 @@ def train(ctx: click.Context, config_path: str | None, overrides: tuple[str, ...
 @verbose_option
 def eval_command(run_dir: str | None, data_file: str | None, which: str, base: bool, config_path: str | None,
                  overrides: tuple[str, ...], batch_size: int | None, as_json: bool) -> None:
-    """Evaluate a trained run on a held-out file: loss, perplexity, exact match, F1.
+    """Evaluate a trained run (or a .gguf file) on a held-out file: loss, perplexity, exact match, F1.
 
-    Writes eval-<file>.json and predictions-<file>.csv into the run directory. With --base --config X.yaml,
+    Writes eval-<file>.json and predictions-<file>.csv into the run directory (beside a .gguf file:
+    eval-<gguf name>-<file>.json, predictions-<gguf name>-<file>.csv). With --base --config X.yaml,
     the untouched pretrained model is evaluated with the same prompt, on data.eval_file or --data (its files
     go to OUTPUT_DIR-base/): what fine-tuning starts from.
     """
@@ -214,7 +215,7 @@ def eval_command(run_dir: str | None, data_file: str | None, which: str, base: b
 def generate(run_dir: str, question: str | None, context: str | None, context_file: str | None,
              data_file: str | None, fields: tuple[str, ...], output: str | None, overrides: tuple[str, ...], which: str,
              max_new_tokens: int | None, temperature: float | None, top_p: float | None, seed: int | None) -> None:
-    """Answer a question (or every row of --file) with a trained run. Prints the answer only."""
+    """Answer a question (or every row of --file) with a trained run or a .gguf file. Prints the answer only."""
     from qatune.inference.generate import answer_file, answer_one
 
     options = {"max_new_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p}
@@ -277,15 +278,46 @@ def check(config_path: str, overrides: tuple[str, ...], as_json: bool, overfit: 
 
 @cli.command()
 @click.argument("run_dir")
-@click.option("--merge", "output", required=True, metavar="OUT",
-              help="Folder to write the merged plain transformers model to (LoRA adapters folded in).")
+@click.option("--merge", "merged", metavar="FOLDER", default=None,
+              help="Write a plain transformers folder (LoRA adapters folded in).")
+@click.option("--gguf", "gguf_file", metavar="OUT.gguf", default=None,
+              help="Write one GGUF file for llama.cpp, Ollama and LM Studio, and OUT.Modelfile beside it.")
+@click.option("--quant", type=click.Choice(["f16", "bf16", "q8_0", "f32"]), default="f16", show_default=True,
+              help="With --gguf: the weights' precision in the file.")
+@click.option("--data", "data_file", default=None,
+              help="With --gguf: the rows to check the file on (default: the run's held-out rows).")
+@click.option("--rows", type=click.IntRange(min=1), default=200, show_default=True,
+              help="With --gguf: how many rows the check asks.")
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
+              help="With --data: how the file is read, e.g. --set data.sheet=0 or --set data.question_column=Q.")
 @click.option("--model", "which", type=click.Choice(["final", "best"]), default="final", show_default=True)
 @verbose_option
-def export(run_dir: str, output: str, which: str) -> None:
-    """Write a run's model as one plain transformers folder (LoRA adapters merged into the weights)."""
-    from qatune.export.merged import export_merged
+def export(run_dir: str, merged: str | None, gguf_file: str | None, quant: str, data_file: str | None, rows: int,
+           overrides: tuple[str, ...], which: str) -> None:
+    """Write a run's model for other tools: a plain transformers folder (--merge), or a GGUF file (--gguf)
+    checked against the run before it is written.
 
-    click.echo(str(export_merged(run_dir, output, which)))
+    \b
+      qatune export runs/faq --merge faq-model
+      qatune export runs/faq --gguf faq.gguf --quant q8_0     # then: ollama create faq -f faq.Modelfile
+    """
+    if (merged is None) == (gguf_file is None):
+        raise QatuneError("pass one of --merge FOLDER (a transformers folder) or --gguf OUT.gguf (llama.cpp, Ollama)")
+    if merged is not None:
+        if data_file is not None or overrides:
+            raise QatuneError("--data and --set go with --gguf (the rows its check asks)")
+        from qatune.export.merged import export_merged
+
+        click.echo(str(export_merged(run_dir, merged, which)))
+        return
+    from qatune.export.gguf import export_gguf
+
+    if overrides and data_file is None:
+        raise QatuneError("--set goes with --data (how that file is read)")
+    path, check = export_gguf(run_dir, gguf_file, quant, which, data_file, overrides, rows)
+    click.echo(f"check on {check.rows} rows of {check.rows_from}: {check.line()}", err=True)
+    click.echo(f"Ollama: ollama create NAME -f {path.with_suffix('.Modelfile')}", err=True)
+    click.echo(str(path))
 
 
 @cli.command()

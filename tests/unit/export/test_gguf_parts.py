@@ -1,0 +1,98 @@
+"""The parts of qatune export --gguf that need no trained run: the chat template and Modelfile written for a prompt,
+the pre-tokenizer name, what is refused, the check's line and the command's own errors."""
+
+import jinja2
+import pytest
+from click.testing import CliRunner
+
+from qatune.cli import cli
+from qatune.export.gguf import Check, chat_template, modelfile_prompt, pre_tokenizer, unsupported
+from qatune.model.folder import LoadedModel, ModelInfo
+from tests.conftest import chat_tokenizer, tiny_llama
+
+
+def render(template, messages, **kwargs):
+    return jinja2.Environment().from_string(template).render(messages=messages, **kwargs)
+
+
+def test_chat_template_renders_the_prompt_and_the_training_text():
+    template = chat_template("Context: {context}\nQuestion: {question}\nAnswer:", " ", "<|endoftext|>")
+    system, user = {"role": "system", "content": "It is {red}."}, {"role": "user", "content": "Which colour?"}
+    prompt = "Context: It is {red}.\nQuestion: Which colour?\nAnswer:"
+    assert render(template, [system, user], add_generation_prompt=True) == prompt
+    assert render(template, [system, user, {"role": "assistant", "content": "red"}]) == prompt + " red<|endoftext|>"
+    # Only the last question is asked; an earlier turn's answer is not appended to it.
+    earlier = [user, {"role": "assistant", "content": "blue"}, {"role": "user", "content": "And now?"}]
+    assert render(template, earlier) == "Context: \nQuestion: And now?\nAnswer:"
+    # Braces written {{ }} in a qatune template are literal braces; quotes and newlines pass through.
+    assert render(chat_template('Say "{{x}}":\n{question}'), [user]) == 'Say "{x}":\nWhich colour?'
+
+
+def test_modelfile_prompt_is_ollamas_rendering_of_the_template():
+    text = 'FROM ./x.gguf\nTEMPLATE """{{ "{{" }}x}} {{ .System }}|{{ .Prompt }}"""\nPARAMETER temperature 0\n'
+    assert modelfile_prompt(text, "q", "c") == "{{x}} c|q"
+
+
+def test_pre_tokenizer_name():
+    assert pre_tokenizer(chat_tokenizer()) == "gpt-2"  # byte-level with GPT-2's own split, as qatune trains them
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.train_from_iterator(["what is item one", "thing two"], trainers.BpeTrainer(special_tokens=["<unk>"]))
+    whitespace = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", eos_token="<unk>")
+    assert pre_tokenizer(whitespace) is None
+
+
+def loaded(prompt_template, tokenizer=None, task="generative", seq2seq=False):
+    tokenizer = tokenizer or chat_tokenizer()
+    return LoadedModel(model=tiny_llama(tokenizer), tokenizer=tokenizer, config=None, folder=None,
+                       info=ModelInfo(task=task, max_length=64, prompt_template=prompt_template, seq2seq=seq2seq))
+
+
+def test_what_cannot_be_written_is_named():
+    assert unsupported(loaded("Question: {question}\nAnswer:")) is None
+    assert unsupported(loaded("Context: {context}\nQuestion: {question}\nAnswer:")) is None
+    grading = unsupported(loaded("Q: {question}\nMarks: {Total Marks}\nA:"))
+    assert grading.startswith("its prompt reads the column(s) 'Total Marks' besides the question and the context")
+    assert "extractive" in unsupported(loaded("{question}", task="extractive"))
+    assert "encoder-decoder model (T5)" in unsupported(loaded("{question}", seq2seq=True))
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE(vocab={"<unk>": 0, "a": 1}, merges=[], unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace()
+    spm = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", eos_token="<unk>")
+    assert "llama.cpp has no pre-tokenizer for" in unsupported(loaded("{question}", tokenizer=spm))
+
+
+def test_check_line_and_verdict():
+    check = Check("q8_0", rows=200, rows_from="held-out rows", prompts_identical=200, answers_identical=181,
+                  positions=1000, next_tokens_agreeing=970, next_tokens_as_rounded=1000, first_difference=None)
+    assert check.line() == ("q8_0: 181/200 answers identical, next-token agreement 97.0% (100.0% with the run's "
+                            "weights rounded to q8_0)")
+    assert check.passed()
+    assert not Check("q8_0", 200, "", 200, 181, 1000, 920, 1000, None).passed()  # below q8_0's 93%
+    assert not Check("q8_0", 200, "", 200, 200, 1000, 970, 990, None).passed()  # not the rounded weights
+    assert not Check("q8_0", 200, "", 199, 200, 1000, 970, 1000, None).passed()  # one prompt differs
+    f32 = Check("f32", 200, "", 200, 200, 1000, 1000, 1000, None)
+    assert f32.line() == "f32: 200/200 answers identical, next-token agreement 100.0%" and f32.passed()
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    ([], "pass one of --merge FOLDER (a transformers folder) or --gguf OUT.gguf"),
+    (["--merge", "m", "--gguf", "m.gguf"], "pass one of --merge FOLDER"),
+    (["--gguf", "model.bin"], "--gguf model.bin: the file name must end in .gguf"),
+    (["--merge", "m", "--data", "x.csv"], "--data and --set go with --gguf"),
+])
+def test_export_arguments(args, message, tmp_path):
+    done = CliRunner().invoke(cli, ["export", str(tmp_path / "run"), *args])
+    assert done.exit_code == 1 and message in done.stderr and "Traceback" not in done.stderr
+
+
+def test_export_does_not_overwrite_a_file(tmp_path):
+    (tmp_path / "taken.gguf").write_bytes(b"mine")
+    done = CliRunner().invoke(cli, ["export", str(tmp_path / "run"), "--gguf", str(tmp_path / "taken.gguf")])
+    assert done.exit_code == 1 and "taken.gguf already exists; choose another file name" in done.stderr
+    assert (tmp_path / "taken.gguf").read_bytes() == b"mine"
