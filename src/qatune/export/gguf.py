@@ -74,6 +74,15 @@ PRE_TOKENIZERS = {
     "b6dc8df998e1cfbdc4eac8243701a65afe638679230920b50d6f17d81c098166": "olmo",
     "32d85c31273f8019248f2559fed492d929ea28b17e51d81d3bb36fff23ca72b3": "stablelm2",
 }
+SPLITS = {
+    # A byte-level tokenizer whose vocabulary is not one of those above (a model's own, or trained from a sheet)
+    # but that splits text with the regular expression of a known family: llama.cpp's pre-tokenizer of that name
+    # splits the same way.
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|"
+    r"\s+(?!\S)|\s+": "qwen2",
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|"
+    r"\s+(?!\S)|\s+": "llama-bpe",
+}
 CHECK_TEXT = (
     "\n \n\n \n\n\n \t \t\t \t\n  \n   \n    \n     \n🚀 (normal) 😶\u200d🌫️ (multiple emojis concatenated) "
     "✅ 🦙🦙 3 33 333 3333 33333 333333 3333333 33333333 3.3 3..3 3...3 កាន់តែពិសេសអាច😁 ?我想在apple工作1314151天～ "
@@ -213,8 +222,9 @@ def prompt_columns(info: ModelInfo) -> list[str]:
 
 def pre_tokenizer(tokenizer: Any) -> str | None:
     """The name llama.cpp knows the tokenizer's pre-tokenization by: from the hash of its ids on llama.cpp's test
-    text, as llama.cpp's converter finds it, else "gpt-2" for a plain byte-level one (GPT-2's own split, as the
-    tokenizers qatune trains for scratch models have); None: unknown."""
+    text, as llama.cpp's converter finds it; else "gpt-2" for a plain byte-level one (GPT-2's own split, as the
+    tokenizers qatune trains for scratch models have), or the family whose split expression it uses (SPLITS);
+    None: unknown."""
     ids = tokenizer.encode(CHECK_TEXT)
     name = PRE_TOKENIZERS.get(sha256(str(ids).encode()).hexdigest())
     if name is not None:
@@ -223,6 +233,11 @@ def pre_tokenizer(tokenizer: Any) -> str | None:
     pre = spec.get("pre_tokenizer") or {}
     if spec.get("normalizer") is None and pre.get("type") == "ByteLevel" and pre.get("use_regex", True):
         return "gpt-2"
+    steps = pre.get("pretokenizers") or []
+    if (pre.get("type") == "Sequence" and len(steps) == 2 and steps[0].get("type") == "Split"
+            and steps[0].get("behavior") == "Isolated" and steps[1].get("type") == "ByteLevel"
+            and not steps[1].get("use_regex", True)):
+        return SPLITS.get((steps[0].get("pattern") or {}).get("Regex"))
     return None
 
 

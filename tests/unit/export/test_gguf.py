@@ -22,14 +22,13 @@ CONTEXT_ROWS = [{"question": f"what colour is thing {i}?", "context": f"thing {i
                 for i, c in enumerate(COLOURS)]
 
 
-@pytest.fixture(scope="module")
-def llama_run(tmp_path_factory):
-    """A tiny Llama (4 query heads, 2 key/value heads) with SmolLM2's chat template, trained until it answers."""
-    tmp = tmp_path_factory.mktemp("llama")
+def chat_run(tmp, build, epochs=40):
+    """A tiny chat model (``build(tokenizer)``) with SmolLM2's chat template, trained on CONTEXT_ROWS until it
+    answers; returns the run directory (its data beside it, colours.csv)."""
     texts = [f"user assistant system Question: {r['question']} {r['context']}" for r in CONTEXT_ROWS] * 3
     tokenizer = chat_tokenizer(texts, vocab_size=500)
-    folder = tmp / "tiny-llama-chat"
-    tiny_llama(tokenizer).save_pretrained(folder)
+    folder = tmp / "tiny-chat-model"
+    build(tokenizer).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     data = tmp / "colours.csv"
     with open(data, "w", encoding="utf-8", newline="") as f:
@@ -41,11 +40,34 @@ def llama_run(tmp_path_factory):
 task: generative
 model: {{name_or_path: {folder}}}
 data: {{train_file: {data}, context_column: context, system_prompt: ""}}
-train: {{epochs: 40, batch_size: 4, learning_rate: 1.0e-2, weight_decay: 0.0, warmup_steps: 5, precision: fp32}}
+train: {{epochs: {epochs}, batch_size: 4, learning_rate: 1.0e-2, weight_decay: 0.0, warmup_steps: 5, precision: fp32}}
 generate: {{max_new_tokens: 8}}
 """, encoding="utf-8")
     cli_ok("train", "--config", config, "--output-dir", tmp / "run", "--quiet")
     return tmp / "run"
+
+
+def tiny(kind):
+    """A one-layer Qwen2 (biases on queries, keys and values) or Mistral, with grouped-query attention."""
+    import torch
+    import transformers
+
+    def build(tokenizer):
+        torch.manual_seed(0)
+        config = getattr(transformers, f"{kind}Config")(
+            vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=False,
+            bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id)
+        return getattr(transformers, f"{kind}ForCausalLM")(config)
+
+    return build
+
+
+@pytest.fixture(scope="module")
+def llama_run(tmp_path_factory):
+    """A tiny Llama (4 query heads, 2 key/value heads, tied embeddings) with SmolLM2's chat template."""
+    return chat_run(tmp_path_factory.mktemp("llama"), tiny_llama)
 
 
 @pytest.fixture(scope="module")
@@ -217,3 +239,20 @@ def test_serve_takes_the_file(llama_run, tmp_path):
         assert reply["choices"][0]["message"]["content"] == expected
         summary = client.get("/run").json()
         assert list(summary["evaluations"]) == ["colours"] and summary["evaluations"]["colours"]["exact_match"] >= 75
+
+
+@pytest.mark.parametrize(("kind", "arch"), [("Qwen2", "qwen2"), ("Mistral", "llama")])
+def test_qwen2_and_mistral_runs(kind, arch, tmp_path):
+    run = chat_run(tmp_path, tiny(kind), epochs=30)
+    path, check = export_gguf(run, tmp_path / f"{arch}.gguf", "f16")
+    assert check.passed() and check.prompts_identical == check.rows == 12
+    assert check.answers_identical == check.rows and check.next_tokens_as_rounded == check.positions
+    import gguf
+
+    reader = gguf.GGUFReader(str(path))
+    assert reader.fields["general.architecture"].contents() == arch
+    # transformers gives a Qwen2 run Qwen2's own split expression, which llama.cpp knows as "qwen2"
+    assert reader.fields["tokenizer.ggml.pre"].contents() == ("qwen2" if kind == "Qwen2" else "gpt-2")
+    names = {t.name for t in reader.tensors}
+    assert "output.weight" in names  # untied: the output layer is its own tensor
+    assert ("blk.0.attn_q.bias" in names) == (kind == "Qwen2")
