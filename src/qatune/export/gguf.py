@@ -365,11 +365,11 @@ def _tokenizer(writer: Any, loaded: LoadedModel, config: Any) -> None:
     writer.add_token_list(tokens)
     writer.add_token_types([int(kind) for kind in kinds])
     writer.add_token_merges(merges)
-    for kind, index in (("bos", tokenizer.bos_token_id), ("eos", tokenizer.eos_token_id),
-                        ("unk", tokenizer.unk_token_id), ("pad", tokenizer.pad_token_id)):
+    for index, add in ((tokenizer.bos_token_id, writer.add_bos_token_id), (tokenizer.eos_token_id,
+                       writer.add_eos_token_id), (tokenizer.unk_token_id, writer.add_unk_token_id),
+                       (tokenizer.pad_token_id, writer.add_pad_token_id)):
         if index is not None:
-            {"bos": writer.add_bos_token_id, "eos": writer.add_eos_token_id, "unk": writer.add_unk_token_id,
-             "pad": writer.add_pad_token_id}[kind](int(index))
+            add(int(index))
     encoder = PromptEncoder(tokenizer, PromptTemplate(loaded.info.prompt_template, loaded.info.answer_prefix))
     if encoder.end_id != tokenizer.eos_token_id:
         writer.add_eot_token_id(int(encoder.end_id))  # the end of the assistant's turn also ends generation
