@@ -216,6 +216,10 @@ class TrainConfig(Section):
     """Paths that only make a step faster (the same loss and gradients, to rounding; each checked against the
     model at start-up): auto: those measured to help where the run trains (CPU; none yet on a GPU); off: the
     model's own forward, nothing patched; or a list of the paths to use. docs/performance.md lists them."""
+    distributed: Literal["ddp", "fsdp"] = "ddp"
+    """With several processes (--num-processes, torchrun): ddp: every process holds the whole model, its
+    gradients and optimizer state; fsdp: each holds a shard of them (PyTorch's FSDP2, one unit per transformer
+    block), for a model too big for one device. docs/multi-process.md."""
     logging_steps: int = Field(10, ge=1)
     """Write a metrics.jsonl line every this many optimizer steps."""
     eval_batch_size: int = Field(32, ge=1)

@@ -45,16 +45,21 @@ class ModelInfo:
         return cls(**known)
 
 
-def save_model(folder: Path, model: Any, tokenizer: Any, config: Config, info: ModelInfo) -> Path:
-    """Write a self-contained model folder atomically: a crash never leaves a half-written one."""
-    size = sum(t.numel() * t.element_size() for t in model.state_dict().values())
-    return atomic.write_folder(Path(folder), lambda tmp: write_model_files(tmp, model, tokenizer, config, info),
-                               size_hint=size)
+def save_model(folder: Path, model: Any, tokenizer: Any, config: Config, info: ModelInfo,
+               weights: dict[str, Any] | None = None) -> Path:
+    """Write a self-contained model folder atomically: a crash never leaves a half-written one. ``weights``: the
+    model's state gathered whole, where the model itself holds a shard of it (train.distributed fsdp)."""
+    size = sum(t.numel() * t.element_size() for t in (weights or model.state_dict()).values())
+    return atomic.write_folder(Path(folder), lambda tmp: write_model_files(tmp, model, tokenizer, config, info,
+                                                                           weights), size_hint=size)
 
 
-def write_model_files(folder: Path, model: Any, tokenizer: Any, config: Config, info: ModelInfo) -> None:
+def write_model_files(folder: Path, model: Any, tokenizer: Any, config: Config, info: ModelInfo,
+                      weights: dict[str, Any] | None = None) -> None:
     """Weights (safetensors), tokenizer, the resolved config and qatune.json into ``folder``."""
-    model.save_pretrained(folder, safe_serialization=True, **_save_format(model))
+    # save_pretrained empties the state dict it is given: it gets a copy of the mapping (the tensors are shared).
+    given = {"state_dict": dict(weights)} if weights is not None else {}
+    model.save_pretrained(folder, safe_serialization=True, **given, **_save_format(model))
     tokenizer.save_pretrained(folder)
     (folder / layout.CONFIG).write_text(config.to_yaml(), encoding="utf-8")
     info.save(folder)

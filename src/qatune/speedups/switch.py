@@ -84,7 +84,8 @@ class Speedups:
     """The speed paths of one training run: which are on and why the others are off, and the calls the loop
     makes. ``setting`` is ``train.speedups``: ``auto``, ``off`` or a list of path names."""
 
-    def __init__(self, setting: str | list[str], precision: str, device: torch.device | str, processes: int = 1):
+    def __init__(self, setting: str | list[str], precision: str, device: torch.device | str, processes: int = 1,
+                 sharded: bool = False):
         self.setting = setting
         self.precision = precision
         self.device = torch.device(device)
@@ -92,7 +93,9 @@ class Speedups:
         self.reasons: dict[str, str | None] = {}
         """Every path: None where it is on, else why it is off."""
         for name in NAMES:
-            if setting == "off":
+            if sharded:
+                self.reasons[name] = "train.distributed is fsdp, under which no path has been checked yet"
+            elif setting == "off":
                 self.reasons[name] = "train.speedups is off"
             elif setting == "auto":
                 self.reasons[name] = auto_verdict(name, self.device.type, precision)

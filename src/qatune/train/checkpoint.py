@@ -17,7 +17,7 @@ import os
 import random
 import re
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -60,6 +60,9 @@ class TrainState:
     first_loss: float = float("nan")
     last_loss: float = float("nan")
     bad_steps: list[int] = field(default_factory=list)
+    optimizer_format: str = "torch"
+    """How optimizer.pt holds the optimizer's state: torch (its own state_dict), or full_state_dict (gathered
+    whole and keyed by parameter name, by a run with train.distributed fsdp)."""
     log_window: dict[str, float] | None = None  # LOG_WINDOW_KEYS
     """The open logging window (loss sum, items, tokens, seconds since the last metrics line). None in
     checkpoints written before it was saved: a run resumed from one starts an empty window."""
@@ -70,14 +73,18 @@ def checkpoint_dir(run_dir: Path) -> Path:
 
 
 def save_checkpoint(run_dir: Path, state: TrainState, model: Any, tokenizer: Any, config: Any, info: Any,
-                    optimizer: torch.optim.Optimizer, schedulers: dict[str, Any], keep: int) -> Path:
-    """Write a checkpoint atomically, then prune all but the last ``keep`` (and the best)."""
+                    optimizer: torch.optim.Optimizer, schedulers: dict[str, Any], keep: int,
+                    gathered: tuple[dict[str, Any], dict[str, Any]] | None = None) -> Path:
+    """Write a checkpoint atomically, then prune all but the last ``keep`` (and the best). ``gathered``: the
+    model's weights and the optimizer's state gathered whole (train.distributed fsdp) in place of their own."""
     from qatune.model.folder import write_model_files
 
+    weights, optimizer_state = gathered if gathered is not None else (None, optimizer.state_dict())
+
     def fill(folder: Path) -> None:
-        write_model_files(folder, model, tokenizer, config, info)
+        write_model_files(folder, model, tokenizer, config, info, weights)
         with _without_zip_checksums():
-            torch.save(optimizer.state_dict(), folder / "optimizer.pt")
+            torch.save(optimizer_state, folder / "optimizer.pt")
             torch.save({k: s.state_dict() for k, s in schedulers.items() if s is not None}, folder / "scheduler.pt")
             torch.save(_rng_state(), folder / "rng.pt")
         # Written last: a folder without it is not a checkpoint.
@@ -85,7 +92,7 @@ def save_checkpoint(run_dir: Path, state: TrainState, model: Any, tokenizer: Any
 
     root = checkpoint_dir(run_dir)
     root.mkdir(parents=True, exist_ok=True)
-    size = _state_bytes(model.state_dict()) + sum(_state_bytes(s) for s in optimizer.state.values())
+    size = _state_bytes(weights or model.state_dict()) + sum(_state_bytes(s) for s in optimizer.state.values())
     path = atomic.write_folder(root / f"step-{state.step:07d}", fill, size_hint=size)
     _prune(root, keep, state.best_checkpoint)
     return path
@@ -195,15 +202,24 @@ def load_state(checkpoint: Path) -> TrainState:
     return state
 
 
-def restore(checkpoint: Path, optimizer: torch.optim.Optimizer, schedulers: dict[str, Any]) -> TrainState:
-    """Load optimizer, scheduler and RNG states (safe loading: tensors and plain data only)."""
-    optimizer.load_state_dict(torch.load(checkpoint / "optimizer.pt", weights_only=True, map_location="cpu"))
+def restore(checkpoint: Path, optimizer: torch.optim.Optimizer, schedulers: dict[str, Any],
+            load_optimizer: Callable[[dict[str, Any]], None] | None = None, optimizer_format: str = "torch"
+            ) -> TrainState:
+    """Load optimizer, scheduler and RNG states (safe loading: tensors and plain data only). ``load_optimizer``
+    loads a state of ``optimizer_format`` where the optimizer's own load_state_dict does not (a sharded run)."""
+    state = load_state(checkpoint)
+    if state.optimizer_format != optimizer_format:
+        written = "without" if state.optimizer_format == "torch" else "with"
+        raise RunDirError(f"{checkpoint} was written by a run {written} train.distributed fsdp; resume it with the "
+                          "train.distributed it was trained with")
+    saved_optimizer = torch.load(checkpoint / "optimizer.pt", weights_only=True, map_location="cpu")
+    (load_optimizer or optimizer.load_state_dict)(saved_optimizer)
     saved = torch.load(checkpoint / "scheduler.pt", weights_only=True)
     for key, scheduler in schedulers.items():
         if scheduler is not None and key in saved:
             scheduler.load_state_dict(saved[key])
     _set_rng_state(torch.load(checkpoint / "rng.pt", weights_only=True))
-    return load_state(checkpoint)
+    return state
 
 
 def _state_bytes(state: dict[str, Any]) -> int:

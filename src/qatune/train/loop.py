@@ -27,7 +27,8 @@ from qatune.model.folder import save_model
 from qatune.model.objectives import count_items, count_tokens, model_inputs
 from qatune.runs import layout
 from qatune.speedups import Speedups
-from qatune.train.checkpoint import TrainState, checkpoint_step, model_folder_from, restore, save_checkpoint
+from qatune.train import sharding
+from qatune.train.checkpoint import TrainState, model_folder_from, restore, save_checkpoint
 from qatune.train.device import make_accelerator
 from qatune.train.guard import NonFiniteGuard
 from qatune.train.logs import LogWindow, MetricsLog
@@ -90,7 +91,7 @@ def train_step(loop: Loop, window: list[dict[str, torch.Tensor]]) -> dict[str, A
     for i, batch in enumerate(window):
         speedups.before_forward(batch)
         # Gradients are synchronised across processes only on the window's last micro-batch.
-        with accelerator.no_sync(objective) if i < len(window) - 1 else nullcontext():
+        with loop.no_sync() if i < len(window) - 1 else nullcontext():
             out = objective(**model_inputs(batch))
             accelerator.backward(out["loss_sum"] * accelerator.num_processes / items)
         speedups.after_backward()
@@ -149,13 +150,19 @@ class Loop:
     metrics_log: MetricsLog
     logged: LogWindow = field(default_factory=LogWindow)
     last_checkpoint: Path | None = None
+    checkpointed: int | None = None
+    """The step of the last checkpoint written (known to every process; its path only to the main one)."""
 
     @classmethod
     def setup(cls, prepared: Prepared, run_dir: Path | None, resume_from: Path | None) -> Loop:
         config, train_cfg = prepared.config, prepared.config.train
         accelerator = make_accelerator(config, prepared.precision)
-        speedups = Speedups(train_cfg.speedups, prepared.precision, accelerator.device, accelerator.num_processes)
+        sharded = train_cfg.distributed == "fsdp"
+        speedups = Speedups(train_cfg.speedups, prepared.precision, accelerator.device, accelerator.num_processes,
+                            sharded=sharded)
         objective = speedups.attach(prepared.model, config.task, max(prepared.dataset.lengths, default=0))
+        if sharded:
+            log.info("%s", sharding.shard(prepared.model, prepared.precision, accelerator.device))
         collator = speedups.collator(prepared.collator)
         optimizer = build_optimizer(speedups.parameters(objective), train_cfg.learning_rate, train_cfg.weight_decay)
         sampler = training_batches(prepared.dataset, config)
@@ -164,7 +171,10 @@ class Loop:
         # resumed run sees the same dropout masks as an uninterrupted one.
         loader = torch.utils.data.DataLoader(prepared.dataset, batch_sampler=sampler, collate_fn=collator,
                                              generator=torch.Generator().manual_seed(config.seed))
-        objective, optimizer, loader = accelerator.prepare(objective, optimizer, loader)
+        if sharded:  # accelerate would wrap the sharded model in DDP: it prepares the optimizer and data only
+            optimizer, loader = accelerator.prepare(optimizer, loader)
+        else:
+            objective, optimizer, loader = accelerator.prepare(objective, optimizer, loader)
         warmup, decay = build_schedulers(optimizer, config)
         schedulers = {"warmup": warmup, "decay": decay}
         main = accelerator.is_main_process
@@ -172,7 +182,10 @@ class Loop:
                                  tensorboard=train_cfg.report_to == "tensorboard")
         state = TrainState()
         if resume_from is not None:
-            state = restore(resume_from, optimizer, schedulers)
+            state = (restore(resume_from, optimizer, schedulers, optimizer_format=sharding.OPTIMIZER_FORMAT,
+                             load_optimizer=lambda saved: sharding.load_optimizer_state(
+                                 prepared.model, _torch_optimizer(optimizer), saved))
+                     if sharded else restore(resume_from, optimizer, schedulers))
             metrics_log.truncate_after(state.step)
             at = (f"epoch {state.epoch + 1} of {train_cfg.epochs}" if state.epoch < train_cfg.epochs
                   else f"after epoch {state.epoch} of {train_cfg.epochs}")
@@ -181,6 +194,8 @@ class Loop:
                                prepared.precision, state.bad_steps)
         clip = (speedups.clipper(accelerator, optimizer, train_cfg.max_grad_norm)
                 or gradient_clipper(accelerator, speedups.parameters(objective), train_cfg.max_grad_norm))
+        if sharded:
+            clip = _whole(clip)
         log.info("%s", speedups.describe())
         return cls(prepared, run_dir, accelerator, speedups, objective, optimizer, loader, sampler, clip, schedulers,
                    state, guard, metrics_log, LogWindow.restored(state.log_window))
@@ -197,6 +212,23 @@ class Loop:
     def task(self) -> str:
         return self.prepared.config.task
 
+    @property
+    def sharded(self) -> bool:
+        return self.prepared.config.train.distributed == "fsdp"
+
+    def no_sync(self) -> Any:
+        """A context in which backward accumulates gradients without synchronising them across processes."""
+        if self.sharded:
+            return sharding.without_gradient_sync(self.model())
+        return self.accelerator.no_sync(self.objective)
+
+    def gathered(self, optimizer: bool = True) -> tuple[dict[str, Any], dict[str, Any] | None] | None:
+        """A sharded model's weights (and optimizer state) gathered whole on the main process, every process
+        taking part; None for a model that is not sharded (each is read from the model itself)."""
+        if not self.sharded:
+            return None
+        return sharding.gathered_state(self.model(), _torch_optimizer(self.optimizer) if optimizer else None)
+
     def model(self) -> torch.nn.Module:
         return self.accelerator.unwrap_model(self.objective).model
 
@@ -205,6 +237,8 @@ class Loop:
         return self.speedups.full_precision()
 
     def named_grads(self) -> Iterator[tuple[str, torch.Tensor]]:
+        if self.sharded:
+            return sharding.named_full_grads(self.model())
         return self.speedups.named_grads(self.model())
 
     def total_steps(self) -> int:
@@ -254,7 +288,13 @@ class Loop:
             run_dir = self.run_dir if self.main else None
             with self.full_precision():
                 improved = evaluate_epoch(self.prepared, self.model(), run_dir, self.state, self.metrics_log,
-                                          self.accelerator)
+                                          self.accelerator, split=not self.sharded)
+                if improved and self.run_dir is not None:
+                    gathered = self.gathered(optimizer=False)
+                    if self.main:
+                        prepared = self.prepared
+                        save_model(self.run_dir / layout.BEST, self.model(), prepared.tokenizer, prepared.config,
+                                   prepared.info, gathered[0] if gathered else None)
             if improved:
                 self.state.best_checkpoint = f"step-{self.state.step:07d}"
         if before_checkpoint is not None and self.main:
@@ -272,26 +312,36 @@ class Loop:
         return False
 
     def checkpoint(self) -> Path | None:
-        if self.run_dir is None or not self.main:
+        if self.run_dir is None:
             return None
+        self.checkpointed = self.state.step
         prepared = self.prepared
         self.state.log_window = self.logged.state()
+        if self.sharded:
+            self.state.optimizer_format = sharding.OPTIMIZER_FORMAT
         with self.full_precision():
+            gathered = self.gathered()
+            if not self.main:
+                return None
             self.last_checkpoint = save_checkpoint(self.run_dir, self.state, self.model(), prepared.tokenizer,
                                                    prepared.config, prepared.info, self.optimizer, self.schedulers,
-                                                   prepared.config.train.keep_checkpoints)
+                                                   prepared.config.train.keep_checkpoints, gathered)
         return self.last_checkpoint
 
     def finish(self) -> dict[str, Any]:
         """final/ (by the main process) and the result summary."""
         self.metrics_log.close()
         self.speedups.finish()
-        if self.run_dir is not None and self.main:
+        if self.run_dir is not None:
             prepared, final = self.prepared, self.run_dir / layout.FINAL
-            if self.last_checkpoint is not None and checkpoint_step(self.last_checkpoint) == self.state.step:
-                model_folder_from(self.last_checkpoint, final)  # the same weights, just written
+            if self.checkpointed == self.state.step:  # the same weights, just written
+                if self.main:
+                    model_folder_from(self.last_checkpoint, final)
             else:
-                save_model(final, self.model(), prepared.tokenizer, prepared.config, prepared.info)
+                gathered = self.gathered(optimizer=False)
+                if self.main:
+                    save_model(final, self.model(), prepared.tokenizer, prepared.config, prepared.info,
+                               gathered[0] if gathered else None)
         self.accelerator.wait_for_everyone()
         state = self.state
         return {"steps": state.step, "first_train_loss": state.first_loss, "final_train_loss": state.last_loss,
@@ -311,6 +361,19 @@ def _log_prefix_batches(sampler: LengthGroupedBatches, config: Any, speedups: Sp
         why = ("the prompts are trained on too (train.train_on_prompt)" if train_cfg.train_on_prompt
                else "no rows share a long prompt prefix (one context)")
         log.info("batches: train.group_by_prefix keeps no rows together: %s", why)
+
+
+def _torch_optimizer(optimizer: Any) -> torch.optim.Optimizer:
+    """The torch optimizer inside accelerate's wrapper."""
+    return getattr(optimizer, "optimizer", optimizer)
+
+
+def _whole(clip: Callable[[], Any]) -> Callable[[], torch.Tensor]:
+    """A clipper whose norm, computed over every process's shards (a replicated DTensor), comes back as a tensor."""
+    def clipped() -> torch.Tensor:
+        norm = clip()
+        return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+    return clipped
 
 
 def windows(loader: Any, accum: int) -> Iterator[list[dict[str, torch.Tensor]]]:

@@ -13,6 +13,7 @@ from qatune.config import Config
 from qatune.data.validate import raise_for_errors
 from qatune.errors import TrainingError
 from qatune.runs import layout
+from qatune.train import sharding
 from qatune.train.device import is_main_process
 from qatune.train.loop import fit
 from qatune.train.preparation import Prepared, prepare
@@ -25,6 +26,8 @@ log = logging.getLogger("qatune")
 def prepare_checked(config: Config) -> Prepared:
     """``prepare``, its warnings logged and its errors raised."""
     prepared = prepare(config)
+    if config.train.distributed == "fsdp" and prepared.model is not None:
+        sharding.check_shardable(prepared.model)
     for finding in prepared.findings:
         if finding.level == "warning":
             log.warning("warning: %s", finding.message)

@@ -13,6 +13,7 @@ from qatune.errors import RunDirError
 from qatune.model.folder import ModelInfo, save_model
 from qatune.runs import layout
 from qatune.runs.lock import RunLock
+from qatune.train import sharding
 from qatune.train.device import is_main_process
 from qatune.train.outcome import fingerprint, prepare_checked, run_and_record
 from qatune.train.resume import resume_run
@@ -24,6 +25,7 @@ def train(config: Config, output_dir: str | Path | None = None, overwrite: bool 
 
     ``resume``: a run directory or checkpoint to continue from ("" for the config's output_dir).
     """
+    sharding.check_setup(config)
     run_dir = Path(output_dir or config.output_dir)
     if output_dir is not None:
         config = config.model_copy(update={"output_dir": str(output_dir)})

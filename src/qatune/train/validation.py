@@ -1,4 +1,4 @@
-"""Validation after each epoch: metrics, predictions-validation.csv, best/ when the chosen metric improves."""
+"""Validation after each epoch: metrics, predictions-validation.csv, whether the chosen metric improved."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ from typing import Any
 import torch
 
 from qatune.inference.evaluate import evaluation_parts, metrics_from, write_predictions
-from qatune.model.folder import save_model
 from qatune.runs import layout
 from qatune.train.checkpoint import TrainState
 from qatune.train.logs import MetricsLog
@@ -19,18 +18,21 @@ log = logging.getLogger("qatune")
 
 
 def evaluate_epoch(prepared: Prepared, model: torch.nn.Module, run_dir: Path | None, state: TrainState,
-                   metrics_log: MetricsLog, accelerator: Any) -> bool:
-    """Evaluate on the validation rows; save best/ when the chosen metric improves. Returns whether it did.
+                   metrics_log: MetricsLog, accelerator: Any, split: bool = True) -> bool:
+    """Evaluate on the validation rows; returns whether the chosen metric improved (the caller saves best/).
 
-    With several processes each evaluates every n-th row; predictions and loss sums are gathered so
-    that every process computes the same metrics (and takes the same early-stopping decision).
+    With several processes each evaluates every n-th row (``split``); predictions and loss sums are gathered so
+    that every process computes the same metrics (and takes the same early-stopping decision). A sharded model
+    is not split: its forwards gather weights from every process, so all evaluate every row, in step, through
+    the model's own forward (the speed paths call its parts, which would not gather).
     """
     config, records = prepared.config, prepared.eval_records
-    rank, world = accelerator.process_index, accelerator.num_processes
+    rank, world = (accelerator.process_index, accelerator.num_processes) if split else (0, 1)
     mine = list(range(rank, len(records), world))
     predictions, loss_sum, count = evaluation_parts(model, prepared.tokenizer, prepared.info,
                                                     [records[i] for i in mine], config.generate,
-                                                    config.train.eval_batch_size, speedups=config.train.speedups)
+                                                    config.train.eval_batch_size,
+                                                    speedups=config.train.speedups if split else "off")
     if world > 1:
         from accelerate.utils import gather_object
 
@@ -51,8 +53,6 @@ def evaluate_epoch(prepared: Prepared, model: torch.nn.Module, run_dir: Path | N
         return False
     state.best = {**metrics, "epoch": state.epoch, "step": state.step}
     state.stale_evals = 0
-    if run_dir is not None:
-        save_model(run_dir / layout.BEST, model, prepared.tokenizer, config, prepared.info)
     return True
 
 

@@ -1,0 +1,164 @@
+"""train.distributed: fsdp on two CPU processes (gloo): the model sharded block by block (DTensors on dim 0, half on
+each process), every logged loss and every final weight the same as one process with gradient accumulation (a
+tiny GPT-2 from scratch, a tiny Llama from a local folder, LoRA), the global gradient norm clipped, a checkpoint
+resumed exactly, and the set-ups it cannot train refused in one line."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from safetensors.torch import load_file
+
+from tests.conftest import ROOT, chat_tokenizer, tiny_llama
+
+pytestmark = pytest.mark.slow
+
+ROWS = [(f"what is item {i}?", f"thing {i * 7}") for i in range(32)]
+
+
+def qatune(*args, processes=1):
+    """``qatune ARGS`` in a child process (``--num-processes`` launches torchrun from it); its stderr."""
+    extra = ["--num-processes", str(processes)] if processes > 1 else []
+    done = subprocess.run([sys.executable, "-m", "qatune", *map(str, args), *extra], capture_output=True, text=True,
+                          cwd=ROOT, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stderr
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("data")
+    (tmp / "qa.csv").write_text("question,answer\n" + "".join(f"{q},{a}\n" for q, a in ROWS))
+    (tmp / "held.csv").write_text("question,answer\n" + "".join(f"{q},{a}\n" for q, a in ROWS[::3]))
+    return tmp
+
+
+def config(tmp_path, data, model, *extra):
+    path = tmp_path / "c.yaml"
+    path.write_text(textwrap.dedent(f"""
+        model: {model}
+        data: {{train_file: {data / "qa.csv"}, eval_file: {data / "held.csv"}}}
+        train: {{epochs: 2, batch_size: 4, logging_steps: 1, learning_rate: 3.0e-3, precision: fp32,
+                 keep_checkpoints: 10}}
+        """) + "".join(f"{line}\n" for line in extra))
+    return path
+
+
+def train_both(tmp_path, path, *sets):
+    """The config on two processes with fsdp, and on one (speed paths off: fsdp has none) with accumulation 2."""
+    sets = [arg for item in sets for arg in ("--set", item)]
+    two = qatune("train", "--config", path, "--output-dir", tmp_path / "two", "--quiet", "--set",
+                 "train.distributed=fsdp", *sets, processes=2)
+    qatune("train", "--config", path, "--output-dir", tmp_path / "one", "--quiet", "--set",
+           "train.gradient_accumulation_steps=2", "--set", "train.speedups=off", *sets)
+    return two
+
+
+def metrics(run):
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def assert_same_steps(a, b, rel=1e-5, weights=True):
+    ma, mb = metrics(a), metrics(b)
+    assert [(m["event"], m["step"]) for m in ma] == [(m["event"], m["step"]) for m in mb]
+    for x, y in zip(ma, mb, strict=True):
+        assert abs(x["loss"] - y["loss"]) <= rel * abs(x["loss"]), (x, y)
+        if x["event"] == "eval":
+            assert (x["exact_match"], x["f1"], x["num_examples"]) == (y["exact_match"], y["f1"], y["num_examples"])
+        else:
+            assert abs(x["grad_norm"] - y["grad_norm"]) <= rel * x["grad_norm"]  # the global norm, not a shard's
+    if weights:
+        for name in ("model.safetensors", "adapter_model.safetensors"):
+            if (a / "final" / name).is_file():
+                wa, wb = load_file(a / "final" / name), load_file(b / "final" / name)
+                assert sorted(wa) == sorted(wb)
+                for key in wa:
+                    scale = float(wa[key].abs().max()) or 1.0
+                    assert float((wa[key] - wb[key]).abs().max()) <= rel * scale, key
+
+
+def test_gpt2_matches_one_process_and_resumes_exactly(tmp_path, data):
+    # Without clipping the updates are identical; with it, the norm is summed in another order (last digits).
+    path = config(tmp_path, data, "{scratch: {n_layer: 2, n_embd: 32, n_head: 2, vocab_size: 300}}")
+    log = train_both(tmp_path, path, "train.max_grad_norm=null", "train.save_every=3")
+    assert "fsdp: 2 FSDPGPT2Block units and the root, sharded on 2 processes: 0.02M of 0.04M parameters" in log
+    assert "speedups (auto): none on: train.distributed is fsdp" in log
+    assert_same_steps(tmp_path / "one", tmp_path / "two")
+    files = sorted(str(p.relative_to(tmp_path / "two")) for p in (tmp_path / "two").rglob("*") if p.is_file())
+    assert files == sorted(str(p.relative_to(tmp_path / "one")) for p in (tmp_path / "one").rglob("*")
+                           if p.is_file())
+    assert "checkpoints/step-0000003/model.safetensors" in files and "best/model.safetensors" in files
+    # A checkpoint written at step 3 continues as the run that never stopped.
+    resumed = tmp_path / "resumed"
+    shutil.copytree(tmp_path / "two", resumed)
+    qatune("train", "--resume", resumed / "checkpoints" / "step-0000003", "--quiet", processes=2)
+    assert_same_steps(tmp_path / "two", resumed, rel=1e-6)
+    # With clipping: the same steps to the last digits of the norm.
+    shutil.rmtree(tmp_path / "one")
+    shutil.rmtree(tmp_path / "two")
+    train_both(tmp_path, path)
+    assert_same_steps(tmp_path / "one", tmp_path / "two", weights=False)
+
+
+@pytest.fixture(scope="module")
+def llama_folder(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("llama") / "tiny-llama"
+    tokenizer = chat_tokenizer([f"{q} {a}" for q, a in ROWS] * 3, vocab_size=400)
+    tiny_llama(tokenizer).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_llama_matches_one_process(lora, tmp_path, data, llama_folder):
+    lora_yaml = ", lora: {r: 4, alpha: 8, dropout: 0.0}" if lora else ""
+    path = config(tmp_path, data, f"{{name_or_path: {llama_folder}{lora_yaml}}}")
+    log = train_both(tmp_path, path, "train.max_grad_norm=null")
+    assert "fsdp: 1 FSDPLlamaDecoderLayer units and the root" in log
+    assert_same_steps(tmp_path / "one", tmp_path / "two")
+
+
+SHARDED = """
+import torch, torch.distributed as dist
+from torch.distributed.tensor import DTensor, Shard
+from tests.conftest import chat_tokenizer, tiny_llama
+from qatune.train.sharding import shard
+dist.init_process_group("gloo")
+model = tiny_llama(chat_tokenizer())
+total = sum(p.numel() for p in model.parameters())
+print(shard(model, "fp32", torch.device("cpu")))
+params = list(model.parameters())
+assert all(isinstance(p, DTensor) and p.placements == (Shard(0),) for p in params)
+local = sum(p.to_local().numel() for p in params)
+print(f"rank {dist.get_rank()}: {local} of {total}")
+assert model.lm_head.weight is model.model.embed_tokens.weight
+dist.destroy_process_group()
+"""
+
+
+def test_parameters_are_dtensors_split_on_dim0(tmp_path):
+    script = tmp_path / "sharded.py"
+    script.write_text(SHARDED)
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                           str(script)], capture_output=True, text=True, cwd=ROOT, check=False,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, done.stdout + done.stderr
+    shares = [line.split(": ", 1)[1].split(" of ") for line in done.stdout.splitlines() if line.startswith("rank ")]
+    assert len(shares) == 2
+    assert sum(int(local) for local, _ in shares) == int(shares[0][1])
+    assert all(0.4 < int(local) / int(total) < 0.6 for local, total in shares)
+
+
+def test_fsdp_needs_several_processes(tmp_path, data):
+    path = config(tmp_path, data, "{scratch: {n_layer: 1, n_embd: 32, n_head: 2, vocab_size: 300}}")
+    done = subprocess.run([sys.executable, "-m", "qatune", "train", "--config", str(path), "--output-dir",
+                           str(tmp_path / "run"), "--set", "train.distributed=fsdp"], capture_output=True, text=True,
+                          cwd=ROOT, check=False)
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert ("error: train.distributed fsdp shards the model across processes, and this run has one; train with "
+            "--num-processes N (N >= 2) or torchrun") in done.stderr
+    assert not (tmp_path / "run").exists()
