@@ -162,3 +162,24 @@ def test_fsdp_needs_several_processes(tmp_path, data):
     assert ("error: train.distributed fsdp shards the model across processes, and this run has one; train with "
             "--num-processes N (N >= 2) or torchrun") in done.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_two_nodes_over_loopback(tmp_path, data):
+    """The same run launched as two one-process "nodes" by torchrun with a c10d rendezvous, as on two machines."""
+    import socket
+
+    path = config(tmp_path, data, "{scratch: {n_layer: 2, n_embd: 32, n_head: 2, vocab_size: 300}}")
+    qatune("train", "--config", path, "--output-dir", tmp_path / "single", "--quiet", "--set",
+           "train.distributed=fsdp", processes=2)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    nodes = [subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc_per_node", "1", "--node_rank",
+         str(rank), "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "qatune-test",
+         "-m", "qatune", "train", "--config", str(path), "--output-dir", str(tmp_path / "nodes"), "--quiet",
+         "--set", "train.distributed=fsdp"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for rank in (0, 1)]
+    outputs = [node.communicate(timeout=600)[0] for node in nodes]
+    assert [node.returncode for node in nodes] == [0, 0], "\n".join(outputs)
+    assert_same_steps(tmp_path / "single", tmp_path / "nodes", rel=1e-6)
