@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import resource
+import sys
 from typing import Any
 
 import torch
@@ -40,3 +42,11 @@ def seed_everything(seed: int) -> None:
     from accelerate.utils import set_seed
 
     set_seed(seed)
+
+
+def peak_memory_mb(device: torch.device) -> float:
+    """This process's peak memory so far, in MiB: what CUDA allocated on a GPU, the resident set size on a CPU."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
+    return peak / 2**20 if sys.platform == "darwin" else peak / 2**10

@@ -29,7 +29,7 @@ from qatune.runs import layout
 from qatune.speedups import Speedups
 from qatune.train import sharding
 from qatune.train.checkpoint import TrainState, model_folder_from, restore, save_checkpoint
-from qatune.train.device import make_accelerator
+from qatune.train.device import make_accelerator, peak_memory_mb
 from qatune.train.guard import NonFiniteGuard
 from qatune.train.logs import LogWindow, MetricsLog
 from qatune.train.optim import build_optimizer, build_schedulers, gradient_clipper
@@ -265,6 +265,7 @@ class Loop:
         if state.step == 1 or state.step % train_cfg.logging_steps == 0:
             record = self.logged.flush(step=state.step, epoch=state.epoch + 1, lr=done["lr"],
                                        grad_norm=done["grad_norm"], supervised=done["items"])
+            record["peak_memory_mb"] = round(peak_memory_mb(self.accelerator.device), 1)
             self.metrics_log.write({"event": "train", **record})
             bar.set_postfix(loss=f"{record['loss']:.4f}", lr=f"{done['lr']:.2e}",
                             tok_s=f"{record['tokens_per_s']:.0f}")
@@ -345,7 +346,15 @@ class Loop:
         self.accelerator.wait_for_everyone()
         state = self.state
         return {"steps": state.step, "first_train_loss": state.first_loss, "final_train_loss": state.last_loss,
-                "best_eval": state.best, "nonfinite_steps": self.guard.bad_steps}
+                "best_eval": state.best, "nonfinite_steps": self.guard.bad_steps,
+                "peak_memory_mb": self.peak_memory()}
+
+    def peak_memory(self) -> float:
+        """The highest peak memory of any process (MiB): resident set size on CPU, CUDA's allocation on a GPU."""
+        peak = torch.tensor([peak_memory_mb(self.accelerator.device)], device=self.accelerator.device)
+        if self.processes > 1:
+            peak = self.accelerator.gather(peak).max()
+        return round(float(peak), 1)
 
 
 def _log_prefix_batches(sampler: LengthGroupedBatches, config: Any, speedups: Speedups) -> None:

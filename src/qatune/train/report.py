@@ -62,6 +62,9 @@ def write_report(run_dir: str | Path, drawn: Future[bytes | None] | None = None)
         text.append(f"- {result.get('steps', train[-1]['step'])} optimizer steps; training loss "
                     f"{_num(result.get('first_train_loss', train[0]['loss']))} at step 1 -> "
                     f"{_num(result.get('final_train_loss', train[-1]['loss']))} at the end")
+    if result.get("peak_memory_mb"):
+        text.append(f"- peak memory: {result['peak_memory_mb'] / 1024:.2f} GiB in the largest process "
+                    "(resident set size on a CPU, CUDA's allocation on a GPU)")
     if result.get("nonfinite_steps"):
         text.append(f"- non-finite steps (not applied): {result['nonfinite_steps']}")
     text += ["", f"![loss and learning rate]({plot.name})" if plot else "(loss.png not written: matplotlib is "

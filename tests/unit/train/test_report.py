@@ -71,3 +71,18 @@ def test_the_plot_is_drawn_on_its_own_thread_while_the_last_checkpoint_is_writte
     assert order == ["checkpoint 1", "plot started", "checkpoint 2"]  # 2 epochs of 1 step
     assert len(drawn) == 1 and drawn[0][0].startswith("qatune-plot") and drawn[0][1] == logged
     assert (run_dir / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_peak_memory_is_measured_and_reported(tmp_path):
+    """The process's peak resident set size: in every metrics line, in run.json, and in the report."""
+    import resource
+
+    run_dir = run(tmp_path)
+    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    peaks = [line["peak_memory_mb"] for line in lines if line["event"] == "train"]
+    now = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # this test's process trained the run
+    assert peaks == sorted(peaks) and 100 < peaks[0] and peaks[-1] <= now
+    result = json.loads((run_dir / "run.json").read_text())["result"]
+    assert peaks[-1] <= result["peak_memory_mb"] <= now
+    assert (f"- peak memory: {result['peak_memory_mb'] / 1024:.2f} GiB in the largest process (resident set size "
+            "on a CPU, CUDA's allocation on a GPU)") in (run_dir / "report.md").read_text().splitlines()
