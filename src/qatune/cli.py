@@ -256,9 +256,12 @@ def generate(run_dir: str, question: str | None, context: str | None, context_fi
               help="Also train a few dozen steps on N rows; fail if the loss does not fall near zero.")
 @click.option("--overfit-steps", type=click.IntRange(min=1), default=50, show_default=True,
               help="Optimizer steps of the --overfit run.")
+@click.option("--processes", type=click.IntRange(min=2), default=2, show_default=True,
+              help="The number of processes the memory estimate considers DDP and FSDP on.")
 @verbose_option
-def check(config_path: str, overrides: tuple[str, ...], as_json: bool, overfit: int | None, overfit_steps: int) -> None:
-    """Check config, data, tokenization and settings before training.
+def check(config_path: str, overrides: tuple[str, ...], as_json: bool, overfit: int | None, overfit_steps: int,
+          processes: int) -> None:
+    """Check config, data, tokenization and settings before training, and estimate the memory it needs.
 
     Exit code 0 when fit to train (warnings allowed), 1 when there are errors.
     """
@@ -266,7 +269,8 @@ def check(config_path: str, overrides: tuple[str, ...], as_json: bool, overfit: 
     from qatune.config import load_config
 
     try:
-        report = run_check(load_config(config_path, overrides), overfit=overfit, overfit_steps=overfit_steps)
+        report = run_check(load_config(config_path, overrides), overfit=overfit, overfit_steps=overfit_steps,
+                           processes=processes)
     except QatuneError as exc:
         if as_json:  # scripts read stdout: a problem that stops the check is JSON there too (and the line on stderr)
             click.echo(json.dumps({"ok": False, "error": str(exc)}, indent=2, ensure_ascii=False))

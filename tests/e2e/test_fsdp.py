@@ -88,6 +88,13 @@ def test_gpt2_matches_one_process_and_resumes_exactly(tmp_path, data):
     assert "fsdp: 2 FSDPGPT2Block units and the root, sharded on 2 processes: 0.02M of 0.04M parameters" in log
     assert "speedups (auto): none on: train.distributed is fsdp" in log
     assert_same_steps(tmp_path / "one", tmp_path / "two")
+    # qatune check's estimates of the peak per process, against the peaks the runs measured.
+    check = subprocess.run([sys.executable, "-m", "qatune", "check", "--config", str(path), "--json"],
+                           capture_output=True, text=True, cwd=ROOT, check=True)
+    estimated = {s["setup"]: s["total_gib"] for s in json.loads(check.stdout)["memory"]["setups"]}
+    for setup, run in (("1 process", "one"), ("fsdp x 2", "two")):
+        measured = json.loads((tmp_path / run / "run.json").read_text())["result"]["peak_memory_mb"] / 1024
+        assert 0.7 * measured <= estimated[setup] <= 1.3 * measured, (setup, estimated, measured)
     files = sorted(str(p.relative_to(tmp_path / "two")) for p in (tmp_path / "two").rglob("*") if p.is_file())
     assert files == sorted(str(p.relative_to(tmp_path / "one")) for p in (tmp_path / "one").rglob("*")
                            if p.is_file())

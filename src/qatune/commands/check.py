@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from qatune.config import Config
+from qatune.config import Config, LoraSettings
 from qatune.data.generative import PromptEncoder, percentile
 from qatune.data.padding import IGNORE_INDEX
 from qatune.data.spreadsheet import describe_validation, normalize_question
@@ -15,14 +15,17 @@ from qatune.data.templates import PromptTemplate
 from qatune.data.validate import error, warning
 from qatune.errors import row_list
 from qatune.train import Prepared, fit, prepare
+from qatune.train.memory import GIB, available_bytes, estimate, meta_model, resident_bytes, verdicts
 
 OVERFIT_STEPS = 50
 OVERFIT_TARGET = 0.1
 """Loss per supervised token (or window) the overfit run must reach (or 1/20 of where it started)."""
 
 
-def run_check(config: Config, overfit: int | None = None, overfit_steps: int = OVERFIT_STEPS) -> dict[str, Any]:
-    """The report as a dict (``ok`` is False when there is an error finding)."""
+def run_check(config: Config, overfit: int | None = None, overfit_steps: int = OVERFIT_STEPS,
+              processes: int = 2) -> dict[str, Any]:
+    """The report as a dict (``ok`` is False when there is an error finding). ``processes``: the number of
+    processes the memory estimate also considers DDP and FSDP on."""
     prepared = prepare(config, with_model=False)
     findings = list(prepared.findings)
     report: dict[str, Any] = {
@@ -42,6 +45,9 @@ def run_check(config: Config, overfit: int | None = None, overfit_steps: int = O
                                                         "learns to stop"))
     else:
         report.update(_extractive_section(prepared))
+    report["memory"], memory_finding = _memory(prepared, processes)
+    if memory_finding is not None:
+        findings.append(memory_finding)
     if not prepared.eval_records:
         findings.append(warning("no-validation", "no validation data: set data.eval_file or data.validation_fraction "
                                                  "to see exact match/F1 after every epoch and keep the best model"))
@@ -52,6 +58,47 @@ def run_check(config: Config, overfit: int | None = None, overfit_steps: int = O
     report["findings"] = [f.to_dict() for f in findings]
     report["ok"] = not any(f.level == "error" for f in findings)
     return report
+
+
+def _memory(prepared: Prepared, processes: int) -> tuple[dict[str, Any], Any]:
+    """The estimated peak per process of each set-up, whether it fits, and a warning with the cheapest change
+    that makes the configured one fit."""
+    config = prepared.config
+    items = prepared.dataset.items
+    longest = max(prepared.dataset.lengths, default=0)
+    supervised = max((len(i.input_ids) - i.prompt_length for i in items if hasattr(i, "prompt_length")), default=0)
+    rows = config.train.batch_size
+    model = meta_model(config, prepared.tokenizer, prepared.info.seq2seq)
+    baseline = resident_bytes()  # what a training process holds besides the model: libraries, data, tokenizer
+
+    def setups(batch_rows: int, model: Any = model) -> list[Any]:
+        return estimate(model, config, prepared.precision, (batch_rows, longest), supervised, processes, baseline)
+
+    available, where = available_bytes()
+    shared = where.startswith("RAM")
+    table = verdicts(setups(rows), available, shared)
+    memory = {"available_gib": round(available / GIB, 2), "device": where, "batch": [rows, longest],
+              "setups": table}
+    configured = table[0] if config.train.distributed == "ddp" or len(table) < 3 else table[2]
+    if configured["fits"]:
+        return memory, None
+    options = []
+    if rows > 1:
+        half = verdicts(setups(rows // 2), available, shared)[0]
+        options.append((half, f"train.batch_size {rows // 2} with train.gradient_accumulation_steps "
+                              f"{2 * config.train.gradient_accumulation_steps} (the same updates)"))
+    if len(table) > 2:
+        options.append((table[2], f"train.distributed fsdp on {processes} processes"))
+    if config.model.lora is None:
+        lora = config.model_copy(update={"model": config.model.model_copy(update={"lora": LoraSettings()})})
+        with_lora = estimate(meta_model(lora, prepared.tokenizer, prepared.info.seq2seq), lora, prepared.precision,
+                             (rows, longest), supervised, 1, baseline)
+        options.append((verdicts(with_lora, available, shared)[0], "LoRA adapters (model.lora: {r: 16})"))
+    fitting = next((how for verdict, how in options if verdict["fits"]), None)
+    advice = f"; {fitting} fits" if fitting else "; none of a smaller batch, fsdp or LoRA fits either"
+    return memory, warning("memory", f"the {configured['setup']} set-up needs an estimated "
+                                     f"{configured['needed_gib']:.1f} GiB and the device has {available / GIB:.1f} GiB "
+                                     f"({where}){advice}")
 
 
 def _leakage(prepared: Prepared) -> dict[str, Any]:
@@ -197,6 +244,14 @@ def render_report(report: dict[str, Any]) -> str:
                   "  examples (labelled span inside ⟦ ⟧):"]
     for example in report["examples"]:
         lines += ["    " + line for line in example.splitlines()] + [""]
+    memory = report["memory"]
+    lines += ["Memory (estimated peak per process; batch of "
+              f"{memory['batch'][0]} rows x {memory['batch'][1]} tokens)"]
+    for setup in memory["setups"]:
+        parts = ", ".join(f"{name} {gib:.2f}" for name, gib in setup["parts_gib"].items())
+        lines.append(f"  {setup['setup']:<12} {setup['total_gib']:6.2f} GiB ({parts}): "
+                     f"{'fits' if setup['fits'] else 'does NOT fit'}")
+    lines += [f"  available: {memory['available_gib']:.1f} GiB ({memory['device']})", ""]
     if "overfit" in report:
         lines += ["Overfit check", f"  {report['overfit']['message']}", ""]
     errors = [f for f in report["findings"] if f["level"] == "error"]
