@@ -48,5 +48,11 @@ def peak_memory_mb(device: torch.device) -> float:
     """This process's peak memory so far, in MiB: what CUDA allocated on a GPU, the resident set size on a CPU."""
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
-    return peak / 2**20 if sys.platform == "darwin" else peak / 2**10
+    try:
+        # The high-water mark of this program's own memory. getrusage's maxrss also keeps, across exec, the peak
+        # of the process it was forked from (a notebook, a test runner), which can be far larger.
+        with open("/proc/self/status", encoding="ascii") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:")) / 2**10
+    except (OSError, StopIteration, ValueError, IndexError):
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
+        return peak / 2**20 if sys.platform == "darwin" else peak / 2**10

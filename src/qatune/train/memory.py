@@ -137,5 +137,6 @@ def verdicts(estimates: list[Estimate], available: int, shared: bool) -> list[di
     out = []
     for e in estimates:
         needed = e.total * (e.processes if shared else 1)
-        out.append({**e.to_dict(), "needed_gib": round(needed / GIB, 3), "fits": needed <= 0.9 * available})
+        out.append({**e.to_dict(), "needed_gib": round(needed / GIB, 3), "needed_bytes": needed,
+                    "fits": needed <= 0.9 * available})
     return out

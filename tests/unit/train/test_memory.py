@@ -37,16 +37,20 @@ def test_parts_follow_the_model(tmp_path):
 
 def test_a_setup_that_does_not_fit_is_a_warning_with_the_cheapest_change(tmp_path, monkeypatch):
     config = tiny_config(tmp_path, ROWS, "train.batch_size=8")
-    report = run_check(config)
-    needed = report["memory"]["setups"][0]["needed_gib"]
-    monkeypatch.setattr("qatune.commands.check.available_bytes", lambda: (int(needed * 2**30 / 0.9) - 1,
+    monkeypatch.setattr("qatune.commands.check.resident_bytes", lambda: 0)  # the model's own needs alone
+    needed = run_check(config)["memory"]["setups"][0]["needed_bytes"]
+    half = run_check(tiny_config(tmp_path, ROWS, "train.batch_size=4"))["memory"]["setups"][0]["needed_bytes"]
+    assert half < needed
+    # A device between the two: the batch of 8 does not fit, half of it does.
+    monkeypatch.setattr("qatune.commands.check.available_bytes", lambda: (int((needed + half) / 2 / 0.9),
                                                                           "RAM available"))
     report = run_check(config)
     warning = next(f for f in report["findings"] if f["code"] == "memory")
     assert warning["level"] == "warning" and report["ok"]
-    assert warning["message"].startswith(f"the 1 process set-up needs an estimated {needed:.1f} GiB")
+    assert warning["message"].startswith(f"the 1 process set-up needs an estimated {needed / 2**30:.1f} GiB")
     assert warning["message"].endswith("; train.batch_size 4 with train.gradient_accumulation_steps 2 (the same "
                                        "updates) fits")
+    assert not report["memory"]["setups"][0]["fits"]
 
 
 @pytest.mark.slow
