@@ -80,8 +80,8 @@ def test_peak_memory_is_measured_and_reported(tmp_path):
     peaks = [line["peak_memory_mb"] for line in lines if line["event"] == "train"]
     status = open("/proc/self/status", encoding="ascii").read()  # this test's process trained the run
     now = int(status.split("VmHWM:")[1].split()[0]) / 1024
-    assert peaks == sorted(peaks) and 100 < peaks[0] and peaks[-1] <= now
+    assert peaks == sorted(peaks) and 100 < peaks[0] and peaks[-1] <= now + 0.05  # peaks are rounded to 0.1 MiB
     result = json.loads((run_dir / "run.json").read_text())["result"]
-    assert peaks[-1] <= result["peak_memory_mb"] <= now
+    assert peaks[-1] <= result["peak_memory_mb"] <= now + 0.05
     assert (f"- peak memory: {result['peak_memory_mb'] / 1024:.2f} GiB in the largest process (resident set size "
             "on a CPU, CUDA's allocation on a GPU)") in (run_dir / "report.md").read_text().splitlines()
