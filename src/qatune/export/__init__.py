@@ -1,2 +1,3 @@
 """Exports of a trained run for other tools: a plain transformers folder with LoRA adapters merged
-(merged.py)."""
+(merged.py), and a GGUF file for llama.cpp and Ollama (gguf.py: written by gguf_write.py, its prompt in
+gguf_prompt.py, checked by gguf_check.py)."""

@@ -8,8 +8,9 @@ import json
 import pytest
 
 from qatune.data.templates import PromptTemplate
-from qatune.export import gguf as export
-from qatune.export.gguf import ExportError, export_gguf, modelfile_prompt
+from qatune.export import gguf_write
+from qatune.export.gguf import ExportError, export_gguf
+from qatune.export.gguf_prompt import modelfile_prompt
 from qatune.model.folder import load_model_folder
 from tests.conftest import chat_tokenizer, cli_ok, tiny_llama
 from tests.serve_runs import train_run
@@ -106,7 +107,7 @@ def test_written_file_reads_back_and_answers_as_the_run(kind, quant, serve_run, 
              and key != "tokenizer.ggml.merges"}
     assert value["general.architecture"] == ("gpt2" if kind == "gpt2" else "llama")
     assert value["tokenizer.ggml.model"] == "gpt2" and value["tokenizer.ggml.pre"] == "gpt-2"
-    assert value["general.file_type"] == int(export._file_type(quant))
+    assert value["general.file_type"] == int(gguf_write._file_type(quant))
     loaded = load_model_folder(run)
     assert value["tokenizer.ggml.eos_token_id"] == loaded.tokenizer.eos_token_id
     assert len(fields["tokenizer.ggml.tokens"].data) == loaded.model.config.vocab_size
@@ -192,7 +193,7 @@ train: {{epochs: 1, batch_size: 4, learning_rate: 1.0e-4, precision: fp32, loggi
 def test_a_file_written_wrong_is_refused_and_not_left(llama_run, tmp_path, monkeypatch):
     """Keys' rows left in transformers' order (llama.cpp's rope reads them permuted): the check fails, says how,
     and nothing is written."""
-    monkeypatch.setattr(export, "_permute", lambda weights, heads, kv_heads: weights)
+    monkeypatch.setattr(gguf_write, "_permute", lambda weights, heads, kv_heads: weights)
     with pytest.raises(ExportError, match=r"does not answer as the run does: .*next tokens as the run's weights "
                                           r".*first differing answer: .*nothing was written"):
         export_gguf(llama_run, tmp_path / "wrong.gguf", "f32")

@@ -6,7 +6,9 @@ import pytest
 from click.testing import CliRunner
 
 from qatune.cli import cli
-from qatune.export.gguf import Check, chat_template, modelfile_prompt, pre_tokenizer, unsupported
+from qatune.export.gguf import Check, unsupported
+from qatune.export.gguf_prompt import chat_template, modelfile_prompt
+from qatune.export.gguf_write import pre_tokenizer
 from qatune.model.folder import LoadedModel, ModelInfo
 from tests.conftest import chat_tokenizer, tiny_llama
 

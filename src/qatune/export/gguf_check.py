@@ -1,0 +1,183 @@
+"""The check of a written GGUF file before it is put in place: read back by transformers' GGUF loader and asked
+the run's held-out rows. Its chat template and tokenizer must give the run's prompts, text and token ids; it must
+predict the next token at every position of prompt and gold answer as the run's own weights rounded to the file's
+precision do (it then holds exactly those weights), and as the run does within what the precision is expected to
+lose (:data:`AGREEMENT`). The share of identical greedy answers is measured and reported."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from qatune.config import GenerateConfig, with_reading_overrides
+from qatune.data.generative import PromptEncoder
+from qatune.data.spreadsheet import QARecord, load_from_config, split_validation
+from qatune.data.templates import PromptTemplate
+from qatune.export.gguf_write import ExportError, round_like_file
+from qatune.inference.generate import answer_questions
+from qatune.model.folder import LoadedModel
+from qatune.model.gguf_file import load_gguf_run
+
+AGREEMENT = {"f32": 0.995, "f16": 0.98, "bf16": 0.95, "q8_0": 0.93}
+"""The least share of next tokens a file of each precision must predict as the run does. f32 holds the run's
+weights exactly; f16 and bf16 round each weight to 11 and 8 significant bits, q8_0 to 8 bits per block of 32.
+A wrong tensor, permutation, hyper-parameter or tokenizer agrees on far less."""
+
+EXACT = 0.999
+"""The least share of next tokens the file must predict as the run's own weights do once rounded to the file's
+precision: what it holds is then exactly the run at that precision (a near tie may break the other way)."""
+
+CHECK_ROWS = 200
+
+
+@dataclass
+class Check:
+    """What the written file reproduced of the run, on ``rows`` held-out rows: its prompts, its greedy answers
+    and the next token it predicts at every position of prompt and gold answer, against the run's model and
+    against the run's model with its weights rounded as the file stores them."""
+
+    quant: str
+    rows: int
+    rows_from: str
+    prompts_identical: int
+    answers_identical: int
+    positions: int
+    next_tokens_agreeing: int
+    next_tokens_as_rounded: int
+    first_difference: dict[str, str] | None
+
+    @property
+    def answer_share(self) -> float:
+        return self.answers_identical / self.rows if self.rows else 1.0
+
+    @property
+    def token_share(self) -> float:
+        return self.next_tokens_agreeing / self.positions if self.positions else 1.0
+
+    @property
+    def rounded_share(self) -> float:
+        return self.next_tokens_as_rounded / self.positions if self.positions else 1.0
+
+    def passed(self) -> bool:
+        return (self.prompts_identical == self.rows and self.rounded_share >= EXACT
+                and self.token_share >= AGREEMENT[self.quant])
+
+    def line(self) -> str:
+        line = (f"{self.quant}: {self.answers_identical}/{self.rows} answers identical, next-token agreement "
+                f"{100 * self.token_share:.1f}%")
+        if self.quant != "f32":
+            line += f" ({100 * self.rounded_share:.1f}% with the run's weights rounded to {self.quant})"
+        return line
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"quant": self.quant, "rows": self.rows, "rows_from": self.rows_from,
+                "prompts_identical": self.prompts_identical, "answers_identical": self.answers_identical,
+                "answer_share": self.answer_share, "positions": self.positions,
+                "next_tokens_agreeing": self.next_tokens_agreeing, "next_token_share": self.token_share,
+                "next_tokens_as_rounded": self.next_tokens_as_rounded, "rounded_share": self.rounded_share,
+                "required": {"next_token_share": AGREEMENT[self.quant], "rounded_share": EXACT},
+                "passed": self.passed(), "line": self.line(), "first_difference": self.first_difference}
+
+
+def check_records(loaded: LoadedModel, data_file: str | Path | None, reading: list[str] | tuple[str, ...],
+                  rows: int) -> tuple[list[QARecord], str]:
+    """The rows the check asks, and where they come from."""
+    config = loaded.config
+    data = with_reading_overrides(config, list(reading)).data if reading else config.data
+    context = "{context}" in loaded.info.prompt_template
+    if data_file is not None:
+        records, _ = load_from_config(data, data_file, with_context=context)
+        where = str(data_file)
+    elif config.data.eval_file and Path(config.data.eval_file).is_file():
+        records, _ = load_from_config(data, config.data.eval_file, with_context=context)
+        where = f"{config.data.eval_file} (the run's data.eval_file)"
+    elif config.data.train_file and Path(config.data.train_file).is_file():
+        records, _ = load_from_config(data, config.data.train_file, with_context=context)
+        if config.data.validation_fraction > 0:
+            _, records = split_validation(records, config.data.validation_fraction, config.seed)
+            where = f"the run's validation rows of {config.data.train_file}"
+        else:
+            where = f"{config.data.train_file} (the run's training rows: it holds none out)"
+    else:
+        raise ExportError("the run's data files are not where its config says; pass --data FILE, a sheet of rows "
+                          "to check the exported file on")
+    if not records:
+        raise ExportError(f"no rows to check the exported file on in {where}")
+    return records[:rows], where
+
+
+def check_file(loaded: LoadedModel, path: Path, quant: str, records: list[QARecord], rows_from: str) -> Check:
+    """The written file read back by transformers and asked the run's questions: see :class:`Check`. Rounds
+    ``loaded.model``'s weights in place to the file's precision."""
+    info = loaded.info
+    template = PromptTemplate(info.prompt_template, info.answer_prefix)
+    ours = PromptEncoder(loaded.tokenizer, template)
+    generate = GenerateConfig(max_new_tokens=loaded.config.generate.max_new_tokens, temperature=0.0)
+    questions, contexts = [r.question for r in records], [r.context for r in records]
+    fields = [r.fields for r in records]
+    expected = answer_questions(loaded.model, loaded.tokenizer, info, questions, contexts, generate, fields=fields)
+    run_next = _next_tokens(loaded.model, ours, records, info.max_length)
+    if quant != "f32":
+        round_like_file(loaded.model, quant)
+        rounded_next = _next_tokens(loaded.model, ours, records, info.max_length)
+    else:
+        rounded_next = run_next
+
+    exported = load_gguf_run(path, device="cpu")
+    theirs = PromptEncoder(exported.tokenizer, PromptTemplate(exported.info.prompt_template,
+                                                              exported.info.answer_prefix))
+    end = loaded.tokenizer.decode([ours.end_id])
+    identical = 0
+    for record in records:
+        text = template.render(record.question, record.context, record.fields)
+        messages = [*([{"role": "system", "content": record.context}] if record.context else []),
+                    {"role": "user", "content": record.question}]
+        prompt = exported.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        trained = exported.tokenizer.apply_chat_template(
+            [*messages, {"role": "assistant", "content": record.answer}], tokenize=False)
+        same_ids = theirs.prompt_ids(record.question, record.context) == ours.prompt_ids(record.question,
+                                                                                          record.context)
+        identical += int(prompt == text and trained == text + info.answer_prefix + record.answer + end and same_ids)
+    got = answer_questions(exported.model, exported.tokenizer, exported.info, questions, contexts, generate,
+                           fields=fields)
+    file_next = _next_tokens(exported.model, ours, records, info.max_length)
+    same = [a == b for a, b in zip(expected, got)]
+    first = next(({"question": r.question, "run": a, "file": b} for r, a, b, s in zip(records, expected, got, same)
+                  if not s), None)
+    positions = sum(len(t) for t in run_next)
+    agreeing = sum(int((a == b).sum()) for a, b in zip(run_next, file_next))
+    as_rounded = sum(int((a == b).sum()) for a, b in zip(rounded_next, file_next))
+    return Check(quant, len(records), rows_from, identical, sum(same), positions, agreeing, as_rounded, first)
+
+
+@torch.no_grad()
+def _next_tokens(model: Any, encoder: PromptEncoder, records: list[QARecord], max_length: int
+                 ) -> list[torch.Tensor]:
+    """Per row, the token the model predicts after each position of its prompt and gold answer."""
+    predicted = []
+    for record in records:
+        example = encoder.example(record, max_length)
+        if example is not None:
+            predicted.append(model(input_ids=torch.tensor([example.input_ids[:-1]])).logits[0].argmax(-1))
+    return predicted
+
+
+def failure_message(check: Check) -> str:
+    why = []
+    if check.prompts_identical < check.rows:
+        why.append(f"its chat template or tokenizer gave another prompt for {check.rows - check.prompts_identical} "
+                   "rows")
+    if check.rounded_share < EXACT:
+        why.append(f"it predicts {100 * check.rounded_share:.1f}% of next tokens as the run's weights rounded to "
+                   f"{check.quant} do (at least {100 * EXACT:.1f}% expected: the file does not hold those weights "
+                   "as the run uses them)")
+    if check.token_share < AGREEMENT[check.quant]:
+        why.append(f"next-token agreement with the run {100 * check.token_share:.1f}% (at least "
+                   f"{100 * AGREEMENT[check.quant]:.0f}% expected of {check.quant})")
+    first = check.first_difference
+    example = (f"; first differing answer: {first['question']!r}: the run says {first['run']!r}, the file "
+               f"{first['file']!r}") if first else ""
+    return f"the exported file does not answer as the run does: {'; '.join(why)}{example}; nothing was written"
