@@ -102,11 +102,20 @@ def _setup_logging(level: int) -> None:
                    "(default RUN_DIR: --output-dir, or the config's output_dir).")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 @click.option("--num-processes", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Data-parallel processes on this machine (launches torchrun; GPUs or CPU with gloo).")
+              help="Training processes on this machine (launches torchrun; GPUs or CPU with gloo).")
+@click.option("--nodes", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Machines training together; run the same command on each, with its own --node-rank.")
+@click.option("--node-rank", type=click.IntRange(min=0), default=0, show_default=True,
+              help="With --nodes: this machine's number, 0 for the one at --master.")
+@click.option("--master", default=None, metavar="HOST:PORT",
+              help="With --nodes: the address of the machine with --node-rank 0, reachable from all.")
+@click.option("--join-timeout", type=click.IntRange(min=1), default=600, show_default=True,
+              help="With --nodes: seconds to wait for the other machines to join.")
 @verbose_option
 @click.pass_context
 def train(ctx: click.Context, config_path: str | None, overrides: tuple[str, ...], output_dir: str | None,
-          overwrite: bool, resume: str | None, quiet: bool, num_processes: int) -> None:
+          overwrite: bool, resume: str | None, quiet: bool, num_processes: int, nodes: int, node_rank: int,
+          master: str | None, join_timeout: int) -> None:
     """Fine-tune a model on a spreadsheet and write a run directory.
 
     The run directory holds final/ (a plain transformers model folder), best/ (when there is
@@ -123,7 +132,9 @@ def train(ctx: click.Context, config_path: str | None, overrides: tuple[str, ...
 
     # Without --config, a resumed run keeps its own saved config (a stale config file could end it early).
     config = load_config(config_path, overrides) if config_path else saved_config(resume or output_dir, overrides)
-    if num_processes > 1 and "RANK" not in os.environ:
+    if (num_processes > 1 or nodes > 1) and "RANK" not in os.environ:
+        from qatune.commands.launch import torchrun_command, wait_for_machines
+
         args = ["train", *(["--config", config_path] if config_path else []),
                 *[x for o in overrides for x in ("--set", o)]]
         args += ["--output-dir", output_dir] if output_dir else []
@@ -131,9 +142,9 @@ def train(ctx: click.Context, config_path: str | None, overrides: tuple[str, ...
         args += ["--resume", resume] if resume else (["--resume"] if resume == "" else [])
         args += ["--quiet"] if quiet else []
         verbose = ["-v"] if ctx.find_root().meta.get("qatune.verbose") else []
-        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={num_processes}",
-                   "-m", "qatune", *verbose, *args]
-        log.info("launching %d processes: %s", num_processes, " ".join(command))
+        command = torchrun_command(num_processes, [*verbose, *args], nodes, node_rank, master, join_timeout)
+        wait_for_machines(nodes, node_rank, master, join_timeout)
+        log.info("launching %d processes on this machine: %s", num_processes, " ".join(command))
         ctx.exit(subprocess.run(command, check=False).returncode)
     run_dir = run_training(config, output_dir=output_dir, overwrite=overwrite, progress=not quiet, resume=resume)
     if int(os.environ.get("RANK", "0")) == 0:

@@ -1,7 +1,8 @@
 """train.distributed: fsdp on two CPU processes (gloo): the model sharded block by block (DTensors on dim 0, half on
 each process), every logged loss and every final weight the same as one process with gradient accumulation (a
-tiny GPT-2 from scratch, a tiny Llama from a local folder, LoRA), the global gradient norm clipped, a checkpoint
-resumed exactly, and the set-ups it cannot train refused in one line."""
+tiny GPT-2 from scratch, a tiny Llama from a local folder, LoRA, CPU offload with activation checkpointing), the
+global gradient norm clipped, a sharded checkpoint resumed exactly (also after one process was killed), and the
+set-ups it cannot train refused in one line."""
 
 import json
 import os
@@ -48,11 +49,12 @@ def config(tmp_path, data, model, *extra):
     return path
 
 
-def train_both(tmp_path, path, *sets):
+def train_both(tmp_path, path, *sets, sharded_only=()):
     """The config on two processes with fsdp, and on one (speed paths off: fsdp has none) with accumulation 2."""
     sets = [arg for item in sets for arg in ("--set", item)]
     two = qatune("train", "--config", path, "--output-dir", tmp_path / "two", "--quiet", "--set",
-                 "train.distributed=fsdp", *sets, processes=2)
+                 "train.distributed=fsdp", *sets, *[arg for item in sharded_only for arg in ("--set", item)],
+                 processes=2)
     qatune("train", "--config", path, "--output-dir", tmp_path / "one", "--quiet", "--set",
            "train.gradient_accumulation_steps=2", "--set", "train.speedups=off", *sets)
     return two
@@ -95,10 +97,22 @@ def test_gpt2_matches_one_process_and_resumes_exactly(tmp_path, data):
     for setup, run in (("1 process", "one"), ("fsdp x 2", "two")):
         measured = json.loads((tmp_path / run / "run.json").read_text())["result"]["peak_memory_mb"] / 1024
         assert 0.7 * measured <= estimated[setup] <= 1.3 * measured, (setup, estimated, measured)
-    files = sorted(str(p.relative_to(tmp_path / "two")) for p in (tmp_path / "two").rglob("*") if p.is_file())
-    assert files == sorted(str(p.relative_to(tmp_path / "one")) for p in (tmp_path / "one").rglob("*")
-                           if p.is_file())
-    assert "checkpoints/step-0000003/model.safetensors" in files and "best/model.safetensors" in files
+    # final/ and best/ are whole model folders; a checkpoint holds a shard of the weights and optimizer per process.
+    def files(run, under):
+        return sorted(str(p.relative_to(run / under)) for p in (run / under).rglob("*") if p.is_file())
+
+    for folder in ("final", "best"):
+        assert files(tmp_path / "two", folder) == files(tmp_path / "one", folder)
+    step3 = files(tmp_path / "two", "checkpoints/step-0000003")
+    assert {"sharded/.metadata", "sharded/__0_0.distcp", "sharded/__1_0.distcp", "scheduler.pt", "rng.pt",
+            "trainer_state.json", "config.json"} <= set(step3)
+    assert "model.safetensors" not in step3 and "optimizer.pt" not in step3
+    # eval reads a sharded checkpoint in one process: the same weights as one process's step 3.
+    scores = [json.loads(subprocess.run(
+        [sys.executable, "-m", "qatune", "eval", str(tmp_path / run / "checkpoints" / "step-0000003"), "--data",
+         str(data / "held.csv"), "--json"], capture_output=True, text=True, cwd=ROOT, check=True).stdout)
+        for run in ("one", "two")]
+    assert abs(scores[0]["loss"] - scores[1]["loss"]) <= 1e-5 * scores[0]["loss"], scores
     # A checkpoint written at step 3 continues as the run that never stopped.
     resumed = tmp_path / "resumed"
     shutil.copytree(tmp_path / "two", resumed)
@@ -120,12 +134,17 @@ def llama_folder(tmp_path_factory):
     return folder
 
 
-@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
-def test_llama_matches_one_process(lora, tmp_path, data, llama_folder):
+@pytest.mark.parametrize("lora,memory", [(False, False), (True, False), (False, True)],
+                         ids=["full", "lora", "offload-and-activation-checkpointing"])
+def test_llama_matches_one_process(lora, memory, tmp_path, data, llama_folder):
     lora_yaml = ", lora: {r: 4, alpha: 8, dropout: 0.0}" if lora else ""
     path = config(tmp_path, data, f"{{name_or_path: {llama_folder}{lora_yaml}}}")
-    log = train_both(tmp_path, path, "train.max_grad_norm=null")
+    sets = ["train.max_grad_norm=null"] + (["train.activation_checkpointing=true"] if memory else [])
+    log = train_both(tmp_path, path, *sets, sharded_only=["train.cpu_offload=true"] if memory else [])
     assert "fsdp: 1 FSDPLlamaDecoderLayer units and the root" in log
+    if memory:
+        assert "kept in CPU memory between uses (train.cpu_offload)" in log
+        assert "activation checkpointing: each block's activations recomputed in the backward pass" in log
     assert_same_steps(tmp_path / "one", tmp_path / "two")
 
 
@@ -190,3 +209,53 @@ def test_two_nodes_over_loopback(tmp_path, data):
     outputs = [node.communicate(timeout=600)[0] for node in nodes]
     assert [node.returncode for node in nodes] == [0, 0], "\n".join(outputs)
     assert_same_steps(tmp_path / "single", tmp_path / "nodes", rel=1e-6)
+
+
+def rank_pid(parent, rank):
+    """The pid of the training process with ``rank`` among ``parent``'s descendants (torchrun's workers)."""
+    for proc in os.listdir("/proc"):
+        if not proc.isdigit():
+            continue
+        try:
+            with open(f"/proc/{proc}/environ", "rb") as f:
+                environ = f.read().split(b"\0")
+        except OSError:
+            continue
+        if f"RANK={rank}".encode() in environ and f"QATUNE_TEST_PARENT={parent}".encode() in environ:
+            return int(proc)
+    return None
+
+
+def test_resumes_after_one_process_is_killed(tmp_path, data):
+    """kill -9 of one process mid-run: the newest whole checkpoint continues as if nothing happened."""
+    import signal
+    import time
+
+    path = config(tmp_path, data, "{scratch: {n_layer: 2, n_embd: 32, n_head: 2, vocab_size: 300}}")
+    sets = ["--set", "train.distributed=fsdp", "--set", "train.save_every=1", "--set", "train.epochs=4",
+            "--set", "train.max_grad_norm=null", "--quiet"]
+    qatune("train", "--config", path, "--output-dir", tmp_path / "whole", *sets, processes=2)
+    marker = f"kill-{os.getpid()}"
+    run = subprocess.Popen([sys.executable, "-m", "qatune", "train", "--config", str(path), "--output-dir",
+                            str(tmp_path / "killed"), *sets, "--num-processes", "2"], cwd=ROOT,
+                           env={**os.environ, "QATUNE_TEST_PARENT": marker}, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 300
+    while not (tmp_path / "killed" / "checkpoints" / "step-0000005").is_dir() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    pid = rank_pid(marker, 1)
+    assert pid is not None, "no process of rank 1"
+    os.kill(pid, signal.SIGKILL)
+    output = run.communicate(timeout=300)[0]
+    assert run.returncode != 0, output
+    assert not (tmp_path / "killed" / "final").exists()
+    qatune("train", "--resume", tmp_path / "killed", "--quiet", processes=2)
+    assert_same_steps(tmp_path / "whole", tmp_path / "killed", rel=1e-6)
+    assert not [p.name for p in (tmp_path / "killed" / "checkpoints").iterdir() if p.name.startswith(".")]
+    # Resuming with another number of processes is refused: each trains its own share of every step.
+    done = subprocess.run([sys.executable, "-m", "qatune", "train", "--resume", str(tmp_path / "whole" / "checkpoints"
+                           / "step-0000010"), "--quiet", "--num-processes", "3"], capture_output=True, text=True,
+                          cwd=ROOT, check=False)
+    assert done.returncode != 0 and "Traceback" not in done.stderr
+    assert "was written by a run of 2 processes and this one has 3: an exact resume needs the same number" in \
+        done.stderr

@@ -87,6 +87,13 @@ def _memory(prepared: Prepared, processes: int) -> tuple[dict[str, Any], Any]:
         half = verdicts(setups(rows // 2), available, shared)[0]
         options.append((half, f"train.batch_size {rows // 2} with train.gradient_accumulation_steps "
                               f"{2 * config.train.gradient_accumulation_steps} (the same updates)"))
+    if not config.train.activation_checkpointing:
+        checkpointed = config.model_copy(update={"train": config.train.model_copy(
+            update={"activation_checkpointing": True})})
+        table_ckpt = verdicts(estimate(model, checkpointed, prepared.precision, (rows, longest), supervised,
+                                       processes, baseline), available, shared)
+        index = table.index(configured)
+        options.append((table_ckpt[index], "train.activation_checkpointing: true"))
     if len(table) > 2:
         options.append((table[2], f"train.distributed fsdp on {processes} processes"))
     if config.model.lora is None:
@@ -95,7 +102,8 @@ def _memory(prepared: Prepared, processes: int) -> tuple[dict[str, Any], Any]:
                              (rows, longest), supervised, 1, baseline)
         options.append((verdicts(with_lora, available, shared)[0], "LoRA adapters (model.lora: {r: 16})"))
     fitting = next((how for verdict, how in options if verdict["fits"]), None)
-    advice = f"; {fitting} fits" if fitting else "; none of a smaller batch, fsdp or LoRA fits either"
+    advice = (f"; {fitting} fits" if fitting
+              else "; none of a smaller batch, activation checkpointing, fsdp or LoRA fits either")
     return memory, warning("memory", f"the {configured['setup']} set-up needs an estimated "
                                      f"{configured['needed_gib']:.1f} GiB and the device has {available / GIB:.1f} GiB "
                                      f"({where}){advice}")

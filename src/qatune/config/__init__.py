@@ -11,6 +11,7 @@ from qatune.config.columns import PLACEHOLDER, column_key, template_fields
 from qatune.config.keys import field_names, key_table
 from qatune.config.loading import (
     READING_KEYS,
+    differences,
     load_config,
     validate_config,
     with_reading_overrides,
@@ -42,6 +43,7 @@ __all__ = [
     "TrainConfig",
     "column_key",
     "delimiter_character",
+    "differences",
     "field_names",
     "key_table",
     "load_config",

@@ -251,3 +251,15 @@ def _problem_text(where: str, problems: list[str]) -> str:
         return f"{where}: {problems[0]}"
     lines = "\n".join(f"  - {problem}" for problem in problems)
     return f"{where} has {len(problems)} problems:\n{lines}"
+
+
+def differences(a: dict[str, Any], b: dict[str, Any], prefix: str = "") -> list[str]:
+    """Dotted keys whose values differ between two nested dicts."""
+    keys = []
+    for key in sorted(set(a) | set(b)):
+        left, right = a.get(key), b.get(key)
+        if isinstance(left, dict) and isinstance(right, dict):
+            keys += differences(left, right, f"{prefix}{key}.")
+        elif left != right:
+            keys.append(prefix + key)
+    return keys

@@ -220,6 +220,14 @@ class TrainConfig(Section):
     """With several processes (--num-processes, torchrun): ddp: every process holds the whole model, its
     gradients and optimizer state; fsdp: each holds a shard of them (PyTorch's FSDP2, one unit per transformer
     block), for a model too big for one device. docs/multi-process.md."""
+    cpu_offload: bool = False
+    """fsdp: keep each process's shards of the weights, gradients and AdamW state in CPU memory, copied to the GPU
+    for each block's forward and backward (the optimizer steps on the CPU): a bigger model for the same GPU memory,
+    at some speed. On a machine without a GPU the shards are in CPU memory anyway."""
+    activation_checkpointing: bool = False
+    """Keep only each transformer block's input for the backward pass and recompute the rest there: much less
+    memory for activations (the largest part with long rows or big batches) for about a third more compute. With
+    one process, ddp or fsdp."""
     logging_steps: int = Field(10, ge=1)
     """Write a metrics.jsonl line every this many optimizer steps."""
     eval_batch_size: int = Field(32, ge=1)

@@ -55,14 +55,29 @@ def save_model(folder: Path, model: Any, tokenizer: Any, config: Config, info: M
 
 
 def write_model_files(folder: Path, model: Any, tokenizer: Any, config: Config, info: ModelInfo,
-                      weights: dict[str, Any] | None = None) -> None:
-    """Weights (safetensors), tokenizer, the resolved config and qatune.json into ``folder``."""
-    # save_pretrained empties the state dict it is given: it gets a copy of the mapping (the tensors are shared).
-    given = {"state_dict": dict(weights)} if weights is not None else {}
-    model.save_pretrained(folder, safe_serialization=True, **given, **_save_format(model))
+                      weights: dict[str, Any] | None = None, with_weights: bool = True) -> None:
+    """Weights (safetensors), tokenizer, the resolved config and qatune.json into ``folder``. ``weights``: the
+    model's weights gathered whole (a sharded model); ``with_weights`` False: the model's config (or its LoRA
+    adapter's) without the weights."""
+    if not with_weights:
+        _write_model_config(folder, model)
+    else:
+        # save_pretrained empties the state dict it is given: it gets a copy of the mapping (the tensors are shared).
+        given = {"state_dict": dict(weights)} if weights is not None else {}
+        model.save_pretrained(folder, safe_serialization=True, **given, **_save_format(model))
     tokenizer.save_pretrained(folder)
     (folder / layout.CONFIG).write_text(config.to_yaml(), encoding="utf-8")
     info.save(folder)
+
+
+def _write_model_config(folder: Path, model: Any) -> None:
+    peft_config = getattr(model, "peft_config", None)
+    if peft_config:
+        peft_config[model.active_adapter].save_pretrained(folder)
+        return
+    model.config.save_pretrained(folder)
+    if getattr(model, "generation_config", None) is not None:
+        model.generation_config.save_pretrained(folder)
 
 
 NO_WEIGHT_CONVERSIONS = ("GPT2LMHeadModel", "T5ForConditionalGeneration", "BertForQuestionAnswering")
@@ -105,7 +120,9 @@ def load_model_folder(path: str | Path, which: str = layout.FINAL, device: str |
     trust = config.model.trust_remote_code
     try:
         tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=trust)
-        if (folder / "adapter_config.json").is_file():
+        if (folder / layout.SHARDS).is_dir():
+            model = _load_sharded(folder, auto, trust)
+        elif (folder / "adapter_config.json").is_file():
             model = _load_lora(folder, info, auto, trust)
         else:
             model = auto.from_pretrained(folder, trust_remote_code=trust, use_safetensors=True)
@@ -133,6 +150,35 @@ def read_model_folder(folder: Path) -> tuple[Config, ModelInfo]:
     except (OSError, ValueError, TypeError) as exc:
         raise RunDirError(f"cannot read {folder / layout.MODEL_INFO}: {exc}") from None
     return config, info
+
+
+def _load_sharded(folder: Path, auto: Any, trust: bool) -> Any:
+    """A checkpoint of a run with train.distributed fsdp: the model built from its config, its weights read from the
+    processes' shards in this one process."""
+    import torch.distributed.checkpoint as dcp
+    from transformers import AutoConfig
+
+    if (folder / "adapter_config.json").is_file():
+        raise RunDirError(f"{folder} is a checkpoint of a LoRA run sharded with train.distributed fsdp: it holds the "
+                          "adapters in shards for resuming; evaluate the run's final/ or best/ (or resume it)")
+    model = auto.from_config(AutoConfig.from_pretrained(folder, trust_remote_code=trust), trust_remote_code=trust)
+    tied = _tied_copies(model)
+    weights = {name: w for name, w in model.state_dict().items() if name not in tied}
+    dcp.load({"model": weights}, checkpoint_id=str(folder / layout.SHARDS), no_dist=True)
+    model.load_state_dict(weights, strict=False)
+    model.tie_weights()
+    return model
+
+
+def _tied_copies(model: Any) -> set[str]:
+    """State-dict names of weights that are another, earlier one (an output layer tied to the embeddings)."""
+    seen: dict[int, str] = {}
+    copies = set()
+    for name, tensor in model.state_dict(keep_vars=True).items():
+        if id(tensor) in seen:
+            copies.add(name)
+        seen.setdefault(id(tensor), name)
+    return copies
 
 
 def _load_lora(folder: Path, info: ModelInfo, auto: Any, trust: bool) -> Any:

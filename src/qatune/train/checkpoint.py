@@ -3,7 +3,9 @@
 A checkpoint is a model folder (model.safetensors, tokenizer, config.yaml, qatune.json: eval and
 generate accept it) plus what an exact resume needs: optimizer.pt and scheduler.pt (tensors and
 numbers only, read back with ``torch.load(weights_only=True)``), rng.pt, and trainer_state.json
-(step, epoch, position in the epoch, best metrics). It is written with :func:`qatune.runs.atomic.write_folder`,
+(step, epoch, position in the epoch, best metrics). A run with train.distributed fsdp writes its weights and
+optimizer state in place of model.safetensors and optimizer.pt as sharded/, one file per process
+(torch.distributed.checkpoint). It is written with :func:`qatune.runs.atomic.write_folder`,
 so a process killed at any moment leaves either the new checkpoint or none, never a half-written one
 under a valid name.
 """
@@ -37,6 +39,8 @@ _LINK_REFUSED = (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EA
 """os.link errors that mean "copy instead" (another file system, no hard links); a full disk is not one."""
 RESUME_FILES = (TRAINER_STATE, "optimizer.pt", "scheduler.pt", "rng.pt")
 """What a checkpoint holds beyond a model folder."""
+SHARDED_FILES = (TRAINER_STATE, "scheduler.pt", "rng.pt", f"{layout.SHARDS}/.metadata")
+"""What a sharded run's checkpoint holds beyond its model's config and tokenizer."""
 
 
 LOG_WINDOW_KEYS = ("loss_sum", "items", "tokens", "seconds")
@@ -61,8 +65,11 @@ class TrainState:
     last_loss: float = float("nan")
     bad_steps: list[int] = field(default_factory=list)
     optimizer_format: str = "torch"
-    """How optimizer.pt holds the optimizer's state: torch (its own state_dict), or full_state_dict (gathered
-    whole and keyed by parameter name, by a run with train.distributed fsdp)."""
+    """Where the optimizer's state is: torch (optimizer.pt, its own state_dict), or dcp (sharded/, with the weights:
+    a run with train.distributed fsdp)."""
+    processes: int | None = None
+    """How many processes trained (the batches of an epoch are split between them). None in checkpoints written
+    before it was saved."""
     log_window: dict[str, float] | None = None  # LOG_WINDOW_KEYS
     """The open logging window (loss sum, items, tokens, seconds since the last metrics line). None in
     checkpoints written before it was saved: a run resumed from one starts an empty window."""
@@ -74,17 +81,19 @@ def checkpoint_dir(run_dir: Path) -> Path:
 
 def save_checkpoint(run_dir: Path, state: TrainState, model: Any, tokenizer: Any, config: Any, info: Any,
                     optimizer: torch.optim.Optimizer, schedulers: dict[str, Any], keep: int,
-                    gathered: tuple[dict[str, Any], dict[str, Any]] | None = None) -> Path:
-    """Write a checkpoint atomically, then prune all but the last ``keep`` (and the best). ``gathered``: the
-    model's weights and the optimizer's state gathered whole (train.distributed fsdp) in place of their own."""
+                    shards: Callable[[Path], None] | None = None) -> Path:
+    """Write a checkpoint atomically, then prune all but the last ``keep`` (and the best). ``shards``: writes the
+    weights and optimizer state of a sharded model into a folder (in place of model.safetensors and optimizer.pt),
+    every process taking part."""
     from qatune.model.folder import write_model_files
 
-    weights, optimizer_state = gathered if gathered is not None else (None, optimizer.state_dict())
-
     def fill(folder: Path) -> None:
-        write_model_files(folder, model, tokenizer, config, info, weights)
+        write_model_files(folder, model, tokenizer, config, info, with_weights=shards is None)
         with _without_zip_checksums():
-            torch.save(optimizer_state, folder / "optimizer.pt")
+            if shards is None:
+                torch.save(optimizer.state_dict(), folder / "optimizer.pt")
+            else:
+                shards(folder)
             torch.save({k: s.state_dict() for k, s in schedulers.items() if s is not None}, folder / "scheduler.pt")
             torch.save(_rng_state(), folder / "rng.pt")
         # Written last: a folder without it is not a checkpoint.
@@ -92,7 +101,7 @@ def save_checkpoint(run_dir: Path, state: TrainState, model: Any, tokenizer: Any
 
     root = checkpoint_dir(run_dir)
     root.mkdir(parents=True, exist_ok=True)
-    size = _state_bytes(weights or model.state_dict()) + sum(_state_bytes(s) for s in optimizer.state.values())
+    size = _state_bytes(model.state_dict()) + sum(_state_bytes(s) for s in optimizer.state.values())
     path = atomic.write_folder(root / f"step-{state.step:07d}", fill, size_hint=size)
     _prune(root, keep, state.best_checkpoint)
     return path
@@ -116,7 +125,8 @@ def model_folder_from(checkpoint: Path, folder: Path) -> Path:
     def fill(tmp: Path) -> None:
         for source in sorted(checkpoint.rglob("*")):
             relative = source.relative_to(checkpoint)
-            if not source.is_file() or relative.as_posix() in (*RESUME_FILES, atomic.MANIFEST):
+            if not source.is_file() or relative.as_posix() in (*RESUME_FILES, atomic.MANIFEST) or \
+                    relative.parts[0] == layout.SHARDS:
                 continue
             target = tmp / relative
             target.parent.mkdir(parents=True, exist_ok=True)
@@ -163,10 +173,12 @@ def find_checkpoint(path: Path) -> Path:
 
 def damage(checkpoint: Path) -> str | None:
     """What is wrong with a checkpoint (None when it can be resumed from)."""
-    for name in RESUME_FILES:
+    sharded = (checkpoint / layout.SHARDS).is_dir()
+    for name in SHARDED_FILES if sharded else RESUME_FILES:
         if not (checkpoint / name).is_file():
             return f"{checkpoint / name} is missing"
-    if not any((checkpoint / name).is_file() for name in ("model.safetensors", "adapter_model.safetensors")):
+    if not sharded and not any((checkpoint / name).is_file()
+                               for name in ("model.safetensors", "adapter_model.safetensors")):
         return f"{checkpoint} holds no model.safetensors"
     problem = atomic.damage(checkpoint)
     if problem:
@@ -191,8 +203,10 @@ def load_state(checkpoint: Path) -> TrainState:
     if not isinstance(data, dict):
         raise TypeError("not a JSON object")
     state = TrainState(**{k: v for k, v in data.items() if k in TrainState.__dataclass_fields__})
-    for name in ("step", "epoch", "consumed", "stale_evals"):
+    for name in ("step", "epoch", "consumed", "stale_evals", "processes"):
         value = getattr(state, name)
+        if name == "processes" and value is None:
+            continue
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             raise ValueError(f"{name} must be a whole number >= 0, found {value!r}")
     window = state.log_window
@@ -203,17 +217,18 @@ def load_state(checkpoint: Path) -> TrainState:
 
 
 def restore(checkpoint: Path, optimizer: torch.optim.Optimizer, schedulers: dict[str, Any],
-            load_optimizer: Callable[[dict[str, Any]], None] | None = None, optimizer_format: str = "torch"
-            ) -> TrainState:
-    """Load optimizer, scheduler and RNG states (safe loading: tensors and plain data only). ``load_optimizer``
-    loads a state of ``optimizer_format`` where the optimizer's own load_state_dict does not (a sharded run)."""
+            load_shards: Callable[[Path], None] | None = None) -> TrainState:
+    """Load optimizer, scheduler and RNG states (safe loading: tensors and plain data only). ``load_shards``: loads
+    a sharded run's weights and optimizer state from the checkpoint (train.distributed fsdp)."""
     state = load_state(checkpoint)
-    if state.optimizer_format != optimizer_format:
+    if (state.optimizer_format == "torch") != (load_shards is None):
         written = "without" if state.optimizer_format == "torch" else "with"
         raise RunDirError(f"{checkpoint} was written by a run {written} train.distributed fsdp; resume it with the "
                           "train.distributed it was trained with")
-    saved_optimizer = torch.load(checkpoint / "optimizer.pt", weights_only=True, map_location="cpu")
-    (load_optimizer or optimizer.load_state_dict)(saved_optimizer)
+    if load_shards is None:
+        optimizer.load_state_dict(torch.load(checkpoint / "optimizer.pt", weights_only=True, map_location="cpu"))
+    else:
+        load_shards(checkpoint)
     saved = torch.load(checkpoint / "scheduler.pt", weights_only=True)
     for key, scheduler in schedulers.items():
         if scheduler is not None and key in saved:

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from qatune.config import Config
+from qatune.config import Config, differences
 from qatune.errors import ConfigError
 from qatune.model.precision import check_device
 
@@ -36,6 +36,26 @@ def make_accelerator(config: Config, precision: str) -> Any:
         return Accelerator(mixed_precision=mixed, cpu=on_cpu)
     except ValueError as exc:
         raise ConfigError(f"train.precision {precision} is not supported here: {exc}") from None
+
+
+def check_same_setup(accelerator: Any, config: Config, data: str) -> None:
+    """Refuse to train when the processes were started with different configs or rows (machines launched with
+    different files): they would train different models in lockstep. ``data``: a digest of the training rows."""
+    if accelerator.num_processes == 1:
+        return
+    import torch.distributed as dist
+
+    mine = {"config": config.model_dump(mode="json", exclude={"output_dir"}), "data": data}
+    everyone: list[Any] = [None] * accelerator.num_processes
+    dist.all_gather_object(everyone, mine)
+    for rank, theirs in enumerate(everyone):
+        changed = differences(everyone[0]["config"], theirs["config"])
+        if theirs["data"] != everyone[0]["data"]:
+            changed.append("the training rows (data.train_file's content)")
+        if changed:
+            raise ConfigError(f"the processes were started with different set-ups: process {rank} differs from "
+                              f"process 0 in {changed}; start every machine with the same config file, --set "
+                              "options and data")
 
 
 def seed_everything(seed: int) -> None:

@@ -16,6 +16,7 @@ import warnings
 from collections.abc import Callable, Iterator
 from contextlib import nullcontext
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -29,11 +30,12 @@ from qatune.runs import layout
 from qatune.speedups import Speedups
 from qatune.train import sharding
 from qatune.train.checkpoint import TrainState, model_folder_from, restore, save_checkpoint
-from qatune.train.device import make_accelerator, peak_memory_mb
+from qatune.train.device import check_same_setup, make_accelerator, peak_memory_mb
 from qatune.train.guard import NonFiniteGuard
 from qatune.train.logs import LogWindow, MetricsLog
+from qatune.train.memory import checkpoint_activations
 from qatune.train.optim import build_optimizer, build_schedulers, gradient_clipper
-from qatune.train.preparation import Prepared
+from qatune.train.preparation import Prepared, fingerprint
 from qatune.train.sampler import LengthGroupedBatches, training_batches
 from qatune.train.signals import StopSignals, TrainingInterrupted
 from qatune.train.validation import evaluate_epoch
@@ -157,12 +159,16 @@ class Loop:
     def setup(cls, prepared: Prepared, run_dir: Path | None, resume_from: Path | None) -> Loop:
         config, train_cfg = prepared.config, prepared.config.train
         accelerator = make_accelerator(config, prepared.precision)
+        check_same_setup(accelerator, config, fingerprint(prepared))
         sharded = train_cfg.distributed == "fsdp"
         speedups = Speedups(train_cfg.speedups, prepared.precision, accelerator.device, accelerator.num_processes,
                             sharded=sharded)
+        if train_cfg.activation_checkpointing:
+            log.info("%s", checkpoint_activations(prepared.model))
         objective = speedups.attach(prepared.model, config.task, max(prepared.dataset.lengths, default=0))
         if sharded:
-            log.info("%s", sharding.shard(prepared.model, prepared.precision, accelerator.device))
+            log.info("%s", sharding.shard(prepared.model, prepared.precision, accelerator.device,
+                                          offload=train_cfg.cpu_offload))
         collator = speedups.collator(prepared.collator)
         optimizer = build_optimizer(speedups.parameters(objective), train_cfg.learning_rate, train_cfg.weight_decay)
         sampler = training_batches(prepared.dataset, config)
@@ -182,10 +188,9 @@ class Loop:
                                  tensorboard=train_cfg.report_to == "tensorboard")
         state = TrainState()
         if resume_from is not None:
-            state = (restore(resume_from, optimizer, schedulers, optimizer_format=sharding.OPTIMIZER_FORMAT,
-                             load_optimizer=lambda saved: sharding.load_optimizer_state(
-                                 prepared.model, _torch_optimizer(optimizer), saved))
-                     if sharded else restore(resume_from, optimizer, schedulers))
+            shards = (lambda folder: sharding.load_shards(prepared.model, _torch_optimizer(optimizer), folder)
+                      ) if sharded else None
+            state = restore(resume_from, optimizer, schedulers, load_shards=shards)
             metrics_log.truncate_after(state.step)
             at = (f"epoch {state.epoch + 1} of {train_cfg.epochs}" if state.epoch < train_cfg.epochs
                   else f"after epoch {state.epoch} of {train_cfg.epochs}")
@@ -222,12 +227,10 @@ class Loop:
             return sharding.without_gradient_sync(self.model())
         return self.accelerator.no_sync(self.objective)
 
-    def gathered(self, optimizer: bool = True) -> tuple[dict[str, Any], dict[str, Any] | None] | None:
-        """A sharded model's weights (and optimizer state) gathered whole on the main process, every process
-        taking part; None for a model that is not sharded (each is read from the model itself)."""
-        if not self.sharded:
-            return None
-        return sharding.gathered_state(self.model(), _torch_optimizer(self.optimizer) if optimizer else None)
+    def gathered(self) -> dict[str, Any] | None:
+        """A sharded model's weights gathered whole on the main process, every process taking part; None for a
+        model that is not sharded (they are read from the model itself)."""
+        return sharding.gathered_weights(self.model()) if self.sharded else None
 
     def model(self) -> torch.nn.Module:
         return self.accelerator.unwrap_model(self.objective).model
@@ -291,11 +294,11 @@ class Loop:
                 improved = evaluate_epoch(self.prepared, self.model(), run_dir, self.state, self.metrics_log,
                                           self.accelerator, split=not self.sharded)
                 if improved and self.run_dir is not None:
-                    gathered = self.gathered(optimizer=False)
+                    weights = self.gathered()
                     if self.main:
                         prepared = self.prepared
                         save_model(self.run_dir / layout.BEST, self.model(), prepared.tokenizer, prepared.config,
-                                   prepared.info, gathered[0] if gathered else None)
+                                   prepared.info, weights)
             if improved:
                 self.state.best_checkpoint = f"step-{self.state.step:07d}"
         if before_checkpoint is not None and self.main:
@@ -318,16 +321,21 @@ class Loop:
         self.checkpointed = self.state.step
         prepared = self.prepared
         self.state.log_window = self.logged.state()
-        if self.sharded:
+        self.state.processes = self.processes
+        shards = None
+        if self.sharded:  # every process writes its shard into the folder the main one is writing
             self.state.optimizer_format = sharding.OPTIMIZER_FORMAT
-        with self.full_precision():
-            gathered = self.gathered()
+            shards = partial(sharding.save_shards, self.model(), _torch_optimizer(self.optimizer))
             if not self.main:
-                return None
-            self.last_checkpoint = save_checkpoint(self.run_dir, self.state, self.model(), prepared.tokenizer,
-                                                   prepared.config, prepared.info, self.optimizer, self.schedulers,
-                                                   prepared.config.train.keep_checkpoints, gathered)
-        return self.last_checkpoint
+                shards(None)
+        with self.full_precision():
+            if self.main:
+                self.last_checkpoint = save_checkpoint(
+                    self.run_dir, self.state, self.model(), prepared.tokenizer, prepared.config, prepared.info,
+                    self.optimizer, self.schedulers, prepared.config.train.keep_checkpoints, shards)
+        if self.sharded:
+            self.accelerator.wait_for_everyone()  # the folder is in place (or the main process failed)
+        return self.last_checkpoint if self.main else None
 
     def finish(self) -> dict[str, Any]:
         """final/ (by the main process) and the result summary."""
@@ -335,14 +343,13 @@ class Loop:
         self.speedups.finish()
         if self.run_dir is not None:
             prepared, final = self.prepared, self.run_dir / layout.FINAL
-            if self.checkpointed == self.state.step:  # the same weights, just written
+            if self.checkpointed == self.state.step and not self.sharded:  # the same weights, just written
                 if self.main:
                     model_folder_from(self.last_checkpoint, final)
             else:
-                gathered = self.gathered(optimizer=False)
+                weights = self.gathered()
                 if self.main:
-                    save_model(final, self.model(), prepared.tokenizer, prepared.config, prepared.info,
-                               gathered[0] if gathered else None)
+                    save_model(final, self.model(), prepared.tokenizer, prepared.config, prepared.info, weights)
         self.accelerator.wait_for_everyone()
         state = self.state
         return {"steps": state.step, "first_train_loss": state.first_loss, "final_train_loss": state.last_loss,

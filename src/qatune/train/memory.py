@@ -10,7 +10,9 @@ The model is built on PyTorch's meta device (shapes, no memory) to count its wei
 - FSDP: 1/N of weights, gradients and moments, plus the units gathered at a time (the root, two blocks);
 - the activations kept for the backward pass at the longest batch the data produces (per layer and token about
   34 x hidden + 5 x heads x length values in 16 bits, twice that in fp32: Korthikanti et al., 2022), and the
-  logits with their gradient.
+  logits with their gradient; with train.activation_checkpointing, each block's input and one block's activations.
+
+:func:`checkpoint_activations` turns that option on.
 """
 
 from __future__ import annotations
@@ -86,7 +88,10 @@ def estimate(model: torch.nn.Module, config: Config, precision: str, batch_token
     rows, width = batch_tokens
     dims = shape(model)
     per_value = 2 if precision == "fp32" else 1  # the formula counts 16-bit values
-    activations = dims["layers"] * rows * width * (34 * dims["hidden"] + 5 * dims["heads"] * width) * per_value
+    layer = rows * width * (34 * dims["hidden"] + 5 * dims["heads"] * width) * per_value
+    activations = dims["layers"] * layer
+    if config.train.activation_checkpointing:  # each block's input, and one block recomputed at a time
+        activations = dims["layers"] * rows * width * dims["hidden"] * 2 * per_value + layer
     logit_rows = rows * (supervised if config.task == "generative" and config.train.speedups != "off" else width)
     logits = logit_rows * dims["vocab"] * 4 * 2
     work = {"activations": activations, "logits": logits}
@@ -102,9 +107,12 @@ def estimate(model: torch.nn.Module, config: Config, precision: str, batch_token
         if blocks:
             block = max(sum(p.numel() for p in b.parameters()) for b in blocks)
             root = total - sum(sum(p.numel() for p in b.parameters()) for b in blocks)
+            # train.cpu_offload on a GPU: the shards live in CPU memory, not in the GPU's
+            held = 0 if config.train.cpu_offload and not on_cpu else 1
             estimates.append(Estimate(f"fsdp x {processes}", processes, {
-                "baseline": baseline, "weights": plain_weights // processes, "gradients": 4 * trained // processes,
-                "optimizer": moments // processes, "gathered units": 4 * (root + 2 * block) * 2, **work}))
+                "baseline": baseline, "weights": held * plain_weights // processes,
+                "gradients": held * 4 * trained // processes, "optimizer": held * moments // processes,
+                "gathered units": 4 * (root + 2 * block) * 2, **work}))
     return estimates
 
 
@@ -140,3 +148,22 @@ def verdicts(estimates: list[Estimate], available: int, shared: bool) -> list[di
         out.append({**e.to_dict(), "needed_gib": round(needed / GIB, 3), "needed_bytes": needed,
                     "fits": needed <= 0.9 * available})
     return out
+
+
+def checkpoint_activations(model: torch.nn.Module) -> str:
+    """train.activation_checkpointing: each transformer block keeps only its input for the backward pass, which
+    recomputes the rest (transformers' own checkpointing, non-reentrant: it composes with LoRA and FSDP)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    if not getattr(base, "supports_gradient_checkpointing", False):
+        from qatune.errors import ConfigError
+
+        raise ConfigError(f"{type(base).__name__} does not support activation checkpointing; set "
+                          "train.activation_checkpointing: false")
+    enable = getattr(base, "activation_checkpointing_enable", None)
+    if enable is not None:
+        enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:  # transformers before 5.x's rename
+        base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if getattr(base.config, "use_cache", None):
+        base.config.use_cache = False  # a cache is of no use in training, and transformers warns of it
+    return "activation checkpointing: each block's activations recomputed in the backward pass"

@@ -84,17 +84,6 @@ def _status_writer(main: bool) -> Callable[..., None]:
     return write
 
 
-def fingerprint(prepared: Prepared) -> str:
-    """A digest of the encoded training rows: an exact resume needs the same ones."""
-    import hashlib
-    import json
-
-    digest = hashlib.sha256()
-    for item in prepared.dataset.items:
-        digest.update(json.dumps(item.input_ids).encode())
-    return digest.hexdigest()[:16]
-
-
 def _report(run_dir: Path, main: bool, drawn: Any = None) -> None:
     """report.md and loss.png (``drawn``: by draw_in_background); a failure here never hides the run's own
     outcome."""

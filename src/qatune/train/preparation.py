@@ -321,3 +321,14 @@ def _tokenizer_corpus(task: str, template: PromptTemplate, records: list[QARecor
 def _length_summary(lengths: list[int]) -> dict[str, int]:
     return {"min": min(lengths), "median": percentile(lengths, 50), "p95": percentile(lengths, 95),
             "max": max(lengths)} if lengths else {}
+
+
+def fingerprint(prepared: Prepared) -> str:
+    """A digest of the encoded training rows: an exact resume needs the same ones."""
+    import hashlib
+    import json
+
+    digest = hashlib.sha256()
+    for item in prepared.dataset.items:
+        digest.update(json.dumps(item.input_ids).encode())
+    return digest.hexdigest()[:16]

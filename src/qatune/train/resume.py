@@ -3,19 +3,20 @@
 from __future__ import annotations
 
 import logging
+import os
 from contextlib import nullcontext
 from pathlib import Path
-from typing import Any
 
 import torch
 
-from qatune.config import Config, load_config
+from qatune.config import Config, differences, load_config
 from qatune.errors import ConfigError, DataError, RunDirError
 from qatune.runs import layout
 from qatune.runs.lock import RunLock
 from qatune.train.checkpoint import TrainState, find_checkpoint, load_state
 from qatune.train.device import is_main_process
-from qatune.train.outcome import fingerprint, prepare_checked, run_and_record
+from qatune.train.outcome import prepare_checked, run_and_record
+from qatune.train.preparation import fingerprint
 from qatune.train.signals import resume_command
 
 log = logging.getLogger("qatune")
@@ -58,13 +59,16 @@ def _resume_locked(config: Config, path: Path, run_dir: Path, progress: bool) ->
         raise ConfigError(f"the config differs from the run being resumed in {changed}; only {may_change} may "
                           f"change on resume: resume without --config (the run's own {run_dir / layout.CONFIG} is "
                           "used) and --set only those keys, or start a new run")
-    check_epochs_left(load_state(checkpoint), config.train.epochs, saved.train.epochs, checkpoint, path)
+    state = load_state(checkpoint)
+    check_epochs_left(state, config.train.epochs, saved.train.epochs, checkpoint, path)
+    check_processes(state, checkpoint, path)
     config = config.model_copy(update={"output_dir": str(run_dir)})
     prepared = prepare_checked(config)
     if layout.read_status(run_dir).get("data_fingerprint") not in (None, fingerprint(prepared)):
         raise DataError(f"the training data changed since {run_dir} was started; an exact resume needs the same "
                         "rows (start a new run to train on the new data)")
-    prepared.model = load_weights(prepared.model, checkpoint)
+    if not (checkpoint / layout.SHARDS).is_dir():  # a sharded run's weights are loaded once it is sharded
+        prepared.model = load_weights(prepared.model, checkpoint)
     prepared.base_model = None  # RUN/base is already saved
     if is_main_process():
         layout.write_config(run_dir, config.to_yaml())
@@ -90,6 +94,17 @@ def check_epochs_left(state: TrainState, epochs: int, planned: int, checkpoint: 
                       f"or --set train.epochs to {done + 1} or more")
 
 
+def check_processes(state: TrainState, checkpoint: Path, path: Path) -> None:
+    """Refuse to resume with another number of processes: the batches of an epoch, and so the steps, are split by
+    it, and the position in the epoch is counted per process."""
+    processes = int(os.environ.get("WORLD_SIZE", "1"))
+    if state.processes is not None and state.processes != processes:
+        raise ConfigError(f"{checkpoint} was written by a run of {state.processes} process"
+                          f"{'es' if state.processes > 1 else ''} and this one has {processes}: an exact resume "
+                          f"needs the same number (each process trains its own share of every step): "
+                          f"{resume_command(path, state.processes)}")
+
+
 def load_weights(model: torch.nn.Module, checkpoint: Path) -> torch.nn.Module:
     """A checkpoint's weights (or LoRA adapters) into the freshly built model."""
     from safetensors.torch import load_file
@@ -108,15 +123,3 @@ def load_weights(model: torch.nn.Module, checkpoint: Path) -> torch.nn.Module:
                           f"unexpected {unexpected[:5]})")
     model.tie_weights()
     return model
-
-
-def differences(a: dict[str, Any], b: dict[str, Any], prefix: str = "") -> list[str]:
-    """Dotted keys whose values differ between two nested dicts."""
-    keys = []
-    for key in sorted(set(a) | set(b)):
-        left, right = a.get(key), b.get(key)
-        if isinstance(left, dict) and isinstance(right, dict):
-            keys += differences(left, right, f"{prefix}{key}.")
-        elif left != right:
-            keys.append(prefix + key)
-    return keys

@@ -15,7 +15,8 @@ from qatune.runs import layout
 from qatune.runs.lock import RunLock
 from qatune.train import sharding
 from qatune.train.device import is_main_process
-from qatune.train.outcome import fingerprint, prepare_checked, run_and_record
+from qatune.train.outcome import prepare_checked, run_and_record
+from qatune.train.preparation import fingerprint
 from qatune.train.resume import resume_run
 
 

@@ -5,8 +5,9 @@ on CPU, where accelerate would silently fall back to DDP; NCCL on GPUs).
 Each repeated transformer block is one unit, the rest of the model (embeddings, final norm, head) the root unit: a
 unit's parameters are gathered for its forward and backward and freed after, and its gradients reduce-scattered,
 so a process holds about 1/N of the weights, gradients and AdamW state. Gradients are averaged over processes as
-DDP averages them (the loop scales the loss by the number of processes), so the steps are the same. What needs
-the whole model (a checkpoint, final/, best/) gathers it on the first process; every process takes part.
+DDP averages them (the loop scales the loss by the number of processes), so the steps are the same. Checkpoints are
+written shard by shard (torch.distributed.checkpoint: each process writes its own file); what needs the whole model
+(final/, best/) gathers it on the first process, every process taking part.
 """
 
 from __future__ import annotations
@@ -15,19 +16,29 @@ import logging
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
 from qatune.config import Config
-from qatune.errors import ConfigError
+from qatune.errors import ConfigError, RunDirError
+from qatune.runs import layout
 
 log = logging.getLogger("qatune")
 
-OPTIMIZER_FORMAT = "full_state_dict"
-"""How a sharded run saves its optimizer state: gathered whole and keyed by parameter name (torch.distributed's
-state-dict API), so that any number of processes can load it."""
+
+def _sharded_options() -> Any:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    # Frozen weights (a LoRA run's base) are not saved: they come back from the base model.
+    return StateDictOptions(ignore_frozen_params=True)
+
+OPTIMIZER_FORMAT = "dcp"
+"""How a sharded run's checkpoint holds its weights and optimizer state: in SHARDS, one file per process written by
+torch.distributed.checkpoint and keyed by parameter name."""
+SHARDS = layout.SHARDS
 
 
 def repeated_blocks(model: nn.Module) -> list[nn.Module]:
@@ -44,8 +55,16 @@ def repeated_blocks(model: nn.Module) -> list[nn.Module]:
 
 
 def check_setup(config: Config) -> None:
-    """What train.distributed fsdp needs before anything is loaded: several processes, and no fp16."""
+    """What train.distributed fsdp needs before anything is loaded: several processes, and no fp16; and what
+    needs it. A launch by accelerate with its own FSDP plugin is refused: qatune shards the model itself."""
+    if os.environ.get("ACCELERATE_USE_FSDP", "").lower() in ("1", "true", "yes"):
+        raise ConfigError("accelerate's FSDP plugin is on (ACCELERATE_USE_FSDP, from an accelerate config with "
+                          "distributed_type FSDP): qatune shards the model itself; launch with a multi-GPU accelerate "
+                          "config (distributed_type MULTI_GPU) and set train.distributed: fsdp")
     if config.train.distributed != "fsdp":
+        if config.train.cpu_offload:
+            raise ConfigError("train.cpu_offload keeps the shards of a sharded model in CPU memory and needs "
+                              "train.distributed: fsdp; set it, or set train.cpu_offload: false")
         return
     if int(os.environ.get("WORLD_SIZE", "1")) < 2:
         raise ConfigError("train.distributed fsdp shards the model across processes, and this run has one; "
@@ -62,11 +81,13 @@ def check_shardable(model: nn.Module) -> None:
                           "repeated blocks (a list of layers of one kind); set train.distributed: ddp")
 
 
-def shard(model: nn.Module, precision: str, device: torch.device) -> str:
-    """Shard ``model`` in place across the processes of the default group; returns a line for the log."""
+def shard(model: nn.Module, precision: str, device: torch.device, offload: bool = False) -> str:
+    """Shard ``model`` in place across the processes of the default group; returns a line for the log.
+    ``offload``: keep the shards of the weights, gradients and optimizer state in CPU memory (a unit's weights
+    are copied to the device for its forward and backward, the optimizer steps on the CPU)."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
     world = dist.get_world_size()
     check_shardable(model)
@@ -76,18 +97,21 @@ def shard(model: nn.Module, precision: str, device: torch.device) -> str:
         # Compute in the low precision; gradients reduced and logits handed to the loss in fp32.
         low = torch.bfloat16 if precision == "bf16" else torch.float16
         policy = MixedPrecisionPolicy(param_dtype=low, reduce_dtype=torch.float32, output_dtype=torch.float32)
+    # Pinned host memory needs a GPU; on a CPU the offload only moves the optimizer step out of the units.
+    placement = CPUOffloadPolicy(pin_memory=device.type == "cuda") if offload else OffloadPolicy()
     blocks = repeated_blocks(model)
     for block in blocks:
-        fully_shard(block, mesh=mesh, mp_policy=policy)
+        fully_shard(block, mesh=mesh, mp_policy=policy, offload_policy=placement)
     # The rest (embeddings, tied with the output layer where they are, the final norm) is the root unit.
-    fully_shard(model, mesh=mesh, mp_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=policy, offload_policy=placement)
     # transformers' generate keeps every process stepping until all have finished (their forwards gather).
     model._is_fsdp_managed_module = True
     total = sum(p.numel() for p in model.parameters())
     local = sum(p.to_local().numel() for p in model.parameters())
     return (f"fsdp: {len(blocks)} {type(blocks[0]).__name__} units and the root, sharded on {world} processes: "
             f"{local / 1e6:.2f}M of {total / 1e6:.2f}M parameters on this process"
-            + (f", computing in {precision} with fp32 gradient reduction" if precision != "fp32" else ""))
+            + (f", computing in {precision} with fp32 gradient reduction" if precision != "fp32" else "")
+            + (", kept in CPU memory between uses (train.cpu_offload)" if offload else ""))
 
 
 @contextmanager
@@ -100,22 +124,48 @@ def without_gradient_sync(model: nn.Module) -> Iterator[None]:
         model.set_requires_gradient_sync(True)
 
 
-def gathered_state(model: nn.Module, optimizer: torch.optim.Optimizer | None = None
-                   ) -> tuple[dict[str, torch.Tensor], dict[str, Any] | None]:
-    """The whole model's weights (and the optimizer's state, keyed by parameter name) on the first process, in CPU
-    memory; every process must call this (the others get empty dicts)."""
-    from torch.distributed.checkpoint.state_dict import (
-        StateDictOptions,
-        get_model_state_dict,
-        get_optimizer_state_dict,
-    )
+def gathered_weights(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The whole model's weights on the first process, in CPU memory; every process must call this (the others get
+    an empty dict)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    weights = get_model_state_dict(model, options=options)
+    weights = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     for name in tied_copies(model):  # written once, as save_pretrained writes a model's tied weights
         weights.pop(name, None)
-    state = get_optimizer_state_dict(model, optimizer, options=options) if optimizer is not None else None
-    return weights, state
+    return weights
+
+
+def save_shards(model: nn.Module, optimizer: torch.optim.Optimizer, folder: Path | None) -> None:
+    """Each process writes its shard of the weights (the trainable ones) and of the optimizer state into
+    ``folder``/SHARDS; every process calls this, the first with the folder (the others get it from it)."""
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    where = [str(folder / SHARDS) if folder is not None else None]
+    dist.broadcast_object_list(where, src=0)
+    weights, state = get_state_dict(model, optimizer, options=_sharded_options())
+    dcp.save({"model": weights, "optimizer": state}, checkpoint_id=where[0])
+    dist.barrier()
+    if folder is not None:
+        written = len(list((folder / SHARDS).glob("*.distcp")))
+        if written < dist.get_world_size():
+            raise RunDirError(f"{folder / SHARDS} holds {written} of the {dist.get_world_size()} processes' shards: "
+                              "with train.distributed fsdp on several machines, output_dir must be a folder every "
+                              "machine shares (a network file system)")
+
+
+def load_shards(model: nn.Module, optimizer: torch.optim.Optimizer, folder: Path) -> None:
+    """A checkpoint's shards (:func:`save_shards`) into the sharded ``model`` and its ``optimizer``, resharded
+    to this run's processes."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    weights, state = get_state_dict(model, optimizer, options=_sharded_options())
+    saved = {"model": weights, "optimizer": state}
+    dcp.load(saved, checkpoint_id=str(folder / SHARDS))
+    set_state_dict(model, optimizer, model_state_dict=saved["model"], optim_state_dict=saved["optimizer"],
+                   options=_sharded_options())
 
 
 def tied_copies(model: nn.Module) -> list[str]:
@@ -127,13 +177,6 @@ def tied_copies(model: nn.Module) -> list[str]:
             copies.append(name)
         seen.add(id(p))
     return copies
-
-
-def load_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
-    """A gathered optimizer state (:func:`gathered_state`) sharded into this process's optimizer."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
-
-    set_optimizer_state_dict(model, optimizer, state, options=StateDictOptions(full_state_dict=True))
 
 
 def named_full_grads(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:

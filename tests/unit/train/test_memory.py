@@ -29,6 +29,10 @@ def test_parts_follow_the_model(tmp_path):
     assert fsdp.parts["weights"] == 4 * params // 2 and fsdp.parts["optimizer"] == 8 * params // 2
     # activations: 2 layers x 4 rows x 30 tokens x (34 x 32 + 5 x 2 heads x 30) 16-bit values, twice in fp32
     assert one.parts["activations"] == 2 * 4 * 30 * (34 * 32 + 5 * 2 * 30) * 2
+    # activation checkpointing: each block's input (2 layers x 4 x 30 x 32 values) and one block recomputed
+    checkpointed = tiny_config(tmp_path, ROWS, "model.scratch.n_layer=2", "train.activation_checkpointing=true")
+    kept = memory.estimate(model, checkpointed, "fp32", (4, 30), 5, processes=1, baseline=0)[0]
+    assert kept.parts["activations"] == 2 * 4 * 30 * 32 * 2 * 2 + 4 * 30 * (34 * 32 + 5 * 2 * 30) * 2
     lora = tiny_config(tmp_path, ROWS, "model.scratch.n_layer=2", "model.lora.r=4")
     adapters = memory.meta_model(lora, prepared.tokenizer, False)
     with_lora = memory.estimate(adapters, lora, "fp32", (4, 30), 5, processes=1, baseline=0)[0]

@@ -1,0 +1,96 @@
+"""``qatune train --num-processes N [--nodes M --node-rank R --master HOST:PORT]``: the torchrun command that
+starts the training processes of this machine, after every machine has joined.
+
+torchrun waits for the other machines itself, and one that never comes ends in its own traceback. qatune first
+meets the other machines at the master address (a TCP store, as torchrun's own rendezvous), so a machine that never
+joins ends in one line naming the wait, and only then starts torchrun on the same address.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import timedelta
+
+from qatune.errors import ConfigError
+
+DEFAULT_JOIN_TIMEOUT = 600
+"""Seconds each machine waits for the others (torchrun's own default)."""
+
+
+def parse_master(master: str | None, nodes: int) -> tuple[str, int]:
+    """HOST:PORT of the first machine (node rank 0); with one machine, this one."""
+    if master is None:
+        if nodes > 1:
+            raise ConfigError(f"--nodes {nodes} needs --master HOST:PORT: the address of the machine with "
+                              "--node-rank 0, which every machine can reach (a free port, e.g. 29500)")
+        return "127.0.0.1", 0
+    host, _, port = master.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"--master {master!r} is not HOST:PORT (e.g. node0.cluster:29500)")
+    return host.strip("[]"), int(port)
+
+
+def torchrun_command(processes: int, qatune_args: list[str], nodes: int = 1, node_rank: int = 0,
+                     master: str | None = None, join_timeout: int = DEFAULT_JOIN_TIMEOUT) -> list[str]:
+    """The torchrun command that starts this machine's ``processes`` running ``qatune qatune_args``."""
+    launch = [sys.executable, "-m", "qatune.commands.torchrun", f"--nproc-per-node={processes}"]
+    if nodes == 1:
+        launch.append("--standalone")
+    else:
+        host, port = parse_master(master, nodes)
+        launch += [f"--nnodes={nodes}", f"--node-rank={node_rank}", f"--master-addr={host}",
+                   f"--master-port={port}", f"--rdzv-conf=timeout={join_timeout}"]
+    return [*launch, "-m", "qatune", *qatune_args]
+
+
+def wait_for_machines(nodes: int, node_rank: int, master: str | None, timeout: int) -> None:
+    """Return once all ``nodes`` machines have reached the master address; a machine that does not join within
+    ``timeout`` seconds ends it with a :class:`ConfigError` on every machine that waited."""
+    if nodes == 1:
+        return
+    if not 0 <= node_rank < nodes:
+        raise ConfigError(f"--node-rank {node_rank} is not one of 0..{nodes - 1} (--nodes {nodes})")
+    from torch.distributed import TCPStore
+
+    host, port = parse_master(master, nodes)
+    first = node_rank == 0
+    try:
+        # The first machine's store waits until the others have connected; they wait for its word to go on.
+        with _native_logs_silenced():  # c10d logs each failed connection, with a C++ stack, on stderr
+            # Every machine counts itself in (wait_for_workers); only the first one's store waits for the count.
+            store = TCPStore(host, port, world_size=nodes, is_master=first, timeout=timedelta(seconds=timeout),
+                             wait_for_workers=True)
+        if first:
+            store.set(_READY, "1")
+            time.sleep(1.0)  # the others read the word before this store, and the port, are given up for torchrun
+        else:
+            store.wait([_READY])
+    except RuntimeError as exc:  # DistStoreError, DistNetworkError: a timeout or a refused connection
+        detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        who = ("the other machines did not all join" if first
+               else f"the first machine (--node-rank 0) did not answer at {host}:{port}")
+        raise ConfigError(f"rendezvous timeout: {who} within {timeout} s ({detail}); start the same command on "
+                          f"every machine with --nodes {nodes} and its own --node-rank (0..{nodes - 1}), check "
+                          f"that {host}:{port} is reachable, or give them longer with --join-timeout") from None
+    del store
+
+
+_READY = "qatune-all-joined"
+
+
+@contextmanager
+def _native_logs_silenced() -> Iterator[None]:
+    """Native code's writes to stderr (file descriptor 2) dropped while this is entered."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with open(os.devnull, "w") as null:
+        os.dup2(null.fileno(), 2)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)

@@ -1,0 +1,29 @@
+"""The torchrun command of ``qatune train --num-processes/--nodes``, and the addresses it refuses."""
+
+import pytest
+
+from qatune.commands.launch import parse_master, torchrun_command
+from qatune.errors import ConfigError
+
+
+def test_one_machine_is_standalone():
+    command = torchrun_command(2, ["train", "--config", "c.yaml"])
+    assert command[1:] == ["-m", "qatune.commands.torchrun", "--nproc-per-node=2", "--standalone", "-m", "qatune",
+                           "train", "--config", "c.yaml"]
+
+
+def test_several_machines_meet_at_the_master():
+    command = torchrun_command(4, ["train"], nodes=2, node_rank=1, master="node0.cluster:29500", join_timeout=30)
+    assert command[4:10] == ["--nnodes=2", "--node-rank=1", "--master-addr=node0.cluster", "--master-port=29500",
+                            "--rdzv-conf=timeout=30", "-m"]
+    assert parse_master("[::1]:29500", 2) == ("::1", 29500)
+
+
+@pytest.mark.parametrize("master,message", [
+    (None, "--nodes 2 needs --master HOST:PORT: the address of the machine with --node-rank 0"),
+    ("node0", "--master 'node0' is not HOST:PORT (e.g. node0.cluster:29500)"),
+    ("node0:99999", "--master 'node0:99999' is not HOST:PORT"),
+])
+def test_a_bad_master_is_one_message(master, message):
+    with pytest.raises(ConfigError, match="^" + message.replace("(", r"\(").replace(")", r"\)")):
+        torchrun_command(1, ["train"], nodes=2, master=master)
