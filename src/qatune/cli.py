@@ -163,20 +163,30 @@ def train(ctx: click.Context, config_path: str | None, overrides: tuple[str, ...
               help="With --base: override a config key. With RUN_DIR: how --data is read, e.g. --set data.sheet=0 "
                    "or --set data.question_column=Q (data.sheet/encoding/delimiter/*_column/answer_separator).")
 @click.option("--batch-size", type=click.IntRange(min=1), default=None, help="Evaluation batch size.")
+@click.option("--compare", "compare_with", default=None, metavar="base|RUN|FILE.gguf",
+              help="Also evaluate another model on the same rows and write compare-<file>.md and .csv: base (the "
+                   "run's model before fine-tuning), another run, or a .gguf file.")
 @click.option("--json", "as_json", is_flag=True, help="Print the metrics as JSON on stdout.")
 @verbose_option
 def eval_command(run_dir: str | None, data_file: str | None, which: str, base: bool, config_path: str | None,
-                 overrides: tuple[str, ...], batch_size: int | None, as_json: bool) -> None:
+                 overrides: tuple[str, ...], batch_size: int | None, compare_with: str | None, as_json: bool) -> None:
     """Evaluate a trained run (or a .gguf file) on a held-out file: loss, perplexity, exact match, F1.
 
     Writes eval-<file>.json and predictions-<file>.csv into the run directory (beside a .gguf file:
     eval-<gguf name>-<file>.json, predictions-<gguf name>-<file>.csv). With --base --config X.yaml,
     the untouched pretrained model is evaluated with the same prompt, on data.eval_file or --data (its files
-    go to OUTPUT_DIR-base/): what fine-tuning starts from.
-    """
-    from qatune.inference.evaluate import evaluate_base, evaluate_run
+    go to OUTPUT_DIR-base/): what fine-tuning starts from. A grading run also gets a picture per label field
+    (confusion-<file>-<field>.png) and per number field (scores-<file>-<field>.png).
 
+    With --compare base|RUN|FILE.gguf, another model answers the same rows too, and compare-<file>.md and
+    compare-<file>.csv show how each metric moved and which rows went right -> wrong and wrong -> right.
+    """
+    from qatune.inference.evaluate import evaluate_base, evaluate_run, field_summary
+
+    compared = None
     if base:
+        if compare_with is not None:
+            raise QatuneError("--compare goes with a RUN_DIR: qatune eval RUN --data FILE --compare base")
         if run_dir is not None or config_path is None:
             raise QatuneError("--base evaluates the model a config starts from: pass --config X.yaml and no RUN_DIR")
         from qatune.config import load_config
@@ -190,15 +200,35 @@ def eval_command(run_dir: str | None, data_file: str | None, which: str, base: b
             raise QatuneError("--config goes with --base; a run is evaluated with its own saved config")
         if data_file is None:
             raise QatuneError("pass the held-out file with --data FILE")
-        metrics, paths = evaluate_run(run_dir, data_file, which, batch_size, progress=not as_json, reading=overrides)
+        if compare_with is None:
+            metrics, paths = evaluate_run(run_dir, data_file, which, batch_size, progress=not as_json,
+                                          reading=overrides)
+        else:
+            from qatune.inference.compare import compare_run
+
+            run, compared = compare_run(run_dir, data_file, compare_with, which, batch_size, progress=not as_json,
+                                        reading=overrides)
+            metrics, paths = run.metrics, run.paths
     if as_json:
-        click.echo(json.dumps(metrics, indent=2))
+        click.echo(json.dumps(metrics if compared is None else {**metrics, "compare": compared}, indent=2))
         return
     for key in ("exact_match", "f1", "loss", "perplexity"):
         value = metrics[key]
         click.echo(f"{key:<12} {value:.4f}" if isinstance(value, float) else f"{key:<12} n/a")
     click.echo(f"{'num_examples':<12} {metrics['num_examples']}")
+    for line in field_summary(metrics):
+        click.echo(line)
     click.echo(f"predictions  {paths['predictions']}")
+    for key, path in paths.items():
+        if key not in ("metrics", "predictions"):
+            click.echo(f"picture      {path}")
+    if compared is not None:
+        from qatune.inference.compare import summary_lines
+
+        for line in summary_lines(compared):
+            click.echo(line)
+        click.echo(f"comparison   {compared['files']['markdown']}")
+        click.echo(f"comparison   {compared['files']['csv']}")
 
 
 @cli.command()
@@ -211,8 +241,10 @@ def eval_command(run_dir: str | None, data_file: str | None, which: str, base: b
 @click.option("--file", "data_file", default=None, help="Answer every row of a spreadsheet (question column).")
 @click.option("--field", "fields", multiple=True, metavar="NAME=VALUE",
               help="A column the run's prompt names besides the question, e.g. --field 'Total Marks=3' (repeatable).")
-@click.option("--output", default=None,
-              help="With --file: where to write the answers (.csv, .tsv, .xlsx, .json or .jsonl, by its suffix).")
+@click.option("--output", "--out", "output", default=None,
+              help="With --file: where to write the answers (.csv, .tsv, .xlsx, .json or .jsonl, by its suffix). "
+                   "A grading run (data.answer_columns) keeps the sheet as it is and adds the fields, 'parsed' and "
+                   "'model output' columns; an .xlsx written from a workbook keeps its other sheets.")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
               help="With --file: how the file is read, e.g. --set data.sheet=0 or --set data.question_column=Q "
                    "(data.sheet/encoding/delimiter/*_column/answer_separator).")

@@ -114,7 +114,7 @@ def _apply_override(raw: dict[str, Any], item: str) -> str | None:
     return None
 
 
-TEXT_ESCAPES = ("data.prompt_template", "data.user_template", "data.system_prompt")
+TEXT_ESCAPES = ("data.prompt_template", "data.user_template", "data.system_prompt", "data.answer_template")
 """Keys whose text typed after --set may carry \\n and \\t (a template's line breaks), as in a YAML "..." string."""
 
 
@@ -218,6 +218,7 @@ def _cross_checks(config: Config) -> list[str]:
         problems.append("data.context_column: required for task extractive; name the column holding the passages")
     if config.task == "generative":
         problems += _template_checks(data)
+    problems += _answer_field_checks(config.task, data)
     if data.eval_file is not None and data.validation_fraction > 0:
         problems.append("data.validation_fraction: set it to 0 when data.eval_file is given (use one or the other)")
     return problems
@@ -243,6 +244,32 @@ def _template_checks(data: DataConfig) -> list[str]:
             if getattr(data, key) is not None:
                 problems.append(f"data.{key}: only used with a chat template (prompt_template: chat or auto); "
                                 "write the whole prompt in data.prompt_template instead, or set it to chat")
+    return problems
+
+
+def _answer_field_checks(task: str, data: DataConfig) -> list[str]:
+    """data.answer_columns and the keys that go with it. The template itself is checked where it is built
+    (qatune.data.answer_fields.AnswerTemplate, below which this layer sits), before any file is read."""
+    columns = data.answer_columns
+    if columns is None:
+        return [f"data.{key}: only used with data.answer_columns; list the answer columns there, or remove it"
+                for key in ("answer_template", "field_kinds") if getattr(data, key) is not None]
+    problems = []
+    if task != "generative":
+        problems.append("data.answer_columns: only for task generative (a model writes the columns as one answer); "
+                        "set task: generative, or remove data.answer_columns and use data.answer_column")
+    if not columns:
+        problems.append("data.answer_columns: empty; list the answer columns, e.g. [score, label, feedback], or set "
+                        "it to null for data.answer_column")
+    repeated = sorted({name for name in columns if columns.count(name) > 1})
+    if repeated:
+        problems.append(f"data.answer_columns: {repeated} listed more than once; list each column once")
+    for name in data.field_kinds or {}:
+        if name not in columns:
+            close = difflib.get_close_matches(name, columns, n=1)
+            hint = f"did you mean '{close[0]}'? " if close else ""
+            problems.append(f"data.field_kinds: '{name}' is not one of data.answer_columns {columns}; {hint}"
+                            "give kinds only to answer columns")
     return problems
 
 

@@ -104,7 +104,18 @@ class DataConfig(Section):
     question_column: str = "question"
     """Column with the questions (matched ignoring case and surrounding spaces)."""
     answer_column: str = "answer"
-    """Column with the answers."""
+    """Column with the answers (not used when answer_columns is set)."""
+    answer_columns: list[str] | None = None
+    """Generative: several answer columns (a grading sheet's score, label and feedback) trained as one answer text,
+    written through answer_template and parsed back into the columns by eval and generate; replaces answer_column."""
+    answer_template: str | None = None
+    """With answer_columns: the answer text, each column once as {column} with text between them, e.g.
+    "Score: {score}\nLabel: {label}\nFeedback: {feedback}" ({{ and }} are literal braces; null: one
+    "Title: {column}" line per column, in the order of answer_columns)."""
+    field_kinds: dict[str, Literal["number", "label", "text"]] | None = None
+    """With answer_columns: how a column is scored, e.g. {score: number, label: label}: number (MAE, within
+    tolerance, Spearman), label (accuracy, macro F1, confusion) or text (token F1, ROUGE-L, BLEU); a column left
+    out gets the kind its training values suggest."""
     context_column: str | None = None
     """Extractive: the passage column that contains each answer."""
     answer_start_column: str | None = None
@@ -116,7 +127,8 @@ class DataConfig(Section):
     delimiter: str | None = None
     """Field separator for text tables (default: ',' for .csv, tab for .tsv); one character, or tab."""
     answer_separator: str | None = None
-    """Split answer cells on this text into several gold answers, e.g. '|'. The first is trained on."""
+    """Split answer cells on this text into several gold answers, e.g. '|'. The first is trained on (not with
+    answer_columns)."""
     drop_duplicates: bool = False
     """Drop repeated (question, answer, context) rows instead of only counting them."""
     max_length: int | Literal["auto"] = "auto"

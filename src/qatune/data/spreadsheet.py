@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from qatune.config.columns import column_key, template_fields
+from qatune.data.answer_fields import AnswerTemplate, infer_kind
 from qatune.data.tables import NOT_FINITE, clean_cell, location, read_table, with_sheets_hint
 from qatune.errors import DataError, row_list
 
@@ -36,6 +37,9 @@ class QARecord:
     """Row number in the source file, as a spreadsheet shows it."""
     fields: dict[str, str] = field(default_factory=dict)
     """Other columns the prompt template names ({Total Marks}), by the name the template uses."""
+    answer_fields: dict[str, str] = field(default_factory=dict)
+    """With data.answer_columns: the gold value of each answer column, by its name there (the answer is their
+    rendering through the answer template); empty otherwise."""
 
     @property
     def answer(self) -> str:
@@ -92,11 +96,14 @@ def load_records(
     drop_duplicates: bool = False,
     max_cell_chars: int = 100_000,
     fields: list[str] | tuple[str, ...] = (),
+    answer_template: AnswerTemplate | None = None,
 ) -> tuple[list[QARecord], LoadReport]:
     """Read a spreadsheet into QA records. ``answer_column=None`` reads questions only (for generate).
 
     ``fields``: other columns the prompt template names; each must exist, and its cells go into
-    ``QARecord.fields`` under the template's name.
+    ``QARecord.fields`` under the template's name. ``answer_template``: several answer columns (a grading
+    sheet's) instead of ``answer_column``; each must exist, a row with a blank one is dropped ("blank
+    COLUMN"), and the answer is their rendering (``QARecord.answer_fields`` holds the cells).
     """
     path = Path(path)
     header, rows, first_row = read_table(path, sheet=sheet, encoding=encoding, delimiter=delimiter)
@@ -119,21 +126,25 @@ def load_records(
                 raise DataError(f"data.prompt_template names the column '{name}', which is not in {where}; columns "
                                 f"are {header}; fix the name in the template (case, spaces, _ and - do not matter)")
             index[name] = resolve_column(header, name, "prompt_template", where)
+        answer_index = {name: resolve_column(header, name, "answer_columns", where)
+                        for name in (answer_template.columns if answer_template else ())}
     except DataError as exc:
         raise with_sheets_hint(exc, path, sheet, "set data.sheet") from None
     report.columns = {key: header[i] for key, i in index.items() if key in wanted}
 
     columns = {key: _column_cells(rows, i) for key, i in index.items()}
+    answer_cells = {name: _column_cells(rows, i) for name, i in answer_index.items()}
     starts = _column_cells(rows, start_index) if start_index is not None else [None] * len(rows)
     records: list[QARecord] = []
     seen: set[tuple] = set()
     for offset in range(len(rows)):
         row_number = first_row + offset
         cells = {key: values[offset] for key, values in columns.items()}
-        if all(value is None for value in cells.values()):
+        gold_fields = {name: values[offset] for name, values in answer_cells.items()}
+        if all(value is None for value in [*cells.values(), *gold_fields.values()]):
             report.drop("empty row", row_number)
             continue
-        reason = _problem(cells, max_cell_chars)
+        reason = _problem(cells, max_cell_chars) or _problem(gold_fields, max_cell_chars)
         if reason:
             report.drop(reason, row_number)
             continue
@@ -143,6 +154,8 @@ def load_records(
             if not answers:
                 report.drop("blank answer", row_number)
                 continue
+        if answer_template is not None:
+            answers = [answer_template.render(gold_fields)]
         record = QARecord(
             question=cells["question_column"],
             answers=answers,
@@ -150,6 +163,7 @@ def load_records(
             answer_start=_as_offset(starts[offset]),
             row=row_number,
             fields={name: cells[name] for name in fields},
+            answer_fields=gold_fields,
         )
         key = (record.question, tuple(record.answers), record.context, tuple(record.fields.values()))
         if key in seen:
@@ -167,12 +181,14 @@ def load_records(
 
 def load_from_config(data: DataConfig, path: str | Path, *, with_answers: bool = True,
                      with_context: bool | None = None) -> tuple[list[QARecord], LoadReport]:
-    """``load_records`` with the column settings of a config's data section."""
+    """``load_records`` with the column settings of a config's data section (``with_answers=False``: questions
+    only, the answer columns need not be there)."""
     use_context = data.context_column is not None if with_context is None else with_context
+    template = answer_template(data)  # a bad template fails before the file is read
     return load_records(
         path,
         question_column=data.question_column,
-        answer_column=data.answer_column if with_answers else None,
+        answer_column=data.answer_column if with_answers and template is None else None,
         context_column=data.context_column if use_context else None,
         answer_start_column=data.answer_start_column if use_context else None,
         sheet=data.sheet,
@@ -182,7 +198,26 @@ def load_from_config(data: DataConfig, path: str | Path, *, with_answers: bool =
         drop_duplicates=data.drop_duplicates,
         max_cell_chars=data.max_cell_chars,
         fields=prompt_columns(data),
+        answer_template=template if with_answers else None,
     )
+
+
+def answer_template(data: DataConfig) -> AnswerTemplate | None:
+    """The answer template of data.answer_columns (data.answer_template, or the default one); None without them.
+    Raises ConfigError, naming data.answer_template, when it cannot be parsed back into its columns."""
+    if not data.answer_columns:
+        return None
+    return AnswerTemplate.make(data.answer_columns, data.answer_template)
+
+
+def answer_kinds(data: DataConfig, records: list[QARecord]) -> dict[str, str] | None:
+    """How each answer column is scored: data.field_kinds where given, else inferred from the records' gold
+    values (:func:`qatune.data.answer_fields.infer_kind`); None without data.answer_columns."""
+    if not data.answer_columns:
+        return None
+    given = data.field_kinds or {}
+    return {name: given.get(name) or infer_kind([r.answer_fields.get(name, "") for r in records])
+            for name in data.answer_columns}
 
 
 def prompt_columns(data: DataConfig) -> list[str]:

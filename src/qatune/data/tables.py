@@ -141,25 +141,28 @@ def _read_excel(path: Path, sheet: str | int | None) -> pd.DataFrame:
     except Exception as exc:  # openpyxl raises many kinds on a corrupt workbook
         raise DataError(f"{path} cannot be opened as an Excel workbook: {exc}") from None
     with book:
-        names = book.sheet_names
-        if isinstance(sheet, str) and sheet.strip().isdigit() and not any(
-                n.strip().casefold() == sheet.strip().casefold() for n in names):
-            sheet = int(sheet)  # "1" from a command line (init --sheet 1): the index, as data.sheet: 1 is
-        if sheet is None:
-            chosen: str | int = 0
-        elif isinstance(sheet, int):
-            if sheet >= len(names):
-                raise DataError(f"{path} has no sheet {sheet} (0-based); its sheets are {names}; set data.sheet")
-            chosen = sheet
-        elif sheet in names:
-            chosen = sheet
-        else:
-            folded = [n for n in names if n.strip().casefold() == sheet.strip().casefold()]
-            if len(folded) != 1:
-                raise DataError(f"{path} has no sheet named '{sheet}'; its sheets are {names}; set data.sheet")
-            chosen = folded[0]
-        return pd.read_excel(book, sheet_name=chosen, header=None, dtype=object, keep_default_na=False,
-                             na_filter=False)
+        return pd.read_excel(book, sheet_name=choose_sheet(path, book.sheet_names, sheet), header=None,
+                             dtype=object, keep_default_na=False, na_filter=False)
+
+
+def choose_sheet(path: Path, names: list[str], sheet: str | int | None) -> str | int:
+    """The sheet data.sheet names among a workbook's ``names``: a name (exact, else ignoring case and spaces) or
+    a 0-based index; None is the first sheet (0)."""
+    if isinstance(sheet, str) and sheet.strip().isdigit() and not any(
+            n.strip().casefold() == sheet.strip().casefold() for n in names):
+        sheet = int(sheet)  # "1" from a command line (init --sheet 1): the index, as data.sheet: 1 is
+    if sheet is None:
+        return 0
+    if isinstance(sheet, int):
+        if sheet >= len(names):
+            raise DataError(f"{path} has no sheet {sheet} (0-based); its sheets are {names}; set data.sheet")
+        return sheet
+    if sheet in names:
+        return sheet
+    folded = [n for n in names if n.strip().casefold() == sheet.strip().casefold()]
+    if len(folded) != 1:
+        raise DataError(f"{path} has no sheet named '{sheet}'; its sheets are {names}; set data.sheet")
+    return folded[0]
 
 
 def _read_json(path: Path, encoding: str | None, lines: bool) -> tuple[list[str], list[list[Any]]]:

@@ -7,6 +7,7 @@ import io
 import json
 import logging
 import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,13 +23,16 @@ from qatune.data.generative import (
     choose_max_length,
     encode_examples,
 )
-from qatune.data.spreadsheet import QARecord, load_from_config
+from qatune.data.spreadsheet import QARecord, answer_kinds, answer_template, load_from_config
 from qatune.data.templates import PromptTemplate
 from qatune.errors import ConfigError
+from qatune.inference.field_metrics import grading_metrics
+from qatune.inference.field_plots import write_field_pictures
 from qatune.inference.generate import (
     answer_questions,
     extract_answers,
     inference_precision,
+    run_answer_template,
     score_windows,
     uses_context,
 )
@@ -79,10 +83,42 @@ def evaluation_parts(model: Any, tokenizer: Any, info: ModelInfo, records: list[
 
 def metrics_from(info: ModelInfo, records: list[QARecord], predictions: list[str], loss_sum: float,
                  count: int) -> dict[str, Any]:
+    """exact_match, f1, loss, perplexity and num_examples; for a run with answer fields (a grading sheet's) also
+    parse_rate, unparsed and fields (:func:`qatune.inference.field_metrics.grading_metrics`)."""
     loss = loss_sum / count if count else None
     perplexity = _safe_exp(loss) if info.task == "generative" else None
     scores = corpus_scores(predictions, [r.answers for r in records])
-    return {**scores, "loss": loss, "perplexity": perplexity, "num_examples": len(records)}
+    metrics = {**scores, "loss": loss, "perplexity": perplexity, "num_examples": len(records)}
+    template = run_answer_template(info)
+    if template is not None:
+        metrics.update(grading_metrics(info.answer_fields, [template.parse(p) for p in predictions],
+                                       [r.answer_fields for r in records]))
+    return metrics
+
+
+def field_summary(metrics: dict[str, Any]) -> list[str]:
+    """Lines on the answer fields of a grading run's metrics: how many answers parsed, each field's main scores."""
+    if "fields" not in metrics:
+        return []
+    parsed = metrics["num_examples"] - metrics["unparsed"]
+    lines = [f"fields: {parsed} of {metrics['num_examples']} answers follow the answer template"
+             f" ({_number(metrics['parse_rate'], '%')}); the others count as wrong"]
+    for name, field in metrics["fields"].items():
+        if "mae" in field:
+            scores = (f"MAE {_number(field['mae'], digits=3)}, exact {_number(field['exact'], '%')}, within "
+                      f"{field['tolerance']:g} {_number(field['within_tolerance'], '%')}, Spearman "
+                      f"{_number(field['spearman'], digits=3)}")
+        elif "accuracy" in field:
+            scores = f"accuracy {_number(field['accuracy'], '%')}, macro F1 {_number(field['macro_f1'])}"
+        else:
+            scores = (f"token F1 {_number(field['token_f1'])}, ROUGE-L {_number(field['rouge_l'])}, "
+                      f"BLEU {_number(field['bleu'])}")
+        lines.append(f"  {name}: {scores} ({field['rows']} rows)")
+    return lines
+
+
+def _number(value: float | None, unit: str = "", digits: int = 1) -> str:
+    return "n/a" if value is None else f"{value:.{digits}f}{unit}"
 
 
 def causal_lm_eval_loss(model: Any, tokenizer: Any, info: ModelInfo, records: list[QARecord],
@@ -127,6 +163,25 @@ def evaluate_run(run_dir: str | Path, data_file: str | Path, which: str = layout
     ``reading``: ``key=value`` changes to how the file is read (sheet, columns, delimiter: READING_KEYS),
     for a held-out file laid out unlike the training file.
     """
+    done = run_evaluation(run_dir, data_file, which, batch_size, progress, reading)
+    return done.metrics, done.paths
+
+
+@dataclass
+class Evaluation:
+    """One model's results on the rows of one file: what eval wrote, and what a comparison reads."""
+
+    metrics: dict[str, Any]
+    predictions: list[str]
+    records: list[QARecord]
+    info: ModelInfo
+    paths: dict[str, Path]
+
+
+def run_evaluation(run_dir: str | Path, data_file: str | Path, which: str = layout.FINAL,
+                   batch_size: int | None = None, progress: bool = False,
+                   reading: list[str] | tuple[str, ...] = ()) -> Evaluation:
+    """:func:`evaluate_run`, with the rows read and the predictions kept."""
     config, info = read_run(run_dir, which)  # the data file is read before the model
     data = with_reading_overrides(config, reading).data if reading else config.data
     records, report = load_from_config(data, data_file, with_context=uses_context(info))
@@ -140,8 +195,8 @@ def evaluate_run(run_dir: str | Path, data_file: str | Path, which: str = layout
     metrics["model"] = str(loaded.folder)
     metrics["model_id"] = model_id(loaded)  # which writing of that model was evaluated
     out_dir, prefix = results_place(run_dir, loaded)
-    paths = write_results(out_dir, data_file, metrics, records, predictions, prefix)
-    return metrics, paths
+    paths = write_results(out_dir, data_file, metrics, records, predictions, prefix, loaded.info)
+    return Evaluation(metrics, predictions, records, loaded.info, paths)
 
 
 def evaluate_base(config: Config, data_file: str | Path | None = None, batch_size: int | None = None,
@@ -149,16 +204,39 @@ def evaluate_base(config: Config, data_file: str | Path | None = None, batch_siz
     """The untouched pretrained model of a config, prompted exactly as a run of that config would be,
     on data.eval_file (or ``data_file``): what fine-tuning starts from. Writes the metrics JSON and a
     predictions CSV into OUTPUT_DIR-base/ (the run directory itself stays free for training)."""
-    if config.task != "generative":
-        raise ConfigError("--base evaluates a generative model before fine-tuning; an extractive model's "
-                          "span head is random until it is trained")
-    if config.model.name_or_path is None:
-        raise ConfigError("--base needs a pretrained model (model.name_or_path); a scratch model knows nothing "
-                          "before training")
+    check_base(config)
     data_file = data_file or config.data.eval_file
     if data_file is None:
         raise ConfigError("--base evaluates on data.eval_file, and this config has none; pass --data FILE")
     records, report = load_from_config(config.data, data_file)
+    metrics, predictions, info = base_predictions(config, records, batch_size, progress)
+    metrics["data_file"] = str(data_file)
+    metrics["rows_dropped"] = report.dropped_total
+    metrics["model"] = base_name(config)
+    out_dir = Path(f"{config.output_dir.rstrip('/')}-base")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    return metrics, write_results(out_dir, data_file, metrics, records, predictions, info=info)
+
+
+def check_base(config: Config, flag: str = "--base") -> None:
+    """Refuse, before anything loads, a config whose model before fine-tuning cannot answer (``flag``: the option
+    that asked for it, named by the error)."""
+    if config.task != "generative":
+        raise ConfigError(f"{flag} evaluates a generative model before fine-tuning; an extractive model's "
+                          "span head is random until it is trained")
+    if config.model.name_or_path is None:
+        raise ConfigError(f"{flag} needs a pretrained model (model.name_or_path); a scratch model knows nothing "
+                          "before training")
+
+
+def base_name(config: Config) -> str:
+    return f"{config.model.name_or_path} (base, not fine-tuned)"
+
+
+def base_predictions(config: Config, records: list[QARecord], batch_size: int | None = None,
+                     progress: bool = False) -> tuple[dict[str, Any], list[str], ModelInfo]:
+    """The pretrained model of ``config`` (:func:`check_base` passed) on ``records``, prompted exactly as a run of
+    that config would be: its metrics, its predictions and the ModelInfo it was asked with."""
     tokenizer = load_tokenizer(config.model, config.task)
     model_config = load_model_config(config.model)
     model = load_pretrained(config.model, config.task, tokenizer, model_config)
@@ -167,26 +245,26 @@ def evaluate_base(config: Config, data_file: str | Path | None = None, batch_siz
     encoder = (Seq2SeqEncoder if seq2seq else PromptEncoder)(tokenizer, template)
     limit = model_max_positions(model_config, tokenizer)
     max_length = choose_max_length([encoder.full_length(r) for r in records], config.data.max_length, limit)
+    fields = answer_template(config.data)
     info = ModelInfo(task=config.task, max_length=max_length, prompt_template=template.template,
-                     answer_prefix=template.answer_prefix, seq2seq=seq2seq)
+                     answer_prefix=template.answer_prefix, seq2seq=seq2seq,
+                     answer_fields=answer_kinds(config.data, records),
+                     answer_template=fields.template if fields is not None else None)
     import torch
 
     model.to("cuda" if torch.cuda.is_available() else "cpu").eval()
     metrics, predictions = evaluate_records(model, tokenizer, info, records, config.generate,
                                             batch_size or config.train.eval_batch_size, progress,
                                             config.train.speedups)
-    metrics["data_file"] = str(data_file)
-    metrics["rows_dropped"] = report.dropped_total
-    metrics["model"] = f"{config.model.name_or_path} (base, not fine-tuned)"
-    out_dir = Path(f"{config.output_dir.rstrip('/')}-base")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    return metrics, write_results(out_dir, data_file, metrics, records, predictions)
+    return metrics, predictions, info
 
 
 def write_results(out_dir: Path, data_file: str | Path, metrics: dict[str, Any], records: list[QARecord],
-                  predictions: list[str], prefix: str = "") -> dict[str, Path]:
+                  predictions: list[str], prefix: str = "", info: ModelInfo | None = None) -> dict[str, Path]:
     """eval-NAME.json and predictions-NAME.csv, each written atomically; results of another file with the
-    same name (data/a/x.csv after data/b/x.csv) are replaced with a warning."""
+    same name (data/a/x.csv after data/b/x.csv) are replaced with a warning. A grading run's (``info`` with
+    answer fields) also gets a picture per label and number field (:mod:`qatune.inference.field_plots`), under
+    the keys "confusion FIELD" and "scores FIELD"."""
     paths = layout.eval_outputs(out_dir, data_file, prefix)
     metrics["data_path"] = str(Path(data_file).resolve())
     try:
@@ -197,19 +275,41 @@ def write_results(out_dir: Path, data_file: str | Path, metrics: dict[str, Any],
         log.warning("replacing %s, the results of %s (files of one name share their results' names)",
                     paths["metrics"].name, before)
     atomic.atomic_write_text(paths["metrics"], json.dumps(metrics, indent=2) + "\n")
-    write_predictions(paths["predictions"], records, predictions)
+    write_predictions(paths["predictions"], records, predictions, info)
+    template = run_answer_template(info) if info is not None else None
+    if template is not None and "fields" in metrics:
+        parsed = [template.parse(p) for p in predictions]
+        names = list(metrics["fields"])
+        paths.update(write_field_pictures(out_dir, prefix + Path(data_file).stem, metrics["fields"],
+                                          {name: [r.answer_fields.get(name, "") for r in records] for name in names},
+                                          {name: [None if p is None else p.get(name) for p in parsed]
+                                           for name in names}))
     return paths
 
 
-def write_predictions(path: Path, records: list[QARecord], predictions: list[str]) -> None:
-    """CSV with one row per question; the em and f1 columns (0-100) average to the reported metrics."""
+def write_predictions(path: Path, records: list[QARecord], predictions: list[str],
+                      info: ModelInfo | None = None) -> None:
+    """CSV with one row per question; the em and f1 columns (0-100) average to the reported metrics.
+
+    A run with answer fields (``info``) adds ``parsed`` (true/false: whether the prediction followed the answer
+    template) and, per field, ``FIELD (gold)`` and ``FIELD (predicted)`` (empty where it did not parse)."""
+    template = run_answer_template(info) if info is not None else None
+    names = list(template.columns) if template is not None else []
     buffer = io.StringIO()
     writer = csv.writer(buffer)
-    writer.writerow(["row", "question", "gold", "prediction", "em", "f1"])
+    writer.writerow(["row", "question", "gold", "prediction", "em", "f1",
+                     *(["parsed"] if template is not None else []),
+                     *(f"{name} ({side})" for name in names for side in ("gold", "predicted"))])
     for record, prediction in zip(records, predictions, strict=True):
         em, f1 = best_scores(prediction, record.answers)
-        writer.writerow([record.row, record.question, " | ".join(record.answers), prediction,
-                         round(100 * em), round(100 * f1, 2)])
+        line = [record.row, record.question, " | ".join(record.answers), prediction, round(100 * em),
+                round(100 * f1, 2)]
+        if template is not None:
+            parsed = template.parse(prediction)
+            line.append("true" if parsed is not None else "false")
+            for name in names:
+                line += [record.answer_fields.get(name, ""), (parsed or {}).get(name, "")]
+        writer.writerow(line)
     atomic.atomic_write_text(path, buffer.getvalue())
 
 

@@ -34,6 +34,11 @@ class ModelInfo:
     """Generative QA with an encoder-decoder (T5-style): prompt in, answer out."""
     lora_base: str | None = None
     """LoRA runs: the base model (a hub id, a folder, or "base" for RUN/base); the folder holds the adapter."""
+    answer_fields: dict[str, str] | None = None
+    """Runs with data.answer_columns: each answer column and how it is scored (number, label or text), in the
+    order of the answer; eval and generate parse the answers back into these columns."""
+    answer_template: str | None = None
+    """Runs with data.answer_columns: the template the answers were written with (data.answer_template resolved)."""
 
     def save(self, folder: Path) -> None:
         (folder / layout.MODEL_INFO).write_text(json.dumps(asdict(self), indent=2) + "\n", encoding="utf-8")

@@ -21,7 +21,7 @@ from fastapi.responses import FileResponse, HTMLResponse
 
 from qatune.data.generative import PromptEncoder, Seq2SeqEncoder
 from qatune.data.templates import PromptTemplate
-from qatune.inference.generate import prompt_budget, uses_context
+from qatune.inference.generate import prompt_budget, run_answer_template, uses_context
 from qatune.inference.loading import model_id
 from qatune.model.folder import LoadedModel
 from qatune.model.loading import model_max_positions
@@ -30,7 +30,7 @@ from qatune.serve.batching import Batcher, Delta, Extraction, Failed, Generation
 from qatune.serve.decoding import Sampling
 from qatune.serve.guard import Gate, Guard, add_error_handlers
 from qatune.serve.replies import Reply, SlotStreamingResponse
-from qatune.serve.schemas import ApiError, ChatRequest, CompletionRequest, ExtractRequest
+from qatune.serve.schemas import AnswerRequest, ApiError, ChatRequest, CompletionRequest, ExtractRequest
 
 log = logging.getLogger("qatune")
 
@@ -108,6 +108,10 @@ def create_app(loaded: LoadedModel, settings: Settings = Settings()) -> FastAPI:
     async def chat_completions(body: ChatRequest) -> Any:
         return await service.complete(body, body.question, chat=True, system=body.system)
 
+    @app.post("/v1/answer")
+    async def answer(body: AnswerRequest) -> dict[str, Any]:
+        return await service.answer(body)
+
     @app.post("/v1/extract")
     async def extract(body: ExtractRequest) -> dict[str, Any]:
         return await service.extract(body)
@@ -149,6 +153,7 @@ class Service:
         self.batcher = Batcher(loaded, settings.max_batch_size, settings.batch_wait_ms)
         self.gate = Gate(settings.limits.max_concurrent)
         self.template = PromptTemplate(self.info.prompt_template, self.info.answer_prefix)
+        self.answer_template = run_answer_template(self.info)  # a grading run's: its answers are parsed back
         if self.info.task == "generative":
             encoder = Seq2SeqEncoder if self.info.seq2seq else PromptEncoder
             self.encoder = encoder(loaded.tokenizer, self.template)
@@ -161,7 +166,7 @@ class Service:
             raise ApiError(404, f"model '{name}' does not exist; this server serves '{self.model_id}' "
                            "(see GET /v1/models)", param="model", code="model_not_found")
 
-    def passage(self, body: CompletionRequest | ChatRequest, system: str | None) -> str | None:
+    def passage(self, body: CompletionRequest | ChatRequest | AnswerRequest, system: str | None) -> str | None:
         """The context: the request's ``context``, else (chat) its system message. A run that reads none
         refuses a ``context`` and ignores a system message (chat clients send one of their own)."""
         if not self.uses_context:
@@ -190,7 +195,7 @@ class Service:
                            f"{how_to_send_fields(missing)}", param="fields", code="missing_fields")
         return values
 
-    def requested_tokens(self, body: CompletionRequest | ChatRequest) -> int | None:
+    def requested_tokens(self, body: CompletionRequest | ChatRequest | AnswerRequest) -> int | None:
         """max_tokens (or max_completion_tokens) as sent, within this server's limit."""
         requested = body.max_tokens or getattr(body, "max_completion_tokens", None)
         if requested is not None and requested > self.limits.max_tokens:
@@ -198,7 +203,7 @@ class Service:
                            param="max_tokens", code="max_tokens_too_large")
         return requested
 
-    def generation(self, body: CompletionRequest | ChatRequest, question: str, context: str | None,
+    def generation(self, body: CompletionRequest | ChatRequest | AnswerRequest, question: str, context: str | None,
                    fields: dict[str, str], param: str) -> Generation:
         """The prompt's token ids, built by the run's encoder exactly as in training and cut as
         ``qatune generate`` cuts them to fit the model, and the sampling settings. ``param``: the request's
@@ -278,15 +283,7 @@ class Service:
         body.check_supported()
         if not question.strip():
             raise ApiError(400, "the question is empty", param="messages" if chat else "prompt", code="empty_question")
-        context = self.passage(body, system)
-        fields = self.prompt_fields(body.fields)
-        param = "messages" if chat else "prompt"
-        if self.info.task == "extractive":
-            # max_tokens bounds the span, in the run's tokens, as it bounds a generated answer
-            request, prompt_tokens = self.extraction(question, context, self.requested_tokens(body), param=param)
-        else:
-            request = self.generation(body, question, context, fields, param)
-            prompt_tokens = len(request.prompt)
+        request, prompt_tokens = self.job(body, question, system, "messages" if chat else "prompt")
         reply = Reply(self.model_id, chat, prompt_tokens, self.loaded.tokenizer)
         slot = self.gate.enter()
         if body.stream:
@@ -295,6 +292,35 @@ class Service:
                                          media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
         try:
             return await reply.collect(self.events(request, stream=False))
+        finally:
+            slot.release()
+
+    def job(self, body: CompletionRequest | ChatRequest | AnswerRequest, question: str, system: str | None,
+            param: str) -> tuple[Generation | Extraction, int]:
+        """The job of a question and its prompt's token count (``param``: the request's field that holds the
+        question, named by errors)."""
+        context = self.passage(body, system)
+        fields = self.prompt_fields(body.fields)
+        if self.info.task == "extractive":
+            # max_tokens bounds the span, in the run's tokens, as it bounds a generated answer
+            return self.extraction(question, context, self.requested_tokens(body), param=param)
+        request = self.generation(body, question, context, fields, param)
+        return request, len(request.prompt)
+
+    async def answer(self, body: AnswerRequest) -> dict[str, Any]:
+        """POST /v1/answer: the answer as one JSON object (:meth:`Reply.answer`), a grading run's parsed."""
+        self.check_model(body.model)
+        body.check_supported()
+        if body.stream:
+            raise ApiError(400, "/v1/answer answers in one piece; to stream, ask POST /v1/chat/completions or "
+                           "/v1/completions", param="stream", code="unsupported_parameter")
+        if not body.question.strip():
+            raise ApiError(400, "the question is empty", param="question", code="empty_question")
+        request, prompt_tokens = self.job(body, body.question, None, "question")
+        slot = self.gate.enter()
+        try:
+            reply = Reply(self.model_id, False, prompt_tokens, self.loaded.tokenizer)
+            return await reply.answer(self.events(request, stream=False), self.answer_template)
         finally:
             slot.release()
 
@@ -363,7 +389,7 @@ class Service:
         return {
             "id": self.model_id, "task": self.info.task, "kind": self.kind, "base_model": self.base_model,
             "prompt_template": self.info.prompt_template, "uses_context": self.uses_context,
-            "fields": self.field_names,
+            "fields": self.field_names, "answer_fields": self.info.answer_fields,
             "status": status.get("status"), "best_eval": result.get("best_eval"),
             "final_train_loss": result.get("final_train_loss"), "steps": result.get("steps"),
             "evaluations": evaluations,

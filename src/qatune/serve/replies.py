@@ -13,6 +13,7 @@ from typing import Any
 
 from fastapi.responses import StreamingResponse
 
+from qatune.data.answer_fields import AnswerTemplate
 from qatune.serve.batching import Delta, Extracted, Failed, Finished
 from qatune.serve.guard import Slot
 from qatune.serve.schemas import ApiError, error_body
@@ -28,16 +29,30 @@ class Reply:
         self.object = "chat.completion" if chat else "text_completion"
 
     async def collect(self, events: AsyncIterator[Any]) -> dict[str, Any]:
+        text, reason, usage = await self._outcome(events)
+        choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+                   "finish_reason": reason} if self.chat else
+                  {"index": 0, "text": text, "logprobs": None, "finish_reason": reason})
+        return {"id": self.id, "object": self.object, "created": self.created, "model": self.model_id,
+                "choices": [choice], "usage": usage}
+
+    async def answer(self, events: AsyncIterator[Any], template: AnswerTemplate | None = None) -> dict[str, Any]:
+        """qatune's own shape (POST /v1/answer): ``model``, ``answer``, ``finish_reason`` and ``usage``; with a
+        grading run's answer template also ``parsed`` (whether the answer follows it) and ``fields`` (each answer
+        column's value as text, null when the answer does not parse)."""
+        text, reason, usage = await self._outcome(events)
+        body: dict[str, Any] = {"model": self.model_id, "answer": text, "finish_reason": reason, "usage": usage}
+        if template is not None:
+            fields = template.parse(text)
+            body.update(parsed=fields is not None, fields=fields)
+        return body
+
+    async def _outcome(self, events: AsyncIterator[Any]) -> tuple[str, str, dict[str, int]]:
         async for event in events:
             if isinstance(event, Failed):
                 raise ApiError(500, event.message, code="model_failed", kind="server_error")
             if isinstance(event, (Finished, Extracted)):
-                text, reason, usage = self._final(event)
-                choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
-                           "finish_reason": reason} if self.chat else
-                          {"index": 0, "text": text, "logprobs": None, "finish_reason": reason})
-                return {"id": self.id, "object": self.object, "created": self.created, "model": self.model_id,
-                        "choices": [choice], "usage": usage}
+                return self._final(event)
         raise ApiError(500, "the model gave no answer", kind="server_error")
 
     async def stream(self, events: AsyncIterator[Any], include_usage: bool) -> AsyncIterator[str]:

@@ -162,6 +162,13 @@ class ChatRequest(_Sampling):
         return "\n".join(texts) if texts else None
 
 
+class AnswerRequest(_Sampling):
+    """POST /v1/answer (qatune's own): ``question`` (with ``context`` and ``fields`` as the run's prompt needs them)
+    in, the answer out as one JSON object; a grading run's answer also parsed into its answer columns."""
+
+    question: StrictStr
+
+
 class ExtractRequest(_Request):
     """POST /v1/extract (extractive runs): the span of ``context`` that answers ``question``."""
 

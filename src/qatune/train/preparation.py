@@ -27,7 +27,15 @@ from qatune.data.generative import (
     encode_examples,
     percentile,
 )
-from qatune.data.spreadsheet import LoadReport, QARecord, describe_validation, load_from_config, split_validation
+from qatune.data.spreadsheet import (
+    LoadReport,
+    QARecord,
+    answer_kinds,
+    answer_template,
+    describe_validation,
+    load_from_config,
+    split_validation,
+)
 from qatune.data.templates import PromptTemplate, resolve_template
 from qatune.data.validate import Finding, error, validate_batch, validate_dataset, validate_settings, warning
 from qatune.errors import ConfigError, DataError, row_list
@@ -204,9 +212,12 @@ def _encode_generative(config: Config, built: _Model, records: list[QARecord], t
         findings.append(_too_long(stats, encoder, records, max_length))
     pad_id = built.tokenizer.pad_token_id
     collator = (Seq2SeqCollator(pad_id, max_width=built.limit) if built.seq2seq
+    fields = answer_template(config.data)
                 else CausalCollator(pad_id, config.train.train_on_prompt, max_width=built.limit))
     info = ModelInfo(task="generative", max_length=max_length, prompt_template=template.template,
-                     answer_prefix=template.answer_prefix, qatune_version=__version__, seq2seq=built.seq2seq)
+                     answer_prefix=template.answer_prefix, qatune_version=__version__, seq2seq=built.seq2seq,
+                     answer_fields=answer_kinds(config.data, records),
+                     answer_template=fields.template if fields is not None else None)
     return _Encoded(examples, collator, info, records, findings)
 
 

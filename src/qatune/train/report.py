@@ -2,7 +2,9 @@
 
 Reads run.json (status, data report, result), metrics.jsonl (loss, lr, evaluations) and
 predictions-validation.csv (the last validation pass) and writes a short Markdown report with the
-loss and learning-rate curves (matplotlib, headless) and the 10 worst validation predictions.
+loss and learning-rate curves (matplotlib, headless) and the 10 worst validation predictions. A grading
+run's report adds its answer fields on the last validation: their scores, a confusion matrix per label
+field and predicted against gold per number field (confusion-validation-FIELD.png, scores-validation-FIELD.png).
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from qatune.data.spreadsheet import describe_validation
+from qatune.inference.evaluate import field_summary
+from qatune.inference.field_plots import write_field_pictures
 from qatune.runs import atomic, layout
 
 log = logging.getLogger("qatune")
@@ -79,6 +83,7 @@ def write_report(run_dir: str | Path, drawn: Future[bytes | None] | None = None)
             text += ["", f"Best: epoch {best['epoch']} (saved in best/)."]
     else:
         text.append("No validation data (set data.eval_file or data.validation_fraction).")
+    text += _fields_section(run_dir, evals[-1] if evals else {})
     worst = _worst_predictions(run_dir / layout.VALIDATION_PREDICTIONS)
     if worst:
         text += ["", "## The 10 worst validation predictions", "",
@@ -88,6 +93,29 @@ def write_report(run_dir: str | Path, drawn: Future[bytes | None] | None = None)
     path = run_dir / layout.REPORT
     atomic.atomic_write_text(path, "\n".join(text) + "\n")
     return path
+
+
+def _fields_section(run_dir: Path, last: dict[str, Any]) -> list[str]:
+    """A grading run's answer fields on its last validation (``last``: that evaluation's record): the scores of
+    each field, and the pictures of its label and number fields, drawn from predictions-validation.csv."""
+    fields = last.get("fields")
+    if not fields:
+        return []
+    rows = _read_rows(run_dir / layout.VALIDATION_PREDICTIONS)
+    golds = {name: [r.get(f"{name} (gold)", "") for r in rows] for name in fields} if rows else {}
+    predicted = {name: [r.get(f"{name} (predicted)", "") if r.get("parsed") == "true" else None for r in rows]
+                 for name in fields}
+    pictures = write_field_pictures(run_dir, "validation", fields, golds, predicted)
+    text = ["", "## Answer fields", "", f"On the last validation (epoch {last.get('epoch', '?')}, step "
+            f"{last.get('step', '?')}):", ""]
+    text += [f"- {line.strip()}" for line in field_summary(last)]
+    if pictures:
+        text.append("")
+        for key, path in pictures.items():
+            kind, _, field = key.partition(" ")
+            what = "confusion matrix" if kind == "confusion" else "predicted against gold"
+            text.append(f"![{field}: {what}]({path.name})")
+    return text
 
 
 def _data_section(data: dict[str, Any], max_length: Any) -> list[str]:
@@ -164,11 +192,14 @@ def _draw(train: list[dict], evals: list[dict]) -> bytes | None:
 
 
 def _worst_predictions(path: Path, n: int = 10) -> list[dict[str, str]]:
+    return sorted(_read_rows(path), key=lambda r: (float(r["f1"]), int(r["row"])))[:n]
+
+
+def _read_rows(path: Path) -> list[dict[str, str]]:
     if not path.is_file():
         return []
     with open(path, encoding="utf-8", newline="") as f:
-        rows = list(csv.DictReader(f))
-    return sorted(rows, key=lambda r: (float(r["f1"]), int(r["row"])))[:n]
+        return list(csv.DictReader(f))
 
 
 def _read_text(path: Path) -> str:

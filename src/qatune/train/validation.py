@@ -44,7 +44,7 @@ def evaluate_epoch(prepared: Prepared, model: torch.nn.Module, run_dir: Path | N
     model.train()
     metrics_log.write({"event": "eval", "epoch": state.epoch, "step": state.step, **metrics})
     if run_dir is not None:
-        write_predictions(run_dir / layout.VALIDATION_PREDICTIONS, records, predictions)
+        write_predictions(run_dir / layout.VALIDATION_PREDICTIONS, records, predictions, prepared.info)
     log.info("epoch %d: eval loss %s, exact match %.1f, F1 %.1f (%d examples)", state.epoch,
              f"{metrics['loss']:.4f}" if metrics["loss"] is not None else "n/a", metrics["exact_match"],
              metrics["f1"], metrics["num_examples"])

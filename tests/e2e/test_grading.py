@@ -1,0 +1,159 @@
+"""Grading sheets end to end: one tiny scratch GPT-2 learns to write a tutor's score, verdict and feedback
+(data.answer_columns) from examples/grading, then eval scores each field, generate grades a teacher's workbook and a
+CSV (every input column kept, the fields added), and check reports the fields."""
+
+import csv
+import json
+from collections import Counter
+
+import pytest
+
+from qatune.data.answer_fields import format_value
+from tests.conftest import ROOT
+from tests.conftest import cli_ok as invoke
+
+pytestmark = pytest.mark.slow
+
+GRADING = ROOT / "examples" / "grading"
+FIELDS = ["score", "label", "feedback"]
+CONFIG = f"""
+task: generative
+seed: 42
+model:
+  scratch: {{n_layer: 1, n_embd: 128, n_head: 2, vocab_size: 1000, n_positions: 1024}}
+data:
+  train_file: {GRADING / "train.csv"}
+  eval_file: {GRADING / "eval.csv"}
+  answer_columns: [score, label, feedback]
+  prompt_template: "Question: {{question}}\\nReference: {{reference_answer}}\\nStudent: {{student_answer}}\\nGrade:"
+train:
+  epochs: 8
+  batch_size: 16
+  learning_rate: 5.0e-3
+  warmup_steps: 10
+  weight_decay: 0.0
+  precision: fp32
+generate:
+  max_new_tokens: 64
+"""
+
+
+def read_csv(path):
+    with open(path, encoding="utf-8", newline="") as f:
+        return list(csv.reader(f))
+
+
+@pytest.fixture(scope="module")
+def config(tmp_path_factory):
+    path = tmp_path_factory.mktemp("grading") / "grading.yaml"
+    path.write_text(CONFIG, encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="module")
+def run_dir(config):
+    run = config.parent / "run"
+    invoke("train", "--config", config, "--output-dir", run, "--quiet")
+    return run
+
+
+@pytest.fixture(scope="module")
+def evaluated(run_dir):
+    result = invoke("eval", run_dir, "--data", GRADING / "eval.csv", "--json")
+    return json.loads(result.stdout), result.stderr
+
+
+def test_the_run_stores_the_fields_kinds(run_dir):
+    info = json.loads((run_dir / "final" / "qatune.json").read_text(encoding="utf-8"))
+    assert info["answer_fields"] == {"score": "number", "label": "label", "feedback": "text"}
+    assert info["answer_template"] == "Score: {score}\nLabel: {label}\nFeedback: {feedback}"
+
+
+def test_eval_scores_each_field_and_counts_what_did_not_parse(run_dir, evaluated):
+    metrics, log = evaluated
+    assert list(metrics)[:8] == ["exact_match", "f1", "loss", "perplexity", "num_examples", "parse_rate", "unparsed",
+                                 "fields"]
+    assert list(metrics["fields"]) == FIELDS
+    assert set(metrics["fields"]["score"]) == {"mae", "rmse", "exact", "within_tolerance", "tolerance", "spearman",
+                                               "scored", "rows"}
+    assert set(metrics["fields"]["label"]) == {"accuracy", "macro_f1", "confusion", "rows"}
+    assert set(metrics["fields"]["feedback"]) == {"token_f1", "rouge_l", "bleu", "rows"}
+    assert metrics["num_examples"] == 60 and all(field["rows"] == 60 for field in metrics["fields"].values())
+    assert metrics["fields"]["label"]["confusion"]["labels"][:3] == ["Correct", "Incorrect", "Partially correct"]
+    assert metrics["fields"]["score"]["tolerance"] == 0.0625  # a quarter of the 0.25 between the scores 0.75 and 1
+    rows = read_csv(run_dir / "predictions-eval.csv")
+    assert rows[0] == ["row", "question", "gold", "prediction", "em", "f1", "parsed", "score (gold)",
+                       "score (predicted)", "label (gold)", "label (predicted)", "feedback (gold)",
+                       "feedback (predicted)"]
+    parsed = [row[6] for row in rows[1:]]
+    assert len(parsed) == 60 and set(parsed) <= {"true", "false"}
+    assert parsed.count("false") == metrics["unparsed"]
+    assert metrics["parse_rate"] == pytest.approx(100 * parsed.count("true") / 60)
+    assert all(row[8] == row[10] == row[12] == "" for row in rows[1:] if row[6] == "false")
+    golds = read_csv(GRADING / "eval.csv")
+    assert [row[9] for row in rows[1:]] == [row[5] for row in golds[1:]]  # the gold labels, row by row
+    assert json.loads((run_dir / "eval-eval.json").read_text())["fields"] == metrics["fields"]
+    assert "fields: " not in log  # the fields' summary is printed on stdout without --json (test_compare_cli.py)
+
+
+def test_generate_grades_a_workbook_and_keeps_its_other_sheets(run_dir, tmp_path):
+    from openpyxl import load_workbook
+
+    result = invoke("generate", run_dir, "--file", GRADING / "answers.xlsx", "--out", tmp_path / "graded.xlsx")
+    assert result.stdout.strip() == str(tmp_path / "graded.xlsx")
+    given, graded = load_workbook(GRADING / "answers.xlsx"), load_workbook(tmp_path / "graded.xlsx")
+    assert graded.sheetnames == ["answers", "notes"]
+    assert graded["notes"]["A1"].value == given["notes"]["A1"].value
+    before = [list(row) for row in given["answers"].iter_rows(values_only=True)]
+    after = [list(row) for row in graded["answers"].iter_rows(values_only=True)]
+    assert after[0] == ["Student", "question_id", "question", "reference_answer", "student_answer", "score", "label",
+                        "feedback", "parsed", "model output"]
+    assert len(after) == 11 and [row[:5] for row in after] == before  # every row and cell, in its order
+    unparsed = [row for row in after[1:] if row[8] == "no"]
+    assert all(row[8] in ("yes", "no") for row in after[1:])
+    assert all(row[5:8] == [None] * 3 and row[9] for row in unparsed)
+    assert all(row[9] is None and row[6] is not None for row in after[1:] if row[8] == "yes")
+    assert f"graded 10 rows: {len(unparsed)} answers did not follow the answer template" in result.stderr
+
+
+def test_generate_grades_a_csv_as_a_csv(run_dir, evaluated, tmp_path):
+    invoke("generate", run_dir, "--file", GRADING / "eval.csv", "--output", tmp_path / "graded.csv")
+    given, graded = read_csv(GRADING / "eval.csv"), read_csv(tmp_path / "graded.csv")
+    # eval.csv has its own score, label and feedback columns: the model's are named apart from them.
+    assert graded[0] == [*given[0], "score (model)", "label (model)", "feedback (model)", "parsed", "model output"]
+    assert [row[:7] for row in graded] == given
+    predictions = read_csv(run_dir / "predictions-eval.csv")[1:]
+    # The same answers as eval's: parsed where eval parsed them, into the same values.
+    assert [row[10] for row in graded[1:]] == [{"true": "yes", "false": "no"}[row[6]] for row in predictions]
+    assert [row[8] for row in graded[1:]] == [row[10] for row in predictions]
+    assert [row[11] for row in graded[1:]] == [row[3] if row[6] == "false" else "" for row in predictions]
+
+
+def test_check_reports_the_fields(config):
+    report = json.loads(invoke("check", "--config", config, "--json").stdout)
+    train, held = read_csv(GRADING / "train.csv"), read_csv(GRADING / "eval.csv")
+    fields = report["fields"]
+    assert list(fields) == ["template", "columns", "answer_tokens"]
+    assert list(fields["columns"]) == FIELDS
+    assert {name: (c["kind"], c["kind_from"]) for name, c in fields["columns"].items()} == {
+        "score": ("number", "inferred"), "label": ("label", "inferred"), "feedback": ("text", "inferred")}
+    label, score = fields["columns"]["label"], fields["columns"]["score"]
+    assert label["counts"] == dict(Counter(row[5] for row in train[1:]))
+    assert sum(label["counts"].values()) == 240 and len(label["counts"]) == 3
+    assert score["counts"] == dict(Counter(format_value(float(row[4])) for row in train[1:]))
+    assert label["eval_only"] == sorted({row[5] for row in held[1:]} - {row[5] for row in train[1:]})
+    train_scores = [float(row[4]) for row in train[1:]]
+    assert score["range"] == [min(train_scores), max(train_scores)]
+    low, high = score["range"]
+    assert score["out_of_range_rows"] == [i for i, row in enumerate(held[1:], start=2)
+                                         if not low <= float(row[4]) <= high]
+    assert fields["columns"]["feedback"]["counts"] is None
+    tokens = fields["answer_tokens"]
+    assert 0 < tokens["min"] <= tokens["median"] <= tokens["max"]
+    # max_new_tokens 64 cuts the longest feedback: check says so, with the number that fits.
+    cut = [f for f in report["findings"] if f["code"] == "answers-cut"]
+    assert len(cut) == 1 and f"at least {tokens['max'] + 1}" in cut[0]["message"]
+    human = invoke("check", "--config", config, "--set", "data.field_kinds={feedback: label}").stdout
+    assert "Answer fields\n" in human
+    assert "  label: label (inferred), 3 distinct values\n" in human
+    assert "  feedback: label (configured), " in human

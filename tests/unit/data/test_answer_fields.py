@@ -1,0 +1,148 @@
+"""Answer templates of grading sheets: rendering, parsing back, validation, numbers and field kinds."""
+
+import pytest
+from hypothesis import assume, given
+from hypothesis import strategies as st
+
+from qatune.data.answer_fields import AnswerTemplate, default_template, format_value, infer_kind, parse_number
+from qatune.errors import ConfigError, DataError
+
+COLUMNS = ["score", "label", "feedback"]
+SHEET = AnswerTemplate.make(COLUMNS)
+
+
+def test_default_template_has_one_titled_line_per_column():
+    assert default_template(COLUMNS) == "Score: {score}\nLabel: {label}\nFeedback: {feedback}"
+    assert default_template(["total_marks", "AI_verdict"]) == "Total Marks: {total_marks}\nAI Verdict: {AI_verdict}"
+
+
+def test_render_writes_whole_floats_without_their_point():
+    text = SHEET.render({"score": 2.0, "label": "pass", "feedback": "Fine.", "unused": 1})
+    assert text == "Score: 2\nLabel: pass\nFeedback: Fine."
+    assert [format_value(v) for v in (0.5, 2.0, -3.0, 7, True, "2.0")] == ["0.5", "2", "-3", "7", "True", "2.0"]
+
+
+def test_render_names_missing_columns():
+    with pytest.raises(DataError, match=r"needs the columns \['feedback'\]"):
+        SHEET.render({"score": 1, "label": "pass"})
+
+
+@pytest.mark.parametrize("values", [
+    {"score": "1,5", "label": "partial", "feedback": "Half the steps."},
+    {"score": "2.5 points", "label": "pass", "feedback": "ok"},
+    {"score": "1,000", "label": "pass", "feedback": "Line one.\nLine two.\n\nLine four."},
+    {"score": "0", "label": "fail", "feedback": "Score: 3 would need the proof."},
+    {"score": "1", "label": "fail", "feedback": "Not this:\nLabel: pass\nScore: 2\nFeedback: nested"},
+    {"score": "", "label": "", "feedback": ""},
+])
+def test_tricky_values_round_trip(values):
+    text = SHEET.render(values)
+    assert SHEET.parse(text) == values
+    assert SHEET.parse(f" \n{text}\n\n ") == values  # whitespace around what the model generated
+
+
+def test_values_are_stripped():
+    assert SHEET.parse("Score:  2 \nLabel: pass  \nFeedback:   good  ") == {"score": "2", "label": "pass",
+                                                                            "feedback": "good"}
+
+
+@pytest.mark.parametrize("text", [
+    "Score: 2\nLabel: pass",           # stopped before the feedback
+    "Score: 2\nLabel: pass\nFeedb",    # stopped inside a label
+    "Score: 2",
+    "",
+    "The answer is 2 and it passes.",  # did not follow the template at all
+    "score: 2\nlabel: pass\nfeedback: good",  # the labels are matched exactly
+])
+def test_text_off_the_template_parses_to_none(text):
+    assert SHEET.parse(text) is None
+
+
+def test_closing_text_may_be_missing_when_generation_stopped_early():
+    template = AnswerTemplate.make(["score", "label"], "<score>{score}</score><label>{label}</label>")
+    assert template.parse("<score>2</score><label>pass</label>\n") == {"score": "2", "label": "pass"}
+    assert template.parse("<score>2</score><label>pass") == {"score": "2", "label": "pass"}
+    assert template.parse("<score>2</score><lab") is None
+
+
+def test_escaped_braces_are_literal_text():
+    template = AnswerTemplate.make(["score", "label"], "{{score}}={score}, {{label}}={label}")
+    text = template.render({"score": 3, "label": "ok"})
+    assert text == "{score}=3, {label}=ok"
+    assert template.parse(text) == {"score": "3", "label": "ok"}
+
+
+@pytest.mark.parametrize(("columns", "template", "found"), [
+    (COLUMNS, "Score: {score}\nLabel: {label}", "{feedback} is missing"),
+    (COLUMNS, "Score: {score} {label}\nLabel: {label}\nFeedback: {feedback}", "{label} appears 2 times, not once"),
+    (COLUMNS, "Grade: {grade}\nScore: {score}\nLabel: {label}\nFeedback: {feedback}",
+     "{grade} is not among the columns ['score', 'label', 'feedback']"),
+    (COLUMNS, "Score: {score}{label}\nFeedback: {feedback}",
+     "{score}{label} have no text between them to tell where one ends"),
+    (["feedback"], "{feedback}", "{feedback} has no text before it to find it by"),
+    (COLUMNS, "Score: {score\nLabel: {label}\nFeedback: {feedback}", "it has a lone { or }"),
+    (["score", "score"], "Score: {score}", "the columns ['score', 'score'] repeat a name"),
+])
+def test_template_errors_name_the_setting_what_was_found_and_a_fix(columns, template, found):
+    with pytest.raises(ConfigError) as error:
+        AnswerTemplate.make(columns, template)
+    message = str(error.value)
+    assert message.startswith(f"data.answer_template {template!r} cannot be parsed back into its fields: ")
+    assert found in message
+    assert message.endswith(f"for example {default_template(columns)!r}")
+
+
+def test_template_errors_come_all_at_once():
+    with pytest.raises(ConfigError) as error:
+        AnswerTemplate.make(COLUMNS, "{score}{label} {grade}")
+    assert str(error.value) == (
+        "data.answer_template '{score}{label} {grade}' cannot be parsed back into its fields: {grade} is not among "
+        "the columns ['score', 'label', 'feedback']; {feedback} is missing; {score}{label} have no text between "
+        "them to tell where one ends; for example 'Score: {score}\\nLabel: {label}\\nFeedback: {feedback}'")
+
+
+# Values as the property allows them (no surrounding whitespace), often holding pieces of the template.
+pieces = st.sampled_from(["Score:", "Label: ", "\nLabel: ", "\nFeedback: ", "Feedback:", "\n", " ", "1,5"])
+values = st.lists(st.one_of(pieces, st.text(max_size=8)), max_size=6).map("".join).map(str.strip)
+
+
+@given(values, values, values, st.sampled_from(["", " ", "\n \n"]))
+def test_parse_inverts_render(score, label, feedback, around):
+    # The property's condition: no value but the last holds the template text that follows it.
+    assume("\nLabel: " not in score and "\nFeedback: " not in label)
+    row = {"score": score, "label": label, "feedback": feedback}
+    assert SHEET.parse(around + SHEET.render(row) + around) == row
+
+
+@given(st.lists(st.sampled_from(["Score: ", "\nLabel: ", "\nFeedback: ", "Score:", "\n", " ", "x", "1,5"]),
+                max_size=12).map("".join))
+def test_parse_never_fails_on_template_like_text(text):
+    parsed = SHEET.parse(text)
+    assert parsed is None or (list(parsed) == COLUMNS and all(v == v.strip() for v in parsed.values()))
+
+
+@pytest.mark.parametrize(("text", "number"), [
+    ("2.5", 2.5), ("2,5", 2.5), ("1,5", 1.5), ("0,500", 0.5), ("1,000", 1000.0), ("1,000.5", 1000.5),
+    ("12,345,678", 12345678.0), ("1.000,5", 1000.5), ("1,0001", 1.0001), ("2.5 points", 2.5), ("2.5/3", 2.5),
+    ("-1", -1.0), ("+0.25", 0.25), (" 3 ", 3.0), (".5", 0.5), ("3.", 3.0), ("7 out of 10", 7.0),
+    ("", None), ("   ", None), ("pass", None), ("about 3", None), ("-", None), ("n/a", None), ("nan", None),
+])
+def test_parse_number(text, number):
+    assert parse_number(text) == number
+
+
+@pytest.mark.parametrize(("values", "kind"), [
+    (["1", "2.5", "", "0,5", "3 points"], "number"),
+    (["pass", "fail", "Pass ", "fail"], "label"),        # 2 distinct of 4 (case and spaces ignored)
+    (["pass", "fail", "partial", "pass", "", "fail", "partial"], "label"),  # 3 distinct of 6 non-blank: half
+    (["pass", "fail", "partial", "pass", "fail"], "text"),  # 3 distinct of 5: more than half
+    (["pass", "fail", "partial"], "text"),                # no value repeats
+    (["good work", "needs more detail", "good work"], "text"),  # 2 distinct of 3: more than half
+    ([f"label {i}" for i in range(21)] * 3, "text"),      # 21 distinct: too many for labels
+    ([f"label {i}" for i in range(20)] * 3, "label"),
+    (["1", "two"], "text"),
+    ([], "text"),
+    (["", " "], "text"),
+])
+def test_infer_kind(values, kind):
+    assert infer_kind(values) == kind
