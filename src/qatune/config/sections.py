@@ -194,6 +194,9 @@ SpeedupName = Literal["fused_gelu", "lora_one_pass", "last_column", "supervised_
                       "bf16_master_weights", "width_rounding", "malloc_reuse", "folded_clipping"]
 """The speed paths train.speedups can name (qatune.speedups.PATHS describes each)."""
 
+TrackerName = Literal["tensorboard", "mlflow", "trackio"]
+"""Where train.report_to can also log metrics (qatune.train.logs)."""
+
 
 class TrainConfig(Section):
     epochs: int = Field(3, ge=1, le=100_000)
@@ -258,8 +261,10 @@ class TrainConfig(Section):
     """Validation metric that picks best/ and drives early stopping."""
     early_stopping_patience: int | None = Field(None, ge=1)
     """Stop after this many evaluations without improvement of best_metric (null: never)."""
-    report_to: Literal["none", "tensorboard"] = "none"
-    """Also log metrics for TensorBoard (RUN/tensorboard; needs pip install tensorboard)."""
+    report_to: Literal["none", TrackerName] | list[TrackerName] = "none"
+    """Also log the metrics (and, for mlflow and trackio, the config) to: tensorboard (RUN/tensorboard), mlflow (a
+    local store in RUN/mlflow, or MLFLOW_TRACKING_URI), trackio (RUN/trackio, or TRACKIO_DIR), or a list of them,
+    e.g. [tensorboard, mlflow]. Each needs its extra (pip install 'qatune[mlflow]' and so on). docs/runs.md."""
 
     @field_validator("speedups", mode="before")
     @classmethod
@@ -278,6 +283,21 @@ class TrainConfig(Section):
                 close = difflib.get_close_matches(str(name), names, n=1)
                 hint = f"did you mean '{close[0]}'? " if close else ""
                 raise ValueError(f"unknown path {name!r}; {hint}the paths are {', '.join(names)}")
+        return value
+
+    @field_validator("report_to", mode="before")
+    @classmethod
+    def _report_to(cls, value: Any) -> Any:
+        if value is False:  # YAML reads a bare `off` or `no` as false
+            return "none"
+        names = typing.get_args(TrackerName)
+        listed = isinstance(value, list)
+        for name in value if listed else [value]:
+            if name not in names and (name != "none" or listed):
+                close = difflib.get_close_matches(str(name), names if listed else [*names, "none"], n=1)
+                hint = f"did you mean '{close[0]}'? " if close else ""
+                raise ValueError(f"unknown tracker {name!r}; {hint}report_to takes none, {', '.join(names)} "
+                                 "or a list of them")
         return value
 
 

@@ -9,7 +9,7 @@ A run directory::
       final/  best/      save_pretrained model (safetensors) + tokenizer + config.yaml + qatune.json
       base/              LoRA on a scratch model: the random base weights
       checkpoints/       resumable training state (step-NNNNNNN/)
-      report.md loss.png predictions-validation.csv nonfinite-step-N.json tensorboard/
+      report.md loss.png predictions-validation.csv nonfinite-step-N.json tensorboard/ mlflow/ trackio/
 
 This module is the only one that knows these names. The run's files and folders are written with
 :mod:`qatune.runs.atomic`, so a process killed at any moment leaves the old folder or the new one, never a
@@ -48,6 +48,11 @@ REPORT = "report.md"
 LOSS_PLOT = "loss.png"
 VALIDATION_PREDICTIONS = "predictions-validation.csv"
 TENSORBOARD = "tensorboard"
+MLFLOW = "mlflow"
+"""train.report_to mlflow: the local MLflow store (mlflow.db), unless MLFLOW_TRACKING_URI names another."""
+MLFLOW_DB = "mlflow.db"
+TRACKIO = "trackio"
+"""train.report_to trackio: trackio's local store (a SQLite file per project), unless TRACKIO_DIR names another."""
 
 
 def nonfinite_report(run_dir: Path, step: int) -> Path:

@@ -184,8 +184,8 @@ class Loop:
         warmup, decay = build_schedulers(optimizer, config)
         schedulers = {"warmup": warmup, "decay": decay}
         main = accelerator.is_main_process
-        metrics_log = MetricsLog(run_dir / layout.METRICS if run_dir and main else None,
-                                 tensorboard=train_cfg.report_to == "tensorboard")
+        metrics_log = MetricsLog(run_dir / layout.METRICS if run_dir and main else None, train_cfg.report_to, config,
+                                 resumed_from=resume_from)
         state = TrainState()
         if resume_from is not None:
             shards = (lambda folder: sharding.load_shards(prepared.model, _torch_optimizer(optimizer), folder)

@@ -7,7 +7,6 @@ setup leaves nothing behind. ``prepare`` reads as the list of its steps.
 from __future__ import annotations
 
 import copy
-import importlib.util
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -54,6 +53,7 @@ from qatune.model.lora import apply_lora, lora_base_in_run
 from qatune.model.precision import bf16_native, bf16_verdict, check_device, resolve_precision
 from qatune.runs import layout
 from qatune.train.device import seed_everything
+from qatune.train.logs import check_trackers
 from qatune.train.sampler import training_batches
 
 log = logging.getLogger("qatune")
@@ -109,8 +109,7 @@ def prepare(config: Config, train_records: list[QARecord] | None = None,
     """
     quiet_transformers()
     seed_everything(config.seed)
-    if config.train.report_to == "tensorboard" and importlib.util.find_spec("tensorboard") is None:
-        raise ConfigError("train.report_to: tensorboard needs the tensorboard package: pip install tensorboard")
+    check_trackers(config.train.report_to)
     precision = resolve_precision(config.train.precision, config.train.device)
     check_device(config.train.device, precision)
     reports: dict[str, Any] = {}
@@ -212,8 +211,8 @@ def _encode_generative(config: Config, built: _Model, records: list[QARecord], t
         findings.append(_too_long(stats, encoder, records, max_length))
     pad_id = built.tokenizer.pad_token_id
     collator = (Seq2SeqCollator(pad_id, max_width=built.limit) if built.seq2seq
-    fields = answer_template(config.data)
                 else CausalCollator(pad_id, config.train.train_on_prompt, max_width=built.limit))
+    fields = answer_template(config.data)
     info = ModelInfo(task="generative", max_length=max_length, prompt_template=template.template,
                      answer_prefix=template.answer_prefix, qatune_version=__version__, seq2seq=built.seq2seq,
                      answer_fields=answer_kinds(config.data, records),
