@@ -1,8 +1,7 @@
 """Launching on several machines: ``qatune train --nodes 2 --node-rank R --master HOST:PORT`` as two "machines" on
-one host over loopback trains the same steps as one machine; a machine that never joins, machines started with
-different configs, and accelerate's own FSDP plugin end in one line."""
+one host over loopback trains the same steps as one machine; a machine that never joins and machines started with
+different configs end in one line; `accelerate launch` with an FSDP config trains as qatune's own fsdp."""
 
-import os
 import socket
 import subprocess
 import sys
@@ -65,11 +64,37 @@ def test_a_machine_that_never_joins_is_a_rendezvous_timeout(rank, tmp_path, data
     assert done.stderr.count("\n") == 1 and not (tmp_path / "run").exists()
 
 
-def test_accelerates_fsdp_plugin_is_refused(tmp_path, data):  # noqa: F811
+ACCELERATE_FSDP = """
+compute_environment: LOCAL_MACHINE
+distributed_type: FSDP
+fsdp_config: {fsdp_version: 2, fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP}
+machine_rank: 0
+mixed_precision: 'no'
+num_machines: 1
+num_processes: 2
+use_cpu: true
+"""
+
+
+def test_accelerate_launch_with_an_fsdp_config_is_sharded_by_qatune(tmp_path, data):  # noqa: F811
     path = config(tmp_path, data, "{scratch: {n_layer: 2, n_embd: 32, n_head: 2, vocab_size: 300}}")
-    done = subprocess.run([sys.executable, "-m", "qatune", "train", "--config", str(path), "--output-dir",
-                           str(tmp_path / "run")], capture_output=True, text=True, cwd=ROOT, check=False,
-                          env={**os.environ, "ACCELERATE_USE_FSDP": "true"})
-    assert done.returncode == 1 and "Traceback" not in done.stderr
-    assert "error: accelerate's FSDP plugin is on (ACCELERATE_USE_FSDP" in done.stderr
-    assert not (tmp_path / "run").exists()
+    (tmp_path / "fsdp.yaml").write_text(ACCELERATE_FSDP)
+    qatune("train", "--config", path, "--output-dir", tmp_path / "qatune", "--quiet", "--set",
+           "train.distributed=fsdp", processes=2)
+
+    def launch(out, *sets):
+        return subprocess.run([sys.executable, "-m", "accelerate.commands.launch", "--config_file",
+                               str(tmp_path / "fsdp.yaml"), "-m", "qatune", "train", "--config", str(path),
+                               "--output-dir", str(out), "--quiet", *sets], capture_output=True, text=True, cwd=ROOT,
+                              check=False)
+
+    done = launch(tmp_path / "accelerate", "--set", "train.distributed=fsdp")
+    assert done.returncode == 0, done.stderr
+    assert "accelerate's FSDP config: the model is sharded by qatune (train.distributed fsdp)" in done.stderr
+    assert "fsdp: 2 FSDPGPT2Block units and the root, sharded on 2 processes" in done.stderr
+    assert_same_steps(tmp_path / "qatune", tmp_path / "accelerate", rel=1e-6)
+    refused = launch(tmp_path / "ddp")
+    assert refused.returncode != 0
+    assert ("error: the accelerate config shards the model (distributed_type FSDP) and this config does not: set "
+            "train.distributed: fsdp") in refused.stderr
+    assert not (tmp_path / "ddp").exists()

@@ -56,11 +56,19 @@ def repeated_blocks(model: nn.Module) -> list[nn.Module]:
 
 def check_setup(config: Config) -> None:
     """What train.distributed fsdp needs before anything is loaded: several processes, and no fp16; and what
-    needs it. A launch by accelerate with its own FSDP plugin is refused: qatune shards the model itself."""
-    if os.environ.get("ACCELERATE_USE_FSDP", "").lower() in ("1", "true", "yes"):
-        raise ConfigError("accelerate's FSDP plugin is on (ACCELERATE_USE_FSDP, from an accelerate config with "
-                          "distributed_type FSDP): qatune shards the model itself; launch with a multi-GPU accelerate "
-                          "config (distributed_type MULTI_GPU) and set train.distributed: fsdp")
+    needs it. Under ``accelerate launch`` with an FSDP config, qatune shards the model itself (train.distributed
+    fsdp), in place of accelerate's plugin (which on a CPU would train DDP without saying so)."""
+    if _true(os.environ.get("ACCELERATE_USE_FSDP")):
+        if config.train.distributed != "fsdp":
+            raise ConfigError("the accelerate config shards the model (distributed_type FSDP) and this config does "
+                              "not: set train.distributed: fsdp (qatune shards the model itself with FSDP2), or "
+                              "launch with a multi-GPU accelerate config")
+        os.environ.pop("ACCELERATE_USE_FSDP")
+        ignored = [name.lower() for name in ("FSDP_OFFLOAD_PARAMS", "FSDP_ACTIVATION_CHECKPOINTING")
+                   if _true(os.environ.get(name))]
+        log.info("accelerate's FSDP config: the model is sharded by qatune (train.distributed fsdp)%s",
+                 f"; {' and '.join(ignored)} are not read: set train.cpu_offload and "
+                 "train.activation_checkpointing in qatune's config" if ignored else "")
     if config.train.distributed != "fsdp":
         if config.train.cpu_offload:
             raise ConfigError("train.cpu_offload keeps the shards of a sharded model in CPU memory and needs "
@@ -72,6 +80,10 @@ def check_setup(config: Config) -> None:
     if config.train.precision == "fp16":
         raise ConfigError("train.precision fp16 is not supported with train.distributed fsdp (its loss scaling "
                           "is not sharded); use bf16 or fp32")
+
+
+def _true(value: str | None) -> bool:
+    return (value or "").lower() in ("1", "true", "yes")
 
 
 def check_shardable(model: nn.Module) -> None:
