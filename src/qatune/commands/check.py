@@ -115,8 +115,13 @@ def _memory(prepared: Prepared, processes: int) -> tuple[dict[str, Any], Any]:
 
 
 def _leakage(prepared: Prepared) -> dict[str, Any]:
-    train = {normalize_question(r.question) for r in prepared.train_records}
-    both = sorted({r.question for r in prepared.eval_records if normalize_question(r.question) in train})
+    """Evaluation questions that training shows too. With other prompt columns (a grading sheet's student answer),
+    a question comes back with new values by design: only the same question with the same columns counts."""
+    def prompt(record: Any) -> tuple[str, ...]:
+        return (normalize_question(record.question), *map(normalize_question, record.fields.values()))
+
+    train = {prompt(r) for r in prepared.train_records}
+    both = sorted({r.question for r in prepared.eval_records if prompt(r) in train})
     return {"count": len(both), "examples": both[:5]}
 
 
