@@ -47,6 +47,13 @@ SKIPPED = {
     "ollama create faq -f faq.Modelfile": "needs Ollama, which is not on PyPI; the Modelfile's template is tested "
                                            "in tests/unit/export/test_gguf.py",
     "ollama run faq what character did john noble play in lord of the rings?": "needs Ollama",
+    "qatune train --config configs/smollm2-grading.yaml": "fine-tunes SmolLM2 on long grading prompts for minutes; "
+                                                           "tests/e2e/test_grading.py runs these steps on a scratch "
+                                                           "model; parsed here",
+    "qatune eval runs/smollm2-grading --data examples/grading/eval.csv --compare base": "needs the grading run; "
+                                                                                          "parsed here",
+    "qatune generate runs/smollm2-grading --file examples/grading/answers.xlsx --out graded.xlsx": "needs the grading "
+                                                                                                  "run; parsed here",
     "make test": "runs the whole test suite",
     "make test-fast": "runs the test suite",
 }
