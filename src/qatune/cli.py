@@ -181,54 +181,15 @@ def eval_command(run_dir: str | None, data_file: str | None, which: str, base: b
     With --compare base|RUN|FILE.gguf, another model answers the same rows too, and compare-<file>.md and
     compare-<file>.csv show how each metric moved and which rows went right -> wrong and wrong -> right.
     """
-    from qatune.inference.evaluate import evaluate_base, evaluate_run, field_summary
+    from qatune.commands.evaluation import result_lines, run_eval
 
-    compared = None
-    if base:
-        if compare_with is not None:
-            raise QatuneError("--compare goes with a RUN_DIR: qatune eval RUN --data FILE --compare base")
-        if run_dir is not None or config_path is None:
-            raise QatuneError("--base evaluates the model a config starts from: pass --config X.yaml and no RUN_DIR")
-        from qatune.config import load_config
-
-        metrics, paths = evaluate_base(load_config(config_path, overrides), data_file, batch_size,
-                                       progress=not as_json)
-    else:
-        if run_dir is None:
-            raise QatuneError("pass the RUN_DIR to evaluate (or --base --config X.yaml for the model before training)")
-        if config_path is not None:
-            raise QatuneError("--config goes with --base; a run is evaluated with its own saved config")
-        if data_file is None:
-            raise QatuneError("pass the held-out file with --data FILE")
-        if compare_with is None:
-            metrics, paths = evaluate_run(run_dir, data_file, which, batch_size, progress=not as_json,
-                                          reading=overrides)
-        else:
-            from qatune.inference.compare import compare_run
-
-            run, compared = compare_run(run_dir, data_file, compare_with, which, batch_size, progress=not as_json,
-                                        reading=overrides)
-            metrics, paths = run.metrics, run.paths
+    result = run_eval(run_dir, data_file, which, base, config_path, overrides, batch_size, compare_with,
+                      progress=not as_json)
     if as_json:
-        click.echo(json.dumps(metrics if compared is None else {**metrics, "compare": compared}, indent=2))
+        click.echo(json.dumps(result.as_json(), indent=2))
         return
-    for key in ("exact_match", "f1", "loss", "perplexity"):
-        value = metrics[key]
-        click.echo(f"{key:<12} {value:.4f}" if isinstance(value, float) else f"{key:<12} n/a")
-    click.echo(f"{'num_examples':<12} {metrics['num_examples']}")
-    for line in field_summary(metrics):
+    for line in result_lines(result):
         click.echo(line)
-    click.echo(f"predictions  {paths['predictions']}")
-    for key, path in paths.items():
-        if key not in ("metrics", "predictions"):
-            click.echo(f"picture      {path}")
-    if compared is not None:
-        from qatune.inference.compare import summary_lines
-
-        for line in summary_lines(compared):
-            click.echo(line)
-        click.echo(f"comparison   {compared['files']['markdown']}")
-        click.echo(f"comparison   {compared['files']['csv']}")
 
 
 @cli.command()
@@ -259,7 +220,8 @@ def generate(run_dir: str, question: str | None, context: str | None, context_fi
              data_file: str | None, fields: tuple[str, ...], output: str | None, overrides: tuple[str, ...], which: str,
              max_new_tokens: int | None, temperature: float | None, top_p: float | None, seed: int | None) -> None:
     """Answer a question (or every row of --file) with a trained run or a .gguf file. Prints the answer only."""
-    from qatune.inference.generate import answer_file, answer_one
+    from qatune.inference.answer_files import answer_file
+    from qatune.inference.generate import answer_one
 
     options = {"max_new_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p}
     if data_file is not None:

@@ -39,12 +39,14 @@ def data(tmp_path_factory):
 
 
 def config(tmp_path, data, model, *extra):
+    """Validation splits held.csv's 11 rows 6/5 between two processes: 2 batches of 5 on one, 1 on the other (the
+    sharded forwards go in lockstep)."""
     path = tmp_path / "c.yaml"
     path.write_text(textwrap.dedent(f"""
         model: {model}
         data: {{train_file: {data / "qa.csv"}, eval_file: {data / "held.csv"}}}
         train: {{epochs: 2, batch_size: 4, logging_steps: 1, learning_rate: 3.0e-3, precision: fp32,
-                 keep_checkpoints: 10}}
+                 keep_checkpoints: 10, eval_batch_size: 5}}
         """) + "".join(f"{line}\n" for line in extra))
     return path
 
@@ -90,6 +92,9 @@ def test_gpt2_matches_one_process_and_resumes_exactly(tmp_path, data):
     assert "fsdp: 2 FSDPGPT2Block units and the root, sharded on 2 processes: 0.02M of 0.04M parameters" in log
     assert "speedups (auto): none on: train.distributed is fsdp" in log
     assert_same_steps(tmp_path / "one", tmp_path / "two")
+    # validation's predictions, each process writing its own rows, gathered in the rows' order
+    validation = "predictions-validation.csv"
+    assert (tmp_path / "two" / validation).read_text() == (tmp_path / "one" / validation).read_text()
     # qatune check's estimates of the peak per process, against the peaks the runs measured.
     check = subprocess.run([sys.executable, "-m", "qatune", "check", "--config", str(path), "--json"],
                            capture_output=True, text=True, cwd=ROOT, check=True)

@@ -29,14 +29,15 @@ from qatune.errors import ConfigError
 from qatune.inference.field_metrics import grading_metrics
 from qatune.inference.field_plots import write_field_pictures
 from qatune.inference.generate import (
-    answer_questions,
     extract_answers,
+    generate_answers,
     inference_precision,
     run_answer_template,
     score_windows,
     uses_context,
 )
 from qatune.inference.loading import load_run_model, model_id, read_run, results_place
+from qatune.inference.lockstep import Lockstep, in_step
 from qatune.inference.metrics import best_scores, corpus_scores
 from qatune.model.folder import ModelInfo
 from qatune.model.gguf_file import resolve_prompt
@@ -65,19 +66,21 @@ def evaluate_records(model: Any, tokenizer: Any, info: ModelInfo, records: list[
 
 def evaluation_parts(model: Any, tokenizer: Any, info: ModelInfo, records: list[QARecord],
                      generate: GenerateConfig | None = None, batch_size: int = 32, progress: bool = False,
-                     speedups: str | list[str] = "auto") -> tuple[list[str], float, int]:
-    """Predictions plus the summed loss and its item count: parts that add up across data shards."""
+                     speedups: str | list[str] = "auto", lockstep: Lockstep | None = None
+                     ) -> tuple[list[str], float, int]:
+    """Predictions plus the summed loss and its item count: parts that add up across data shards.
+    ``lockstep``: this process's share of the rows of a sharded model (every process passes at least one row)."""
     generate = generate or GenerateConfig()
     if info.task == "generative":
         loss_sum, count = _teacher_forced_loss(model, tokenizer, info, records, batch_size, generate.precision,
-                                               speedups)
-        predictions = answer_questions(model, tokenizer, info, [r.question for r in records],
+                                               speedups, lockstep)
+        predictions = generate_answers(model, tokenizer, info, [r.question for r in records],
                                        [r.context for r in records], generate, batch_size, progress,
-                                       fields=[r.fields for r in records])
+                                       [r.fields for r in records], lockstep)
         return predictions, loss_sum, count
     features, _, kept = prepare_features(tokenizer, records, info.max_length, info.doc_stride, train=False)
     starts, ends, loss_sum, count = score_windows(model, tokenizer, features, batch_size, progress,
-                                                  generate.precision)
+                                                  generate.precision, lockstep)
     return extract_answers(features, starts, ends, kept, generate), loss_sum, count
 
 
@@ -129,13 +132,13 @@ def causal_lm_eval_loss(model: Any, tokenizer: Any, info: ModelInfo, records: li
 
 
 def _teacher_forced_loss(model: Any, tokenizer: Any, info: ModelInfo, records: list[QARecord],
-                         batch_size: int, precision: str = "fp32", speedups: str | list[str] = "auto"
-                         ) -> tuple[float, int]:
+                         batch_size: int, precision: str = "fp32", speedups: str | list[str] = "auto",
+                         lockstep: Lockstep | None = None) -> tuple[float, int]:
     template = PromptTemplate(info.prompt_template, info.answer_prefix)
     encoder = (Seq2SeqEncoder if info.seq2seq else PromptEncoder)(tokenizer, template)
     encoder.warm(records)
     examples, _ = encode_examples(encoder, records, info.max_length)
-    if not examples:
+    if not examples and lockstep is None:
         return 0.0, 0
     if info.seq2seq:
         objective, collate = Seq2SeqObjective(model), Seq2SeqCollator(tokenizer.pad_token_id)
@@ -143,16 +146,26 @@ def _teacher_forced_loss(model: Any, tokenizer: Any, info: ModelInfo, records: l
         objective, collate = evaluation_loss(model, CausalCollator(tokenizer.pad_token_id), speedups)
     device = next(model.parameters()).device
     examples.sort(key=len)
+    chunks = [examples[i : i + batch_size] for i in range(0, len(examples), batch_size)]
     total, count = 0.0, 0
     model.eval()
     with torch.inference_mode(), inference_precision(precision, device):
-        for i in range(0, len(examples), batch_size):
-            batch = {k: v.to(device) if torch.is_tensor(v) else v
-                     for k, v in model_inputs(collate(examples[i : i + batch_size])).items()}
+        for chunk, mine in in_step(chunks, lockstep, []):
+            if not chunk:  # this process has no row short enough: a forward of one unsupervised token
+                objective(**_unsupervised_token(tokenizer, device))
+                continue
+            batch = {k: v.to(device) if torch.is_tensor(v) else v for k, v in model_inputs(collate(chunk)).items()}
             out = objective(**batch)
-            total += float(out["loss_sum"])
-            count += int(out["count"])
+            if mine:
+                total += float(out["loss_sum"])
+                count += int(out["count"])
     return total, count
+
+
+def _unsupervised_token(tokenizer: Any, device: torch.device) -> dict[str, torch.Tensor]:
+    token = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    one = torch.tensor([[token]], device=device)
+    return {"input_ids": one, "attention_mask": torch.ones_like(one), "labels": torch.full_like(one, -100)}
 
 
 def evaluate_run(run_dir: str | Path, data_file: str | Path, which: str = layout.FINAL,

@@ -91,9 +91,12 @@ class MetricsLog:
             for tracker in self.trackers:
                 tracker.log(scalars, step=step)
 
-    def close(self) -> None:
+    def close(self, outcome: str = "complete") -> None:
+        """Finish the trackers' runs (once; later calls do nothing). ``outcome``: complete, stopped or failed, as
+        run.json says; mlflow's run ends FINISHED, KILLED or FAILED accordingly."""
         if self.writer is not None:
             self.writer.close()
+            self.writer = None
         with _stdout_to_stderr():
             for tracker in self.trackers:
                 if tracker.name == "trackio":
@@ -102,9 +105,27 @@ class MetricsLog:
                     # accelerate's finish leaves the run trackio's current one, which trackio finishes (and
                     # announces on stdout) again at exit; trackio.finish() finishes it and forgets it.
                     trackio.finish()
+                elif tracker.name == "mlflow":
+                    import mlflow
+
+                    mlflow.end_run(status=_MLFLOW_STATUS[outcome])
                 else:
                     tracker.finish()
         self.trackers = []
+
+    @contextlib.contextmanager
+    def closed_on_error(self) -> Iterator[None]:
+        """Inside, an exception finishes the trackers' runs as stopped (a stop asked for, Ctrl-C) or failed."""
+        from qatune.train.signals import TrainingInterrupted
+
+        try:
+            yield
+        except (TrainingInterrupted, KeyboardInterrupt):
+            self.close("stopped")
+            raise
+        except BaseException:
+            self.close("failed")
+            raise
 
     def truncate_after(self, step: int) -> None:
         """Drop lines logged after ``step`` (a resumed run writes them again)."""
@@ -113,6 +134,9 @@ class MetricsLog:
         lines = self.path.read_text(encoding="utf-8").splitlines()
         kept = [line for line in lines if json.loads(line).get("step", 0) <= step]
         atomic.atomic_write_text(self.path, "".join(line + "\n" for line in kept))
+
+
+_MLFLOW_STATUS = {"complete": "FINISHED", "stopped": "KILLED", "failed": "FAILED"}
 
 
 def _scalars(record: dict[str, Any]) -> dict[str, int | float]:

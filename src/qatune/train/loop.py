@@ -57,7 +57,7 @@ def fit(prepared: Prepared, run_dir: Path | None, progress: bool = True, resume_
     state = loop.state
     bar = tqdm(total=loop.total_steps(), initial=state.step, desc="train", unit="step", file=sys.stderr,
                disable=not (progress and loop.main), dynamic_ncols=True)
-    with StopSignals() as stop:
+    with StopSignals() as stop, loop.metrics_log.closed_on_error():
         for epoch in range(state.epoch, train_cfg.epochs):
             loop.start_epoch(epoch)
             for window in windows(loop.loader, train_cfg.gradient_accumulation_steps):
@@ -75,8 +75,8 @@ def fit(prepared: Prepared, run_dir: Path | None, progress: bool = True, resume_
                 raise TrainingInterrupted(stop.requested, state, loop.last_checkpoint, loop.processes)
             if loop.patience_ran_out():
                 break
-    bar.close()
-    return loop.finish()
+        bar.close()
+        return loop.finish()
 
 
 def train_step(loop: Loop, window: list[dict[str, torch.Tensor]]) -> dict[str, Any] | None:
@@ -292,7 +292,7 @@ class Loop:
             run_dir = self.run_dir if self.main else None
             with self.full_precision():
                 improved = evaluate_epoch(self.prepared, self.model(), run_dir, self.state, self.metrics_log,
-                                          self.accelerator, split=not self.sharded)
+                                          self.accelerator, sharded=self.sharded)
                 if improved and self.run_dir is not None:
                     weights = self.gathered()
                     if self.main:

@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from qatune.inference.evaluate import evaluation_parts, metrics_from, write_predictions
+from qatune.inference.lockstep import Lockstep
 from qatune.runs import layout
 from qatune.train.checkpoint import TrainState
 from qatune.train.logs import MetricsLog
@@ -18,21 +19,29 @@ log = logging.getLogger("qatune")
 
 
 def evaluate_epoch(prepared: Prepared, model: torch.nn.Module, run_dir: Path | None, state: TrainState,
-                   metrics_log: MetricsLog, accelerator: Any, split: bool = True) -> bool:
+                   metrics_log: MetricsLog, accelerator: Any, sharded: bool = False) -> bool:
     """Evaluate on the validation rows; returns whether the chosen metric improved (the caller saves best/).
 
-    With several processes each evaluates every n-th row (``split``); predictions and loss sums are gathered so
-    that every process computes the same metrics (and takes the same early-stopping decision). A sharded model
-    is not split: its forwards gather weights from every process, so all evaluate every row, in step, through
-    the model's own forward (the speed paths call its parts, which would not gather).
+    With several processes each evaluates every n-th row; predictions and loss sums are gathered so that every
+    process computes the same metrics (and takes the same early-stopping decision). A ``sharded`` model's
+    forwards gather weights from every process, so the processes go in lockstep (:mod:`qatune.inference.lockstep`)
+    through the model's own forward (the speed paths call its parts, which would not gather); with fewer rows than
+    processes, every process evaluates every row.
     """
     config, records = prepared.config, prepared.eval_records
-    rank, world = (accelerator.process_index, accelerator.num_processes) if split else (0, 1)
+    rank, world = accelerator.process_index, accelerator.num_processes
+    lockstep = None
+    if sharded:
+        if len(records) < world:
+            rank, world = 0, 1
+        else:
+            lockstep = Lockstep(accelerator.device)
     mine = list(range(rank, len(records), world))
     predictions, loss_sum, count = evaluation_parts(model, prepared.tokenizer, prepared.info,
                                                     [records[i] for i in mine], config.generate,
                                                     config.train.eval_batch_size,
-                                                    speedups=config.train.speedups if split else "off")
+                                                    speedups="off" if sharded else config.train.speedups,
+                                                    lockstep=lockstep)
     if world > 1:
         from accelerate.utils import gather_object
 

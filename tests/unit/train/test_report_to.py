@@ -163,3 +163,24 @@ def test_a_tracker_that_cannot_start_is_one_clear_error(tmp_path, monkeypatch):
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "nosuch://tracking")
     with pytest.raises(ConfigError, match=r"^train\.report_to mlflow: cannot start logging: .*nosuch"):
         MetricsLog(tmp_path / "metrics.jsonl", "mlflow")
+
+
+def test_a_run_that_fails_ends_failed_in_mlflow(tmp_path, monkeypatch):
+    from mlflow import MlflowClient
+
+    from qatune.errors import TrainingError
+    from qatune.train import fit, prepare
+    from tests.unit.train.test_guard import poison_forward
+
+    for name in TRACKER_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    prepared = prepare(tiny_config(tmp_path, ROWS, "train.report_to=mlflow", "train.max_nonfinite_steps=1"))
+    poison_forward(prepared.model, at_calls={2})
+    run_dir = tmp_path / "failing"
+    run_dir.mkdir()
+    with pytest.raises(TrainingError, match="non-finite"):
+        fit(prepared, run_dir, progress=False)
+    client = MlflowClient(f"sqlite:///{run_dir / 'mlflow' / 'mlflow.db'}")
+    (run,) = client.search_runs([client.get_experiment_by_name("failing").experiment_id])
+    assert run.info.status == "FAILED"
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "train/loss")] == [1]  # the step before
