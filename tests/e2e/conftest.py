@@ -8,6 +8,14 @@ CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver"
 
 
 @pytest.fixture(scope="session")
+def grading_run(tmp_path_factory):
+    """tests/grading_runs.py's run, trained once a session; modules take a copy (copy_grading_run)."""
+    from tests.grading_runs import train_grading_run
+
+    return train_grading_run(tmp_path_factory.mktemp("grading-trained"))
+
+
+@pytest.fixture(scope="session")
 def server(serve_run):
     """A real `qatune serve` on a free loopback port."""
     pytest.importorskip("fastapi")

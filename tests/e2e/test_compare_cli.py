@@ -1,6 +1,6 @@
 """`qatune eval --compare` end to end, and the pictures of a grading run's fields.
 
-A grading run (tests/e2e/test_grading.py's) is compared with a run of the same config trained one epoch: the
+A grading run (tests/grading_runs.py's) is compared with a run of the same config trained one epoch: the
 deltas, the rows that flipped, compare-eval.md and compare-eval.csv beside the run's results; eval prints the
 fields' summary and draws a confusion matrix per label field and predicted against gold per number field, and so
 does the training report for the validation rows. A chat model is compared with its own pretrained model
@@ -15,7 +15,7 @@ from click.testing import CliRunner
 
 from qatune.cli import cli
 from tests.conftest import FIXTURES, chat_tokenizer, cli_ok, tiny_llama
-from tests.e2e.test_grading import CONFIG, GRADING, read_csv
+from tests.grading_runs import GRADING, copy_grading_run, read_csv
 
 pytestmark = pytest.mark.slow
 
@@ -29,17 +29,18 @@ def cli_fails(*args):
 
 
 @pytest.fixture(scope="module")
-def config(tmp_path_factory):
-    path = tmp_path_factory.mktemp("compare-grading") / "grading.yaml"
-    path.write_text(CONFIG, encoding="utf-8")
-    return path
+def copied(grading_run, tmp_path_factory):
+    return copy_grading_run(grading_run, tmp_path_factory.mktemp("compare-grading"))
 
 
 @pytest.fixture(scope="module")
-def run_dir(config):
-    run = config.parent / "run"
-    cli_ok("train", "--config", config, "--output-dir", run, "--quiet")
-    return run
+def config(copied):
+    return copied[0]
+
+
+@pytest.fixture(scope="module")
+def run_dir(copied):
+    return copied[1]
 
 
 @pytest.fixture(scope="module")

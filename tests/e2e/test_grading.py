@@ -2,59 +2,33 @@
 (data.answer_columns) from examples/grading, then eval scores each field, generate grades a teacher's workbook and a
 CSV (every input column kept, the fields added), and check reports the fields."""
 
-import csv
 import json
 from collections import Counter
 
 import pytest
 
 from qatune.data.answer_fields import format_value
-from tests.conftest import ROOT
 from tests.conftest import cli_ok as invoke
+from tests.grading_runs import GRADING, copy_grading_run, read_csv
 
 pytestmark = pytest.mark.slow
 
-GRADING = ROOT / "examples" / "grading"
 FIELDS = ["score", "label", "feedback"]
-CONFIG = f"""
-task: generative
-seed: 42
-model:
-  scratch: {{n_layer: 1, n_embd: 128, n_head: 2, vocab_size: 1000, n_positions: 1024}}
-data:
-  train_file: {GRADING / "train.csv"}
-  eval_file: {GRADING / "eval.csv"}
-  answer_columns: [score, label, feedback]
-  prompt_template: "Question: {{question}}\\nReference: {{reference_answer}}\\nStudent: {{student_answer}}\\nGrade:"
-train:
-  epochs: 8
-  batch_size: 16
-  learning_rate: 5.0e-3
-  warmup_steps: 10
-  weight_decay: 0.0
-  precision: fp32
-generate:
-  max_new_tokens: 64
-"""
-
-
-def read_csv(path):
-    with open(path, encoding="utf-8", newline="") as f:
-        return list(csv.reader(f))
 
 
 @pytest.fixture(scope="module")
-def config(tmp_path_factory):
-    path = tmp_path_factory.mktemp("grading") / "grading.yaml"
-    path.write_text(CONFIG, encoding="utf-8")
-    return path
+def copied(grading_run, tmp_path_factory):
+    return copy_grading_run(grading_run, tmp_path_factory.mktemp("grading"))
 
 
 @pytest.fixture(scope="module")
-def run_dir(config):
-    run = config.parent / "run"
-    invoke("train", "--config", config, "--output-dir", run, "--quiet")
-    return run
+def config(copied):
+    return copied[0]
+
+
+@pytest.fixture(scope="module")
+def run_dir(copied):
+    return copied[1]
 
 
 @pytest.fixture(scope="module")
