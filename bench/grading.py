@@ -63,6 +63,16 @@ def summary(metrics: dict) -> dict:
             "feedback_bleu": fields["feedback"]["bleu"]}
 
 
+def prompt_settings() -> dict:
+    """What the base model's answers depend on: the model, the prompt, the answer template and generation."""
+    import yaml
+
+    config = yaml.safe_load(CONFIG.read_text())
+    data = config["data"]
+    keys = ("question_column", "answer_columns", "answer_template", "prompt_template", "system_prompt", "user_template")
+    return {"model": config["model"], "data": {key: data.get(key) for key in keys}, "generate": config["generate"]}
+
+
 def baselines(splits: dict) -> dict:
     out = {}
     for split in SPLITS:
@@ -88,6 +98,9 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=None, help="train.epochs (default: the config's)")
     parser.add_argument("--run", type=Path, default=None, help="a finished run of this split to score")
     parser.add_argument("--skip-base", action="store_true", help="leave out the zero-shot base model")
+    parser.add_argument("--base-from", type=Path, default=None, metavar="JSON",
+                        help="take the zero-shot base model's figures from an earlier grading.json of the same split, "
+                             "model, prompt and generate settings (it only changes with them; ~20 min on 2 cores)")
     json_option(parser, STEM)
     args = parser.parse_args()
     machine = describe()
@@ -97,7 +110,7 @@ def main() -> None:
         splits["train"] = splits["train"].sample(n=min(args.train_rows, len(splits["train"])), random_state=0)
     if args.eval_rows:
         splits = {k: (v.head(args.eval_rows) if k in SPLITS else v) for k, v in splits.items()}
-    result = {"machine": machine, "config": str(CONFIG.relative_to(ROOT)),
+    result = {"machine": machine, "config": str(CONFIG.relative_to(ROOT)), "prompt": prompt_settings(),
               "rows": {k: len(v) for k, v in splits.items()}, "arms": baselines(splits)}
     for name in BASELINES:
         print(f"{name:24s}", {s: {k: v for k, v in result['arms'][name][s].items() if k != 'full'} for s in SPLITS},
@@ -109,7 +122,13 @@ def main() -> None:
         sets = ["--set", f"data.train_file={tmp / 'train.csv'}", "--set", "data.eval_file=null"]
         if args.epochs:
             sets += ["--set", f"train.epochs={args.epochs}"]
-        if not args.skip_base:
+        if args.base_from is not None:
+            earlier = json.loads(args.base_from.read_text())
+            if earlier["rows"] != result["rows"] or earlier.get("prompt") not in (None, prompt_settings()):
+                raise SystemExit(f"{args.base_from}: another split or prompt; its base model figures do not apply")
+            result["arms"]["base zero-shot"] = earlier["arms"]["base zero-shot"]
+            result["base_measured"] = earlier.get("base_measured", earlier["measured"])
+        elif not args.skip_base:
             result["arms"]["base zero-shot"] = {
                 split: evaluate(["--base", "--config", str(CONFIG), *sets], tmp / f"{split}.csv") for split in SPLITS}
             print("base zero-shot", {s: result["arms"]["base zero-shot"][s]["verdict_accuracy"] for s in SPLITS},

@@ -73,6 +73,7 @@ class MetricsLog:
                         tracker = _OPEN[name](path.parent, run_name)
                         tracker.start()
                     except Exception as exc:  # e.g. a tracking server that does not answer
+                        self.close("failed")
                         raise ConfigError(f"train.report_to {name}: cannot start logging: {exc}") from exc
                     self.trackers.append(tracker)
                     tracker.store_init_configuration(params)
@@ -97,8 +98,9 @@ class MetricsLog:
         if self.writer is not None:
             self.writer.close()
             self.writer = None
+        started, self.trackers = self.trackers, []
         with _stdout_to_stderr():
-            for tracker in self.trackers:
+            for tracker in started:
                 if tracker.name == "trackio":
                     import trackio
 
@@ -111,7 +113,6 @@ class MetricsLog:
                     mlflow.end_run(status=_MLFLOW_STATUS[outcome])
                 else:
                     tracker.finish()
-        self.trackers = []
 
     @contextlib.contextmanager
     def closed_on_error(self) -> Iterator[None]:
@@ -120,11 +121,11 @@ class MetricsLog:
 
         try:
             yield
-        except (TrainingInterrupted, KeyboardInterrupt):
-            self.close("stopped")
-            raise
-        except BaseException:
-            self.close("failed")
+        except BaseException as exc:
+            try:
+                self.close("stopped" if isinstance(exc, TrainingInterrupted | KeyboardInterrupt) else "failed")
+            except Exception as closing:  # the training error is the one to report
+                log.warning("could not finish the trackers' runs: %s", closing)
             raise
 
     def truncate_after(self, step: int) -> None:

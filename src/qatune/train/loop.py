@@ -186,24 +186,25 @@ class Loop:
         main = accelerator.is_main_process
         metrics_log = MetricsLog(run_dir / layout.METRICS if run_dir and main else None, train_cfg.report_to, config,
                                  resumed_from=resume_from)
-        state = TrainState()
-        if resume_from is not None:
-            shards = (lambda folder: sharding.load_shards(prepared.model, _torch_optimizer(optimizer), folder)
-                      ) if sharded else None
-            state = restore(resume_from, optimizer, schedulers, load_shards=shards)
-            metrics_log.truncate_after(state.step)
-            at = (f"epoch {state.epoch + 1} of {train_cfg.epochs}" if state.epoch < train_cfg.epochs
-                  else f"after epoch {state.epoch} of {train_cfg.epochs}")
-            log.info("resuming from %s (step %d, %s)", resume_from, state.step, at)
-        guard = NonFiniteGuard(run_dir if main else None, train_cfg.on_nonfinite, train_cfg.max_nonfinite_steps,
-                               prepared.precision, state.bad_steps)
-        clip = (speedups.clipper(accelerator, optimizer, train_cfg.max_grad_norm)
-                or gradient_clipper(accelerator, speedups.parameters(objective), train_cfg.max_grad_norm))
-        if sharded:
-            clip = _whole(clip)
-        log.info("%s", speedups.describe())
-        return cls(prepared, run_dir, accelerator, speedups, objective, optimizer, loader, sampler, clip, schedulers,
-                   state, guard, metrics_log, LogWindow.restored(state.log_window))
+        with metrics_log.closed_on_error():  # a failure from here on ends the trackers' runs as failed
+            state = TrainState()
+            if resume_from is not None:
+                shards = (lambda folder: sharding.load_shards(prepared.model, _torch_optimizer(optimizer), folder)
+                          ) if sharded else None
+                state = restore(resume_from, optimizer, schedulers, load_shards=shards)
+                metrics_log.truncate_after(state.step)
+                at = (f"epoch {state.epoch + 1} of {train_cfg.epochs}" if state.epoch < train_cfg.epochs
+                      else f"after epoch {state.epoch} of {train_cfg.epochs}")
+                log.info("resuming from %s (step %d, %s)", resume_from, state.step, at)
+            guard = NonFiniteGuard(run_dir if main else None, train_cfg.on_nonfinite, train_cfg.max_nonfinite_steps,
+                                   prepared.precision, state.bad_steps)
+            clip = (speedups.clipper(accelerator, optimizer, train_cfg.max_grad_norm)
+                    or gradient_clipper(accelerator, speedups.parameters(objective), train_cfg.max_grad_norm))
+            if sharded:
+                clip = _whole(clip)
+            log.info("%s", speedups.describe())
+            return cls(prepared, run_dir, accelerator, speedups, objective, optimizer, loader, sampler, clip,
+                       schedulers, state, guard, metrics_log, LogWindow.restored(state.log_window))
 
     @property
     def main(self) -> bool:
@@ -338,8 +339,7 @@ class Loop:
         return self.last_checkpoint if self.main else None
 
     def finish(self) -> dict[str, Any]:
-        """final/ (by the main process) and the result summary."""
-        self.metrics_log.close()
+        """final/ (by the main process) and the result summary; the trackers' runs end complete after it."""
         self.speedups.finish()
         if self.run_dir is not None:
             prepared, final = self.prepared, self.run_dir / layout.FINAL
@@ -352,9 +352,11 @@ class Loop:
                     save_model(final, self.model(), prepared.tokenizer, prepared.config, prepared.info, weights)
         self.accelerator.wait_for_everyone()
         state = self.state
-        return {"steps": state.step, "first_train_loss": state.first_loss, "final_train_loss": state.last_loss,
-                "best_eval": state.best, "nonfinite_steps": self.guard.bad_steps,
-                "peak_memory_mb": self.peak_memory()}
+        result = {"steps": state.step, "first_train_loss": state.first_loss, "final_train_loss": state.last_loss,
+                  "best_eval": state.best, "nonfinite_steps": self.guard.bad_steps,
+                  "peak_memory_mb": self.peak_memory()}
+        self.metrics_log.close()
+        return result
 
     def peak_memory(self) -> float:
         """The highest peak memory of any process (MiB): resident set size on CPU, CUDA's allocation on a GPU."""
