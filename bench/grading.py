@@ -14,7 +14,8 @@ score MAE and within-tolerance, feedback token F1, ROUGE-L and BLEU, and the sha
 
 Writes bench/results/<this machine>/grading.json.
 
-    python bench/grading.py                              # ~1 h on 2 cores (training <= 30 min)
+    python bench/grading.py --epochs 1                   # ~1 h on 2 cores (training <= 30 min)
+    python bench/grading.py --epochs 1 --base-from bench/results/epyc-avx512-bf16/grading.json   # ~40 min
     python bench/grading.py --train-rows 300 --eval-rows 40 --json /tmp/grading.json
 """
 
@@ -134,7 +135,9 @@ def main() -> None:
             print("base zero-shot", {s: result["arms"]["base zero-shot"][s]["verdict_accuracy"] for s in SPLITS},
                   flush=True)
         run = args.run
-        if run is None:
+        if run is not None:
+            result["run"] = str(run)
+        else:
             run = tmp / "run"
             start = time.perf_counter()
             qatune(["train", "--config", str(CONFIG), "--output-dir", str(run), "--quiet", *sets])
