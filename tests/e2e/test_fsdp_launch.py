@@ -46,8 +46,8 @@ def test_machines_with_different_configs_are_refused(tmp_path, data):  # noqa: F
     codes, outputs = machines(path, tmp_path / "run", sets=((), ("--set", "train.learning_rate=0.01")))
     assert codes[0] != 0 and codes[1] != 0, outputs
     assert ("error: the processes were started with different set-ups: process 1 differs from process 0 in "
-            "['train.learning_rate']; start every machine with the same config file") in outputs[0]
-    assert "Traceback" not in outputs[0]
+            "['train.learning_rate']; start every machine with the same config file") in outputs[0], outputs
+    assert "Traceback" not in outputs[0], outputs
     assert not (tmp_path / "run" / "final").exists()
 
 

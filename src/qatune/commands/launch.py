@@ -14,6 +14,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import timedelta
+from typing import Any
 
 from qatune.errors import ConfigError
 
@@ -66,9 +67,10 @@ def wait_for_machines(nodes: int, node_rank: int, master: str | None, timeout: i
                              wait_for_workers=True)
         if first:
             store.set(_READY, "1")
-            time.sleep(1.0)  # the others read the word before this store, and the port, are given up for torchrun
+            store.wait([f"{_LEFT}{rank}" for rank in range(1, nodes)])  # every other machine has read the word
         else:
             store.wait([_READY])
+            store.set(f"{_LEFT}{node_rank}", "1")
     except RuntimeError as exc:  # DistStoreError, DistNetworkError: a timeout or a refused connection
         detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         who = ("the other machines did not all join" if first
@@ -76,10 +78,25 @@ def wait_for_machines(nodes: int, node_rank: int, master: str | None, timeout: i
         raise ConfigError(f"rendezvous timeout: {who} within {timeout} s ({detail}); start the same command on "
                           f"every machine with --nodes {nodes} and its own --node-rank (0..{nodes - 1}), check "
                           f"that {host}:{port} is reachable, or give them longer with --join-timeout") from None
+    if not first:
+        _wait_until_closed(store)  # torchrun's store will take the port: never meet this one there
     del store
 
 
 _READY = "qatune-all-joined"
+_LEFT = "qatune-going-on-"
+
+
+def _wait_until_closed(store: Any, limit: float = 30.0) -> None:
+    """Return once the first machine has closed ``store`` (a request to it fails), or after ``limit`` seconds."""
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        try:
+            with _native_logs_silenced():
+                store.check([_READY])
+        except RuntimeError:
+            return
+        time.sleep(0.1)
 
 
 @contextmanager
