@@ -220,35 +220,14 @@ def generate(run_dir: str, question: str | None, context: str | None, context_fi
              data_file: str | None, fields: tuple[str, ...], output: str | None, overrides: tuple[str, ...], which: str,
              max_new_tokens: int | None, temperature: float | None, top_p: float | None, seed: int | None) -> None:
     """Answer a question (or every row of --file) with a trained run or a .gguf file. Prints the answer only."""
-    from qatune.inference.answer_files import answer_file
-    from qatune.inference.generate import answer_one
+    from qatune.commands.answering import run_generate
 
     options = {"max_new_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p}
-    if data_file is not None:
-        if question is not None:
-            raise QatuneError("give either a QUESTION or --file, not both")
-        given = [flag for flag, value in (("--context", context), ("--context-file", context_file),
-                                          ("--field", fields)) if value]
-        if given:
-            raise QatuneError(f"{given[0]} goes with a single QUESTION; with --file, passages and other columns "
-                              "come from the file's columns")
-        path = answer_file(run_dir, data_file, output, which, options, seed, reading=overrides)
-        click.echo(str(path))
-        return
-    if overrides:
-        raise QatuneError("--set goes with --file (how the file is read); a single QUESTION needs none")
-    if question is None or not question.strip():
-        raise QatuneError("the question is empty; pass a question in quotes, e.g. "
-                          "qatune generate RUN \"Who wrote it?\"")
-    values = {}
-    for item in fields:
-        name, sep, value = item.partition("=")
-        if not sep or not name.strip():
-            raise QatuneError(f"--field {item!r}: expected NAME=VALUE, e.g. --field 'Total Marks=3'")
-        values[name.strip()] = value
-    answer = answer_one(run_dir, question, context, context_file, which, options, seed, fields=values)
-    click.echo(answer)
-    if not answer.strip():  # stdout stays the answer (empty) for scripts; a person sees why the line is blank
+    answer = run_generate(run_dir, question, context, context_file, data_file, fields, output, overrides, which,
+                          options, seed)
+    click.echo(str(answer))
+    # stdout stays the answer (empty) for scripts; a person sees why the line is blank
+    if isinstance(answer, str) and not answer.strip():
         click.echo("note: the model's answer is empty; a model trained longer, or on more rows like this "
                    "question, may answer it", err=True)
 
