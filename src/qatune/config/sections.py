@@ -76,6 +76,9 @@ class LoraSettings(Section):
     """Dropout on the adapter input."""
     target_modules: list[str] | None = None
     """Module names to adapt, e.g. [c_attn] for GPT-2 (null: peft's default for the architecture)."""
+    last_layers: int | None = Field(None, ge=1)
+    """Adapt only the last N transformer layers (null: all). The backward pass stops below them, so a step
+    takes less time; the layers below keep their pretrained weights."""
 
 
 class ModelConfig(Section):

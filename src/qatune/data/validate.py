@@ -128,10 +128,11 @@ def validate_loader(loader: Iterable[Any], *, tokenizer: Any = None, pad_token_i
 
 def validate_settings(*, learning_rate: float, max_grad_norm: float | None, warmup_steps: int = 0,
                       precision: str = "fp32", task: str = "generative", pretrained: bool = True,
-                      n_examples: int | None = None, batch_size: int | None = None, accumulation: int = 1,
-                      loss_scaling: bool = True, bf16_native: bool = True) -> list[Finding]:
+                      lora: bool = False, n_examples: int | None = None, batch_size: int | None = None,
+                      accumulation: int = 1, loss_scaling: bool = True, bf16_native: bool = True) -> list[Finding]:
     """Settings that lead to NaN or to no learning, each with its fix (``accumulation``: micro-batches
-    per update, train.gradient_accumulation_steps)."""
+    per update, train.gradient_accumulation_steps; ``lora``: adapters train, which take rates ten times
+    higher than full fine-tuning)."""
     findings = []
     if precision == "bf16" and not bf16_native:
         findings.append(warning("bf16-emulated", "train.precision bf16 on a CPU without native bf16 (AVX512-BF16/AMX, "
@@ -142,11 +143,12 @@ def validate_settings(*, learning_rate: float, max_grad_norm: float | None, warm
                                 f"learning rate {learning_rate:g} is far too high without gradient clipping: the loss "
                                 "will diverge to NaN; lower it (5e-5 for fine-tuning) "
                                 "and set train.max_grad_norm: 1.0"))
-    elif pretrained and learning_rate > 5e-4:
+    elif pretrained and learning_rate > (3e-3 if lora else 5e-4):
+        what, typical = ("LoRA adapters on", "1e-4 to 1e-3") if lora else ("fine-tuning", "1e-5 to 1e-4")
         findings.append(warning("lr-high",
-                                f"learning rate {learning_rate:g} is high for fine-tuning a pretrained model "
-                                "(typical: 1e-5 to 1e-4); it can destroy what the model knows or diverge"))
-    elif pretrained and learning_rate > 1e-4 and (max_grad_norm is None or warmup_steps == 0):
+                                f"learning rate {learning_rate:g} is high for {what} a pretrained model "
+                                f"(typical: {typical}); it can destroy what the model knows or diverge"))
+    elif pretrained and not lora and learning_rate > 1e-4 and (max_grad_norm is None or warmup_steps == 0):
         findings.append(warning("lr-high-no-warmup",
                                 f"learning rate {learning_rate:g} without warmup and clipping can diverge on the first "
                                 "steps of full fine-tuning; set train.warmup_steps and train.max_grad_norm"))

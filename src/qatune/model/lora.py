@@ -20,13 +20,24 @@ def apply_lora(model: Any, lora: Any, task: str) -> Any:
     else:
         task_type = TaskType.SEQ_2_SEQ_LM if model.config.is_encoder_decoder else TaskType.CAUSAL_LM
     settings = LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
-                          target_modules=lora.target_modules, task_type=task_type)
+                          target_modules=lora.target_modules, task_type=task_type,
+                          layers_to_transform=_last_layers(model, lora.last_layers))
     try:
         return get_peft_model(model, settings)
     except ValueError as exc:
         names = sorted({name.rsplit(".", 1)[-1] for name, _ in model.named_modules() if name})
         raise ModelError(f"model.lora: {str(exc).splitlines()[0]}; set model.lora.target_modules to some of "
                          f"{names[:30]}") from None
+
+
+def _last_layers(model: Any, last: int | None) -> list[int] | None:
+    """The indices of the model's last ``last`` transformer layers (None: every layer)."""
+    if last is None:
+        return None
+    count = model.config.get_text_config().num_hidden_layers
+    if last > count:
+        raise ModelError(f"model.lora.last_layers is {last}, but the model has {count} layers")
+    return list(range(count - last, count))
 
 
 def lora_base_in_run(model: ModelConfig) -> bool:

@@ -314,7 +314,7 @@ def validate_first_batches(config: Config, dataset: ExampleDataset, collator: An
     settings = validate_settings(
         learning_rate=train_cfg.learning_rate, max_grad_norm=train_cfg.max_grad_norm,
         warmup_steps=train_cfg.warmup_steps, precision=precision, task=config.task,
-        pretrained=config.model.name_or_path is not None, n_examples=n_rows,
+        pretrained=config.model.name_or_path is not None, lora=config.model.lora is not None, n_examples=n_rows,
         batch_size=train_cfg.batch_size, accumulation=train_cfg.gradient_accumulation_steps,
         bf16_native=bf16_native(train_cfg.device),
     )

@@ -174,3 +174,15 @@ def test_validate_loader_on_a_users_dataloader(gpt2_tokenizer):
     assert codes(findings) == ["mask-on-padding"]
     with pytest.raises(DataError, match="attention_mask is 1 on padding"):
         raise_for_errors(findings)
+
+
+def test_lora_takes_higher_learning_rates_than_full_fine_tuning():
+    def warned(lr, lora):
+        return [f.message for f in validate_settings(learning_rate=lr, max_grad_norm=1.0, warmup_steps=10, lora=lora,
+                                                     n_examples=500, batch_size=8)]
+
+    assert warned(1e-3, lora=False) == ["learning rate 0.001 is high for fine-tuning a pretrained model (typical: "
+                                        "1e-5 to 1e-4); it can destroy what the model knows or diverge"]
+    assert warned(1e-3, lora=True) == []
+    assert warned(5e-3, lora=True) == ["learning rate 0.005 is high for LoRA adapters on a pretrained model "
+                                       "(typical: 1e-4 to 1e-3); it can destroy what the model knows or diverge"]

@@ -53,3 +53,11 @@ def test_extractive_lora_keeps_the_new_qa_head_trainable(tmp_path):
 def test_unknown_target_modules_name_the_real_ones(tmp_path):
     with pytest.raises(ModelError, match=r"set model\.lora\.target_modules to some of"):
         prepare(lora_config(tmp_path, "model.lora.target_modules=[q_proj]"))
+
+
+def test_last_layers_adapts_only_the_top_of_the_model(tmp_path):
+    prepared = prepare(lora_config(tmp_path, "model.scratch.n_layer=3", "model.lora.last_layers=2"))
+    adapted = {n.split(".h.")[1].split(".")[0] for n, p in prepared.model.named_parameters() if p.requires_grad}
+    assert adapted == {"1", "2"}
+    with pytest.raises(ModelError, match=r"model\.lora\.last_layers is 4, but the model has 3 layers"):
+        prepare(lora_config(tmp_path, "model.scratch.n_layer=3", "model.lora.last_layers=4"))
