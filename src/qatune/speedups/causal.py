@@ -31,7 +31,6 @@ while no dropout is active: with dropout each row must draw its own noise on its
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import inspect
 import logging
@@ -43,7 +42,7 @@ from torch import nn
 
 from qatune.data.padding import IGNORE_INDEX
 from qatune.model.objectives import CausalLMObjective, absmax
-from qatune.speedups import gpt2, prefixes
+from qatune.speedups import fewer_rows, gpt2, prefixes
 from qatune.speedups.attention import AttentionByWidth, each_attention
 from qatune.speedups.checks import close_enough, close_to_scale, remembered
 from qatune.speedups.shapes import HEAD_ROWS_MULTIPLE, kernels_per_shape
@@ -62,16 +61,16 @@ def supervised_hidden(model: nn.Module, input_ids: torch.Tensor, attention_mask:
         return _grouped(net, input_ids, attention_mask, selected, groups, last_rows, unpadded)
     prefix = prefix if 0 < prefix < input_ids.shape[1] and input_ids.shape[0] > 1 else 0
     index = selected[:, prefix:].reshape(-1).nonzero().squeeze(1)  # flat, row-major: as boolean indexing orders
-    rows = _rows(net, attention_mask[:, prefix:], index if last_rows else None, unpadded)
+    fewer = fewer_rows.hooks(net, attention_mask[:, prefix:], index if last_rows else None, unpadded)
     if not prefix:
-        with rows:
+        with fewer:
             hidden = net(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
     else:
         name = _cache_argument(net)
         first = net(input_ids=input_ids[:1, :prefix], attention_mask=attention_mask[:1, :prefix], use_cache=True)
         cache = getattr(first, name)
         cache.batch_repeat_interleave(input_ids.shape[0])
-        with rows:
+        with fewer:
             hidden = net(input_ids=input_ids[:, prefix:], attention_mask=attention_mask, use_cache=True,
                          **{name: cache}).last_hidden_state
     return hidden.reshape(-1, hidden.shape[-1]).index_select(0, index)
@@ -91,11 +90,11 @@ def _grouped(net: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tens
     chosen = selected.gather(1, columns) & inside
     index = chosen.reshape(-1).nonzero().squeeze(1)
     name = _cache_argument(net)
-    with _rows(net, prefix_mask, None, unpadded):
+    with fewer_rows.hooks(net, prefix_mask, None, unpadded):
         first = net(input_ids=prefix_ids, attention_mask=prefix_mask, use_cache=True)
     cache = getattr(first, name)
     _select_rows(cache, group)
-    with _rows(net, mask, index if last_rows else None, unpadded):
+    with fewer_rows.hooks(net, mask, index if last_rows else None, unpadded):
         hidden = net(input_ids=input_ids.gather(1, columns), position_ids=columns, use_cache=True,
                      attention_mask=torch.cat([prefix_mask.index_select(0, group), mask], 1),
                      **{name: cache}).last_hidden_state
@@ -119,65 +118,6 @@ def _select_rows(cache: Any, index: torch.Tensor) -> None:
         if layer.get_seq_length() > 0:
             layer.keys = layer.keys.index_select(0, index)
             layer.values = layer.values.index_select(0, index)
-
-
-def _rows(net: nn.Module, mask: torch.Tensor, read: torch.Tensor | None, unpadded: bool) -> Any:
-    """What runs on fewer rows in a forward over ``mask`` ((B, T), 1 on real tokens): with ``read`` (the
-    flattened positions the loss reads) the last layer's output projection and MLP on those; with
-    ``unpadded`` every other position-wise module on the real tokens, where the batch holds padding."""
-    modules: list[tuple[nn.Module, torch.Tensor]] = []
-    if read is not None:
-        last = net.layers[-1]
-        modules += [(last.self_attn.o_proj, read), (last.mlp, read)]
-    real = mask.reshape(-1).nonzero().squeeze(1) if unpadded else None
-    if real is not None and len(real) < mask.numel():
-        taken = {id(module) for module, _ in modules}
-        modules += [(module, real) for layer in net.layers for module in _position_wise(layer)
-                    if id(module) not in taken]
-    return _Rows(modules) if modules else contextlib.nullcontext()
-
-
-def _position_wise(layer: nn.Module) -> list[nn.Module]:
-    """A decoder layer's modules that work position by position: its attention's projections and its MLP."""
-    attention = getattr(layer, "self_attn", None)
-    found = [getattr(attention, name, None) for name in ("q_proj", "k_proj", "v_proj", "o_proj")]
-    found.append(getattr(layer, "mlp", None))
-    return [module for module in found if isinstance(module, nn.Module)]
-
-
-class _Rows:
-    """While entered: each module computes the rows at its index (of the flattened positions) only: a forward
-    pre-hook gathers its input rows, a forward hook scatters its output rows into zeros. Modules called on
-    one tensor with one index in turn (the query, key and value projections) share its gather."""
-
-    def __init__(self, modules: list[tuple[nn.Module, torch.Tensor]]):
-        self.modules = modules
-        self.handles: list[Any] = []
-        self.shapes: dict[int, torch.Size] = {}
-        self.gathered: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
-
-    def __enter__(self) -> None:
-        for module, index in self.modules:
-            self.handles.append(module.register_forward_pre_hook(functools.partial(self._gather, index)))
-            self.handles.append(module.register_forward_hook(functools.partial(self._scatter, index)))
-
-    def __exit__(self, *_: Any) -> None:
-        for handle in self.handles:
-            handle.remove()
-        self.handles.clear()
-        self.gathered = None
-
-    def _gather(self, index: torch.Tensor, module: nn.Module, args: tuple) -> tuple:
-        x = args[0]
-        self.shapes[id(module)] = x.shape[:-1]
-        if self.gathered is None or self.gathered[0] is not x or self.gathered[1] is not index:
-            self.gathered = (x, index, x.reshape(-1, x.shape[-1]).index_select(0, index))
-        return (self.gathered[2], *args[1:])
-
-    def _scatter(self, index: torch.Tensor, module: nn.Module, args: tuple, out: torch.Tensor) -> torch.Tensor:
-        shape = self.shapes.pop(id(module))
-        full = out.new_zeros(shape.numel(), out.shape[-1]).index_copy_(0, index, out)
-        return full.view(*shape, out.shape[-1])
 
 
 @functools.cache
@@ -323,9 +263,9 @@ def _reason(model: nn.Module, path: str) -> str:
     if any(getattr(m, "gradient_checkpointing", False) is True for m in model.modules()):
         return "checkpointing"
     net = backbone(model)
-    if path == "last_layer_rows" and not _has_last_rows(net):
+    if path == "last_layer_rows" and not fewer_rows.has_last_rows(net):
         return "structure"
-    if path == "unpadded_rows" and not _has_position_wise(net):
+    if path == "unpadded_rows" and not fewer_rows.has_position_wise(net):
         return "structure"
     if path == "prefix_groups" and _windowed(getattr(model, "config", None)):
         return "windowed"
@@ -439,17 +379,3 @@ def _windowed(config: Any) -> bool:
     """Whether some layer of the model attends within a sliding window (or chunks) only."""
     layer_types = getattr(config, "layer_types", None) or ()
     return bool(getattr(config, "sliding_window", None)) or any("sliding" in t or "chunked" in t for t in layer_types)
-
-
-def _has_last_rows(net: nn.Module) -> bool:
-    layers = getattr(net, "layers", None)
-    if not isinstance(layers, nn.ModuleList) or not len(layers):
-        return False
-    last = layers[-1]
-    return isinstance(getattr(last, "mlp", None), nn.Module) and isinstance(
-        getattr(getattr(last, "self_attn", None), "o_proj", None), nn.Module)
-
-
-def _has_position_wise(net: nn.Module) -> bool:
-    layers = getattr(net, "layers", None)
-    return isinstance(layers, nn.ModuleList) and len(layers) > 0 and all(_position_wise(layer) for layer in layers)
