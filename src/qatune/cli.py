@@ -133,16 +133,11 @@ def train(ctx: click.Context, config_path: str | None, overrides: tuple[str, ...
     # Without --config, a resumed run keeps its own saved config (a stale config file could end it early).
     config = load_config(config_path, overrides) if config_path else saved_config(resume or output_dir, overrides)
     if (num_processes > 1 or nodes > 1) and "RANK" not in os.environ:
-        from qatune.commands.launch import torchrun_command, wait_for_machines
+        from qatune.commands.launch import process_args, torchrun_command, wait_for_machines
 
-        args = ["train", *(["--config", config_path] if config_path else []),
-                *[x for o in overrides for x in ("--set", o)]]
-        args += ["--output-dir", output_dir] if output_dir else []
-        args += ["--overwrite"] if overwrite else []
-        args += ["--resume", resume] if resume else (["--resume"] if resume == "" else [])
-        args += ["--quiet"] if quiet else []
-        verbose = ["-v"] if ctx.find_root().meta.get("qatune.verbose") else []
-        command = torchrun_command(num_processes, [*verbose, *args], nodes, node_rank, master, join_timeout)
+        args = process_args(config_path, overrides, output_dir, overwrite, resume, quiet,
+                            verbose=bool(ctx.find_root().meta.get("qatune.verbose")))
+        command = torchrun_command(num_processes, args, nodes, node_rank, master, join_timeout)
         wait_for_machines(nodes, node_rank, master, join_timeout)
         log.info("launching %d processes on this machine: %s", num_processes, " ".join(command))
         ctx.exit(subprocess.run(command, check=False).returncode)
@@ -414,15 +409,10 @@ def env(as_json: bool) -> None:
 @verbose_option
 def config_command(list_keys: bool, config_path: str | None, overrides: tuple[str, ...]) -> None:
     """Every config key (--keys), or a config resolved with its defaults and overrides, as YAML."""
-    from qatune.config import key_table, load_config
+    from qatune.config import key_lines, load_config
 
     if list_keys:
-        rows = key_table()
-        width = max(len(r["key"]) for r in rows)
-        for r in rows:
-            click.echo(f"{r['key']:<{width}}  {r['type']} = {r['default']}")
-            if r["doc"]:
-                click.echo(f"{'':<{width}}    {r['doc']}")
+        click.echo("\n".join(key_lines()))
         return
     if config_path is None and not overrides:
         raise click.UsageError("pass --keys, or --config FILE (and --set KEY=VALUE) to print the resolved config")

@@ -35,6 +35,18 @@ def parse_master(master: str | None, nodes: int) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
+def process_args(config_path: str | None, overrides: tuple[str, ...], output_dir: str | None, overwrite: bool,
+                 resume: str | None, quiet: bool, verbose: bool) -> list[str]:
+    """The qatune arguments each launched process runs: this ``qatune train``'s own, without the launch options."""
+    args = ["-v"] if verbose else []
+    args += ["train", *(["--config", config_path] if config_path else []),
+             *[x for o in overrides for x in ("--set", o)]]
+    args += ["--output-dir", output_dir] if output_dir else []
+    args += ["--overwrite"] if overwrite else []
+    args += ["--resume", resume] if resume else (["--resume"] if resume == "" else [])
+    return args + (["--quiet"] if quiet else [])
+
+
 def torchrun_command(processes: int, qatune_args: list[str], nodes: int = 1, node_rank: int = 0,
                      master: str | None = None, join_timeout: int = DEFAULT_JOIN_TIMEOUT) -> list[str]:
     """The torchrun command that starts this machine's ``processes`` running ``qatune qatune_args``."""

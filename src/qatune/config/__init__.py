@@ -8,7 +8,7 @@ every key (``qatune config --keys``), columns.py how names in a config match a s
 """
 
 from qatune.config.columns import PLACEHOLDER, column_key, template_fields
-from qatune.config.keys import field_names, key_table
+from qatune.config.keys import field_names, key_lines, key_table
 from qatune.config.loading import (
     READING_KEYS,
     differences,
@@ -45,6 +45,7 @@ __all__ = [
     "delimiter_character",
     "differences",
     "field_names",
+    "key_lines",
     "key_table",
     "load_config",
     "template_fields",

@@ -49,6 +49,17 @@ def key_table() -> list[dict[str, str]]:
     return rows
 
 
+def key_lines() -> list[str]:
+    """``qatune config --keys``: each key with its type and default, its documentation on the next line."""
+    rows = key_table()
+    width = max(len(r["key"]) for r in rows)
+    lines = []
+    for r in rows:
+        lines.append(f"{r['key']:<{width}}  {r['type']} = {r['default']}")
+        lines += [f"{'':<{width}}    {r['doc']}"] if r["doc"] else []
+    return lines
+
+
 def _type_name(annotation: Any) -> str:
     args = getattr(annotation, "__args__", None)
     if getattr(annotation, "__origin__", None) is Union and args:

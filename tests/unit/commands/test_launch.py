@@ -2,7 +2,7 @@
 
 import pytest
 
-from qatune.commands.launch import parse_master, torchrun_command
+from qatune.commands.launch import parse_master, process_args, torchrun_command
 from qatune.errors import ConfigError
 
 
@@ -27,3 +27,12 @@ def test_several_machines_meet_at_the_master():
 def test_a_bad_master_is_one_message(master, message):
     with pytest.raises(ConfigError, match="^" + message.replace("(", r"\(").replace(")", r"\)")):
         torchrun_command(1, ["train"], nodes=2, master=master)
+
+
+def test_each_process_reruns_this_train_command_without_the_launch_options():
+    assert process_args("c.yaml", ("train.epochs=2", "seed=1"), "runs/x", True, None, True, verbose=True) == [
+        "-v", "train", "--config", "c.yaml", "--set", "train.epochs=2", "--set", "seed=1", "--output-dir", "runs/x",
+        "--overwrite", "--quiet"]
+    assert process_args(None, (), None, False, "runs/x", False, verbose=False) == ["train", "--resume", "runs/x"]
+    assert process_args("c.yaml", (), "runs/x", False, "", False, verbose=False) == [
+        "train", "--config", "c.yaml", "--output-dir", "runs/x", "--resume"]
