@@ -148,7 +148,7 @@ def w1_build(rows: int, workdir: Path, seed: int = 42) -> dict:
 
     from qatune.config import ScratchModel
     from qatune.data.templates import PromptTemplate
-    from qatune.model.loading import build_scratch, train_scratch_tokenizer
+    from qatune.model.sources import build_scratch, train_scratch_tokenizer
 
     data = write_nq_rows(rows, workdir / "data.csv")
     with open(data, encoding="utf-8", newline="") as f:
@@ -208,7 +208,7 @@ def w2_build(rows: int, workdir: Path) -> dict:
     """W2's rows, and the packaged SmolLM2 saved as a plain folder (dequantized, no quantization mark: TRL cannot
     train the GGUF-loaded model as it is) for every arm to start from."""
     from qatune.config import ModelConfig
-    from qatune.model.loading import load_pretrained, load_tokenizer
+    from qatune.model.sources import load_pretrained, load_tokenizer
 
     with open(SHARED / "squadshifts_new_wiki" / "squadshifts_new_wiki.csv", encoding="utf-8", newline="") as f:
         picked = list(csv.DictReader(f))[:rows]

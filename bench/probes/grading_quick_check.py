@@ -28,7 +28,7 @@ from bench_machine import describe, headline
 
 from qatune.config import GenerateConfig
 from qatune.inference.generate import answer_questions
-from qatune.inference.loading import load_run_model
+from qatune.inference.run_model import load_run_model
 
 
 def line(output: str, key: str) -> str | None:

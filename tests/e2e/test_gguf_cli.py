@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from qatune.model.loading import resolve_model_path
+from qatune.model.sources import resolve_model_path
 from tests.conftest import FIXTURES, ROOT, cli_ok
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(

@@ -7,7 +7,7 @@ from collections import Counter
 
 import pytest
 
-from qatune.data.answer_fields import format_value
+from qatune.data.grading_fields import format_value
 from tests.conftest import cli_ok as invoke
 from tests.grading_runs import GRADING, copy_grading_run, read_csv
 

@@ -11,7 +11,7 @@ def scratch_gpt2():
     import torch
 
     from qatune.config import ScratchModel
-    from qatune.model.loading import build_scratch, train_scratch_tokenizer
+    from qatune.model.sources import build_scratch, train_scratch_tokenizer
 
     torch.manual_seed(0)
     tokenizer = train_scratch_tokenizer("generative", ITEM_TEXTS, 400)

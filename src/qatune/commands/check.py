@@ -9,15 +9,15 @@ from collections import Counter
 from typing import Any
 
 from qatune.config import Config, LoraSettings
-from qatune.data.answer_fields import format_value, parse_number
 from qatune.data.generative import PromptEncoder, percentile
+from qatune.data.grading_fields import format_value, parse_number
 from qatune.data.padding import IGNORE_INDEX
 from qatune.data.spreadsheet import describe_validation, normalize_question
 from qatune.data.templates import PromptTemplate
 from qatune.data.validate import error, warning
 from qatune.errors import row_list
 from qatune.train import Prepared, fit, prepare
-from qatune.train.memory import GIB, available_bytes, estimate, meta_model, resident_bytes, verdicts
+from qatune.train.memory_estimate import GIB, available_bytes, estimate, meta_model, resident_bytes, verdicts
 
 OVERFIT_STEPS = 50
 OVERFIT_TARGET = 0.1

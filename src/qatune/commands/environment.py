@@ -24,7 +24,7 @@ def environment() -> dict[str, str]:
             info[name] = importlib.metadata.version(name)
         except importlib.metadata.PackageNotFoundError:
             info[name] = "not installed"
-    from qatune.model.loading import installed_packaged_models
+    from qatune.model.sources import installed_packaged_models
 
     packaged = installed_packaged_models()
     info["packaged_models"] = ", ".join(f"{name} ({folder})" for name, folder in packaged.items()) or "none"

@@ -151,7 +151,7 @@ def _cannot_tell(what: str, path: Path, columns: dict[str, list[str | None]]) ->
 
 def choose_model(task: str, given: str | None) -> Guess:
     """--model; else the usual hub model, or an installed packaged model when the hub is not reachable."""
-    from qatune.model.loading import PACKAGED_MODELS, hub_reachable, installed_packaged_models
+    from qatune.model.sources import PACKAGED_MODELS, hub_reachable, installed_packaged_models
 
     if given in PACKAGED_MODELS and PACKAGED_MODELS[given].task != task:
         other = PACKAGED_MODELS[given].task

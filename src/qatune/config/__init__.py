@@ -3,13 +3,13 @@
 ``load_config`` reports every problem at once, each naming its key and what would fix it.
 The resolved config is saved in each run directory, so a run can be rebuilt from it alone.
 
-sections.py holds the typed sections, loading.py reading and checking a config, keys.py the list of
+sections.py holds the typed sections, reading.py reading and checking a config, keys.py the list of
 every key (``qatune config --keys``), columns.py how names in a config match a sheet's columns.
 """
 
 from qatune.config.columns import PLACEHOLDER, column_key, template_fields
 from qatune.config.keys import field_names, key_lines, key_table
-from qatune.config.loading import (
+from qatune.config.reading import (
     READING_KEYS,
     differences,
     load_config,

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from qatune.config.columns import column_key, template_fields
-from qatune.data.answer_fields import AnswerTemplate, infer_kind
+from qatune.data.grading_fields import AnswerTemplate, infer_kind
 from qatune.data.tables import NOT_FINITE, clean_cell, location, read_table, with_sheets_hint
 from qatune.errors import DataError, row_list
 
@@ -212,7 +212,7 @@ def answer_template(data: DataConfig) -> AnswerTemplate | None:
 
 def answer_kinds(data: DataConfig, records: list[QARecord]) -> dict[str, str] | None:
     """How each answer column is scored: data.field_kinds where given, else inferred from the records' gold
-    values (:func:`qatune.data.answer_fields.infer_kind`); None without data.answer_columns."""
+    values (:func:`qatune.data.grading_fields.infer_kind`); None without data.answer_columns."""
     if not data.answer_columns:
         return None
     given = data.field_kinds or {}

@@ -1,3 +1,3 @@
-"""A trained model answering: ``qatune generate`` (generate.py; a whole sheet: answer_files.py), ``qatune eval`` and
+"""A trained model answering: ``qatune generate`` (generate.py; a whole sheet: graded_sheets.py), ``qatune eval`` and
 its metrics (evaluate.py, metrics.py, field_metrics.py), ``eval --compare`` (compare.py), a run's model loaded for
-them (loading.py)."""
+them (run_model.py)."""

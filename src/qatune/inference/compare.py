@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from qatune.data.answer_fields import AnswerTemplate, parse_number
+from qatune.data.grading_fields import AnswerTemplate, parse_number
 from qatune.data.spreadsheet import QARecord
 from qatune.data.templates import PromptTemplate
 from qatune.errors import ConfigError
@@ -36,8 +36,8 @@ from qatune.inference.evaluate import (
 )
 from qatune.inference.field_metrics import grading_metrics
 from qatune.inference.generate import run_answer_template, uses_context
-from qatune.inference.loading import load_run_model, read_run
 from qatune.inference.metrics import best_scores, f1
+from qatune.inference.run_model import load_run_model, read_run
 from qatune.model.folder import ModelInfo
 from qatune.runs import atomic, layout
 

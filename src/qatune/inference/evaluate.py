@@ -36,18 +36,18 @@ from qatune.inference.generate import (
     score_windows,
     uses_context,
 )
-from qatune.inference.loading import load_run_model, model_id, read_run, results_place
 from qatune.inference.lockstep import Lockstep, in_step
 from qatune.inference.metrics import best_scores, corpus_scores
+from qatune.inference.run_model import load_run_model, model_id, read_run, results_place
 from qatune.model.folder import ModelInfo
 from qatune.model.gguf_file import resolve_prompt
-from qatune.model.loading import (
+from qatune.model.objectives import Seq2SeqObjective, model_inputs
+from qatune.model.sources import (
     load_model_config,
     load_pretrained,
     load_tokenizer,
     model_max_positions,
 )
-from qatune.model.objectives import Seq2SeqObjective, model_inputs
 from qatune.runs import atomic, layout
 from qatune.speedups import evaluation_loss
 

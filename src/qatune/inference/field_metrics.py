@@ -1,4 +1,4 @@
-"""Metrics per answer field of a grading sheet (qatune.data.answer_fields): numbers, labels and free text.
+"""Metrics per answer field of a grading sheet (qatune.data.grading_fields): numbers, labels and free text.
 
 Every function returns a JSON-friendly dict with fixed keys; shares are percentages (0-100) of all rows,
 and a metric that is undefined (no rows, a constant column) is None. A prediction that is None (its
@@ -13,7 +13,7 @@ from itertools import pairwise
 
 import numpy as np
 
-from qatune.data.answer_fields import FIELD_KINDS, parse_number
+from qatune.data.grading_fields import FIELD_KINDS, parse_number
 from qatune.errors import ConfigError
 from qatune.inference.metrics import f1
 

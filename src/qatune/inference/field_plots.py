@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from qatune.data.answer_fields import parse_number
+from qatune.data.grading_fields import parse_number
 from qatune.runs import atomic
 
 log = logging.getLogger("qatune")

@@ -17,17 +17,17 @@ from pydantic import ValidationError
 from tqdm.auto import tqdm
 
 from qatune.config import GenerateConfig
-from qatune.data.answer_fields import AnswerTemplate
 from qatune.data.extractive import Feature, SpanCollator, best_span, prepare_features
 from qatune.data.generative import PromptEncoder, Seq2SeqEncoder
+from qatune.data.grading_fields import AnswerTemplate
 from qatune.data.padding import left_pad, right_pad
 from qatune.data.spreadsheet import QARecord
 from qatune.data.templates import PromptTemplate
 from qatune.errors import ConfigError, DataError
 from qatune.inference.lockstep import Lockstep, in_step
 from qatune.model.folder import ModelInfo
-from qatune.model.loading import model_max_positions
 from qatune.model.objectives import span_logits, span_loss_sum
+from qatune.model.sources import model_max_positions
 
 log = logging.getLogger("qatune")
 
@@ -172,7 +172,7 @@ def answer_one(run_dir: str | Path, question: str, context: str | None = None, c
     """The answer of a trained run to one question (the ``qatune generate RUN "question"`` command).
 
     ``fields``: values of the other columns the run's prompt names (``--field 'Total Marks=3'``)."""
-    from qatune.inference.loading import load_run_model, read_run
+    from qatune.inference.run_model import load_run_model, read_run
 
     if context_file is not None:
         context = _read_context(context_file)

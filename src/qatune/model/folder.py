@@ -16,7 +16,7 @@ from typing import Any
 
 from qatune.config import Config, validate_config
 from qatune.errors import ModelError, RunDirError
-from qatune.model.loading import auto_class, prepare_tokenizer, quiet_transformers, resolve_model_path
+from qatune.model.sources import auto_class, prepare_tokenizer, quiet_transformers, resolve_model_path
 from qatune.runs import atomic, layout
 
 

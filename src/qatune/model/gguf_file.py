@@ -18,7 +18,7 @@ from qatune.config import Config, DataConfig, ModelConfig, validate_config
 from qatune.data.templates import PromptTemplate, resolve_template
 from qatune.errors import ConfigError, ModelError, RunDirError
 from qatune.model.folder import LoadedModel, ModelInfo
-from qatune.model.loading import load_pretrained, load_tokenizer, model_max_positions, model_source
+from qatune.model.sources import load_pretrained, load_tokenizer, model_max_positions, model_source
 
 log = logging.getLogger("qatune")
 

@@ -22,14 +22,14 @@ from fastapi.responses import FileResponse, HTMLResponse
 from qatune.data.generative import PromptEncoder, Seq2SeqEncoder
 from qatune.data.templates import PromptTemplate
 from qatune.inference.generate import prompt_budget, run_answer_template, uses_context
-from qatune.inference.loading import model_id
+from qatune.inference.run_model import model_id
 from qatune.model.folder import LoadedModel
-from qatune.model.loading import model_max_positions
+from qatune.model.sources import model_max_positions
 from qatune.runs.layout import read_status
 from qatune.serve.batching import Batcher, Delta, Extraction, Failed, Generation, Job
 from qatune.serve.decoding import Sampling
-from qatune.serve.guard import Gate, Guard, add_error_handlers
 from qatune.serve.replies import Reply, SlotStreamingResponse
+from qatune.serve.request_checks import Gate, Guard, add_error_handlers
 from qatune.serve.schemas import AnswerRequest, ApiError, ChatRequest, CompletionRequest, ExtractRequest
 
 log = logging.getLogger("qatune")

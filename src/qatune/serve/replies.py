@@ -13,9 +13,9 @@ from typing import Any
 
 from fastapi.responses import StreamingResponse
 
-from qatune.data.answer_fields import AnswerTemplate
+from qatune.data.grading_fields import AnswerTemplate
 from qatune.serve.batching import Delta, Extracted, Failed, Finished
-from qatune.serve.guard import Slot
+from qatune.serve.request_checks import Slot
 from qatune.serve.schemas import ApiError, error_body
 
 

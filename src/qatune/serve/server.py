@@ -20,7 +20,7 @@ from pathlib import Path
 import uvicorn
 
 from qatune.errors import QatuneError
-from qatune.inference.loading import load_run_model, read_run
+from qatune.inference.run_model import load_run_model, read_run
 from qatune.serve.app import Settings, create_app
 
 log = logging.getLogger("qatune")

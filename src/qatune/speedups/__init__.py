@@ -10,9 +10,9 @@ help where the run trains (:func:`qatune.speedups.switch.auto_verdict`); a list 
                        prefix_groups, last_layer_rows, unpadded_rows
     gpt2.py            gpt2_supervised_rows: GPT-2's own version of the above
     prefixes.py        which prompt prefixes a batch's rows share (planned on the host, per batch)
-    lora.py            lora_one_pass            attention.py       attention_by_width
+    fused_lora.py      lora_one_pass            attention.py       attention_by_width
     master_weights.py  bf16_master_weights      shapes.py          width_rounding, the head's rows
-    activations.py     fused_gelu               memory.py          malloc_reuse
+    activations.py     fused_gelu               malloc_reuse.py    malloc_reuse
     clipping.py        folded_clipping          checks.py          what the checks share
 """
 

@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from qatune.model.objectives import CausalLMObjective, is_encoder_decoder, objective_for
-from qatune.speedups import activations, causal, gpt2, lora, master_weights, memory
+from qatune.speedups import activations, causal, fused_lora, gpt2, malloc_reuse, master_weights
 from qatune.speedups.attention import AttentionByWidth, attention_switch
 from qatune.speedups.checks import REDUCED_PRECISION_SLACK, forget
 from qatune.speedups.clipping import folded_clipper
@@ -161,17 +161,17 @@ class Speedups:
     def _attach_lora(self, model: nn.Module) -> None:
         if not self.on("lora_one_pass"):
             return
-        if not lora.layers(model):
+        if not fused_lora.layers(model):
             self._off("lora_one_pass", "no LoRA adapters")
             return
-        missing = lora.missing_attributes(model)
+        missing = fused_lora.missing_attributes(model)
         if missing:
             import peft
 
             self._off("lora_one_pass", f"peft {peft.__version__} is older than this path reads (its LoRA layers lack "
                                        f"{', '.join(missing)}); pip install 'peft>=0.16'")
             return
-        lora.install(model)
+        fused_lora.install(model)
 
     def _attach_masters(self, model: nn.Module) -> None:
         if not self.on("bf16_master_weights"):
@@ -185,9 +185,9 @@ class Speedups:
     def _reuse_memory(self) -> None:
         if self.device.type != "cpu":
             self._off("malloc_reuse", "CPU only")
-        elif memory.user_settings():
+        elif malloc_reuse.user_settings():
             self._off("malloc_reuse", "glibc's malloc settings are the user's (MALLOC_* or GLIBC_TUNABLES)")
-        elif not memory.keep_freed_memory():
+        elif not malloc_reuse.keep_freed_memory():
             self._off("malloc_reuse", "not glibc")
 
     def _slack(self) -> float:
@@ -261,7 +261,7 @@ class Speedups:
         if self.masters is not None:
             self.masters.release()
         if self.on("malloc_reuse"):
-            memory.hand_back_freed_memory()
+            malloc_reuse.hand_back_freed_memory()
 
     # --- the log
 

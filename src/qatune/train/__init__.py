@@ -7,7 +7,7 @@
     loop.py        fit() and train_step(): the loop itself; Loop.setup() builds what it steps
     optim.py       AdamW, warmup + StepLR, gradient clipping
     sampler.py     length-grouped, resumable batch order
-    guard.py       the NaN guard
+    nan_guard.py   the NaN guard
     validation.py  per-epoch validation and best/
     checkpoint.py  resumable checkpoints: write, find the newest intact one, restore
     report.py      report.md and loss.png

@@ -31,9 +31,9 @@ from qatune.speedups import Speedups
 from qatune.train import sharding
 from qatune.train.checkpoint import TrainState, model_folder_from, restore, save_checkpoint
 from qatune.train.device import check_same_setup, make_accelerator, peak_memory_mb
-from qatune.train.guard import NonFiniteGuard
 from qatune.train.logs import LogWindow, MetricsLog
-from qatune.train.memory import checkpoint_activations
+from qatune.train.memory_estimate import checkpoint_activations
+from qatune.train.nan_guard import NonFiniteGuard
 from qatune.train.optim import build_optimizer, build_schedulers, gradient_clipper
 from qatune.train.preparation import Prepared, fingerprint
 from qatune.train.sampler import LengthGroupedBatches, training_batches

@@ -38,9 +38,11 @@ from qatune.data.spreadsheet import (
 from qatune.data.templates import PromptTemplate, resolve_template
 from qatune.data.validate import Finding, error, validate_batch, validate_dataset, validate_settings, warning
 from qatune.errors import ConfigError, DataError, row_list
+from qatune.model.adapters import apply_lora, lora_base_in_run
 from qatune.model.folder import ModelInfo
 from qatune.model.gguf_file import resolve_prompt
-from qatune.model.loading import (
+from qatune.model.precision import bf16_native, bf16_verdict, check_device, resolve_precision
+from qatune.model.sources import (
     build_scratch,
     load_model_config,
     load_pretrained,
@@ -49,8 +51,6 @@ from qatune.model.loading import (
     quiet_transformers,
     train_scratch_tokenizer,
 )
-from qatune.model.lora import apply_lora, lora_base_in_run
-from qatune.model.precision import bf16_native, bf16_verdict, check_device, resolve_precision
 from qatune.runs import layout
 from qatune.train.device import seed_everything
 from qatune.train.logs import check_trackers

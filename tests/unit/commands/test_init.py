@@ -26,7 +26,7 @@ def test_messy_spreadsheet_columns_are_guessed_and_the_config_validates(tmp_path
 @pytest.fixture
 def offline(monkeypatch):
     """The hub is unreachable; say which packaged models are installed."""
-    from qatune.model import loading as model
+    from qatune.model import sources as model
 
     monkeypatch.setattr(model, "hub_reachable", lambda: False)
 
@@ -49,7 +49,7 @@ def test_offline_init_proposes_an_installed_packaged_model(tmp_path, offline):
 
 
 def test_online_init_keeps_the_hub_default(tmp_path, monkeypatch):
-    from qatune.model import loading as model
+    from qatune.model import sources as model
 
     monkeypatch.setattr(model, "hub_reachable", lambda: True)
     out = tmp_path / "q.yaml"

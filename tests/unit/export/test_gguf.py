@@ -222,7 +222,7 @@ def test_serve_takes_the_file(llama_run, tmp_path):
     pytest.importorskip("fastapi")
     from fastapi.testclient import TestClient
 
-    from qatune.inference.loading import load_run_model
+    from qatune.inference.run_model import load_run_model
     from qatune.serve.app import Settings, create_app
 
     path, _ = export_gguf(llama_run, tmp_path / "colours.gguf", "f32")

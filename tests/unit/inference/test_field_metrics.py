@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from qatune.data.answer_fields import AnswerTemplate
+from qatune.data.grading_fields import AnswerTemplate
 from qatune.errors import ConfigError
 from qatune.inference.field_metrics import (
     default_tolerance,

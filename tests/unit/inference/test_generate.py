@@ -128,12 +128,12 @@ def test_a_file_without_the_context_column_is_refused(with_context, tmp_path):
 
 
 def test_a_missing_passage_or_field_is_refused_before_the_model_loads(with_context, without_context, monkeypatch):
-    import qatune.inference.loading
+    import qatune.inference.run_model
 
     def no_loading(*args, **kwargs):
         raise AssertionError("the model was loaded before the request was checked")
 
-    monkeypatch.setattr(qatune.inference.loading, "load_run_model", no_loading)
+    monkeypatch.setattr(qatune.inference.run_model, "load_run_model", no_loading)
     one_line_error(generate(with_context, QUESTION), NEEDS)
     one_line_error(generate(without_context, QUESTION, "--context", PASSAGE), REFUSES)
     for fields in ([], ["--field", "score= "]):  # its prompt needs {score}; a blank value is none
@@ -143,12 +143,12 @@ def test_a_missing_passage_or_field_is_refused_before_the_model_loads(with_conte
 
 
 def test_a_file_without_the_passage_column_is_refused_before_the_model_loads(with_context, tmp_path, monkeypatch):
-    import qatune.inference.loading
+    import qatune.inference.run_model
 
     def no_loading(*args, **kwargs):
         raise AssertionError("the model was loaded before the file was read")
 
-    monkeypatch.setattr(qatune.inference.loading, "load_run_model", no_loading)
+    monkeypatch.setattr(qatune.inference.run_model, "load_run_model", no_loading)
     questions = tmp_path / "q.csv"
     questions.write_text(f"question\n{QUESTION}\n", encoding="utf-8")
     result = generate(with_context, "--file", questions)

@@ -9,7 +9,7 @@ import torch
 
 from qatune.config import ScratchModel, load_config
 from qatune.model.folder import NO_WEIGHT_CONVERSIONS, ModelInfo, save_model
-from qatune.model.loading import (
+from qatune.model.sources import (
     build_scratch,
     train_scratch_tokenizer,
 )

@@ -4,7 +4,7 @@ import torch
 
 from qatune.config import ScratchModel, load_config
 from qatune.model.folder import ModelInfo, save_model
-from qatune.model.loading import (
+from qatune.model.sources import (
     build_scratch,
     train_scratch_tokenizer,
 )

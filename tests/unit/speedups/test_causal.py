@@ -632,7 +632,7 @@ def test_lora_on_a_llama_keeps_the_lm_head_on_supervised_positions_only():
     import torch
 
     from qatune.config import LoraSettings
-    from qatune.model.lora import apply_lora
+    from qatune.model.adapters import apply_lora
     from qatune.speedups.causal import SupervisedRowsObjective
     from qatune.speedups.gpt2 import has_dropout
     from tests.conftest import chat_tokenizer

@@ -170,7 +170,7 @@ def test_a_run_that_fails_ends_failed_in_mlflow(tmp_path, monkeypatch):
 
     from qatune.errors import TrainingError
     from qatune.train import fit, prepare
-    from tests.unit.train.test_guard import poison_forward
+    from tests.unit.train.test_nan_guard import poison_forward
 
     for name in TRACKER_VARIABLES:
         monkeypatch.delenv(name, raising=False)

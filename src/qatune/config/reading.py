@@ -249,7 +249,7 @@ def _template_checks(data: DataConfig) -> list[str]:
 
 def _answer_field_checks(task: str, data: DataConfig) -> list[str]:
     """data.answer_columns and the keys that go with it. The template itself is checked where it is built
-    (qatune.data.answer_fields.AnswerTemplate, below which this layer sits), before any file is read."""
+    (qatune.data.grading_fields.AnswerTemplate, below which this layer sits), before any file is read."""
     columns = data.answer_columns
     if columns is None:
         return [f"data.{key}: only used with data.answer_columns; list the answer columns there, or remove it"

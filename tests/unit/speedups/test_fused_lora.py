@@ -1,4 +1,4 @@
-"""LoRA layers' one-pass product (qatune.speedups.lora): the same outputs and gradients as peft's own forward,
+"""LoRA layers' one-pass product (qatune.speedups.fused_lora): the same outputs and gradients as peft's own forward,
 and peft's forward wherever the one-pass product would not compute the same thing."""
 
 import pytest
@@ -9,7 +9,7 @@ pytest.importorskip("peft")
 
 from peft import LoraConfig, get_peft_model
 
-from qatune.speedups import lora as lean_lora
+from qatune.speedups import fused_lora as lean_lora
 
 PROJECTIONS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from qatune.commands.check import run_check
-from qatune.train import memory
+from qatune.train import memory_estimate
 from tests.conftest import ROOT, tiny_config
 
 ROWS = [(f"what is item {i}?", f"thing {i}") for i in range(20)]
@@ -19,10 +19,10 @@ def test_parts_follow_the_model(tmp_path):
     from qatune.train import prepare
 
     prepared = prepare(config, with_model=False)
-    model = memory.meta_model(config, prepared.tokenizer, False)
+    model = memory_estimate.meta_model(config, prepared.tokenizer, False)
     assert all(p.device.type == "meta" for p in model.parameters())
     params = sum(p.numel() for p in model.parameters())
-    one, ddp, fsdp = memory.estimate(model, config, "fp32", (4, 30), 5, processes=2, baseline=0)
+    one, ddp, fsdp = memory_estimate.estimate(model, config, "fp32", (4, 30), 5, processes=2, baseline=0)
     assert one.parts["weights"] == 4 * params and one.parts["gradients"] == 4 * params
     assert one.parts["optimizer"] == 8 * params
     assert ddp.parts["ddp buckets"] == 4 * params and ddp.total == one.total + 4 * params
@@ -31,11 +31,11 @@ def test_parts_follow_the_model(tmp_path):
     assert one.parts["activations"] == 2 * 4 * 30 * (34 * 32 + 5 * 2 * 30) * 2
     # activation checkpointing: each block's input (2 layers x 4 x 30 x 32 values) and one block recomputed
     checkpointed = tiny_config(tmp_path, ROWS, "model.scratch.n_layer=2", "train.activation_checkpointing=true")
-    kept = memory.estimate(model, checkpointed, "fp32", (4, 30), 5, processes=1, baseline=0)[0]
+    kept = memory_estimate.estimate(model, checkpointed, "fp32", (4, 30), 5, processes=1, baseline=0)[0]
     assert kept.parts["activations"] == 2 * 4 * 30 * 32 * 2 * 2 + 4 * 30 * (34 * 32 + 5 * 2 * 30) * 2
     lora = tiny_config(tmp_path, ROWS, "model.scratch.n_layer=2", "model.lora.r=4")
-    adapters = memory.meta_model(lora, prepared.tokenizer, False)
-    with_lora = memory.estimate(adapters, lora, "fp32", (4, 30), 5, processes=1, baseline=0)[0]
+    adapters = memory_estimate.meta_model(lora, prepared.tokenizer, False)
+    with_lora = memory_estimate.estimate(adapters, lora, "fp32", (4, 30), 5, processes=1, baseline=0)[0]
     assert with_lora.parts["optimizer"] < one.parts["optimizer"] / 5  # only the adapters are trained
 
 

@@ -1,6 +1,6 @@
 """Build or load models and tokenizers: from the hub, a local folder, a packaged model or scratch.
 
-Also a model's longest sequence. LoRA is :mod:`qatune.model.lora`'s; writing and reading model folders (and
+Also a model's longest sequence. LoRA is :mod:`qatune.model.adapters`'s; writing and reading model folders (and
 their ``qatune.json``) :mod:`qatune.model.folder`'s.
 """
 

@@ -11,7 +11,7 @@ import torch
 
 from qatune.config import ModelConfig, load_config
 from qatune.errors import ModelError
-from qatune.model.loading import (
+from qatune.model.sources import (
     PACKAGED_MODELS,
     hub_reachable,
     load_pretrained,
@@ -141,7 +141,7 @@ def test_remote_code_is_off_unless_asked(monkeypatch):
 
     monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", fake)
     from qatune.errors import ModelError
-    from qatune.model.loading import load_tokenizer
+    from qatune.model.sources import load_tokenizer
 
     with pytest.raises(ModelError):
         load_tokenizer(ModelConfig(name_or_path="someone/model"), "generative")

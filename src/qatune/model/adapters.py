@@ -6,7 +6,7 @@ from typing import Any
 
 from qatune.config import ModelConfig
 from qatune.errors import ModelError
-from qatune.model.loading import model_source
+from qatune.model.sources import model_source
 
 
 def apply_lora(model: Any, lora: Any, task: str) -> Any:

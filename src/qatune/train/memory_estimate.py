@@ -47,7 +47,7 @@ class Estimate:
 
 def meta_model(config: Config, tokenizer: Any, seq2seq: bool) -> torch.nn.Module:
     """The run's model built on the meta device (its LoRA adapters too): every shape, no memory."""
-    from qatune.model.loading import auto_class, build_scratch, load_model_config
+    from qatune.model.sources import auto_class, build_scratch, load_model_config
 
     with torch.device("meta"):
         if config.model.scratch is not None:
@@ -55,7 +55,7 @@ def meta_model(config: Config, tokenizer: Any, seq2seq: bool) -> torch.nn.Module
         else:
             model = auto_class(config.task, seq2seq).from_config(load_model_config(config.model))
         if config.model.lora is not None:
-            from qatune.model.lora import apply_lora
+            from qatune.model.adapters import apply_lora
 
             model = apply_lora(model, config.model.lora, config.task)
     return model

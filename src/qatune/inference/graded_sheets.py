@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from qatune.config import DataConfig, column_key, with_reading_overrides
-from qatune.data.answer_fields import AnswerTemplate
+from qatune.data.grading_fields import AnswerTemplate
 from qatune.data.spreadsheet import QARecord
 from qatune.errors import DataError
 from qatune.inference.generate import (
@@ -43,7 +43,7 @@ def answer_file(run_dir: str | Path, data_file: str | Path, output: str | Path |
     fields (a grading sheet's) writes a graded sheet instead (:func:`write_graded`).
     """
     from qatune.data.spreadsheet import load_from_config
-    from qatune.inference.loading import load_run_model, read_run
+    from qatune.inference.run_model import load_run_model, read_run
 
     path = _answers_path(run_dir, data_file, output)
     config, info = read_run(run_dir, which)  # the data file is read before the model loads

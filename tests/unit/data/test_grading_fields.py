@@ -4,7 +4,7 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from qatune.data.answer_fields import AnswerTemplate, default_template, format_value, infer_kind, parse_number
+from qatune.data.grading_fields import AnswerTemplate, default_template, format_value, infer_kind, parse_number
 from qatune.errors import ConfigError, DataError
 
 COLUMNS = ["score", "label", "feedback"]
