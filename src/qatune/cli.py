@@ -235,11 +235,12 @@ def generate(run_dir: str, question: str | None, context: str | None, context_fi
               help="Also train a few dozen steps on N rows; fail if the loss does not fall near zero.")
 @click.option("--overfit-steps", type=click.IntRange(min=1), default=50, show_default=True,
               help="Optimizer steps of the --overfit run.")
-@click.option("--processes", type=click.IntRange(min=2), default=2, show_default=True,
-              help="The number of processes the memory estimate considers DDP and FSDP on.")
+@click.option("--processes", type=click.IntRange(min=2), default=None,
+              help="Processes the run will train on, on this machine (train --num-processes N): the configured set-up "
+                   "is judged on that many [default: a ddp config as one process; DDP and FSDP shown on 2].")
 @verbose_option
 def check(config_path: str, overrides: tuple[str, ...], as_json: bool, overfit: int | None, overfit_steps: int,
-          processes: int) -> None:
+          processes: int | None) -> None:
     """Check config, data, tokenization and settings before training, and estimate the memory it needs.
 
     Exit code 0 when fit to train (warnings allowed), 1 when there are errors.

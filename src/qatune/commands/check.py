@@ -24,9 +24,10 @@ OVERFIT_TARGET = 0.1
 
 
 def run_check(config: Config, overfit: int | None = None, overfit_steps: int = OVERFIT_STEPS,
-              processes: int = 2) -> dict[str, Any]:
-    """The report as a dict (``ok`` is False when there is an error finding). ``processes``: the number of
-    processes the memory estimate also considers DDP and FSDP on."""
+              processes: int | None = None) -> dict[str, Any]:
+    """The report as a dict (``ok`` is False when there is an error finding). ``processes``: how many processes the
+    run will train on, on this machine (``train --num-processes``); the memory estimate shows DDP and FSDP on that
+    many (2 without it) and judges the configured set-up on it (a ddp config without it: one process)."""
     prepared = prepare(config, with_model=False)
     findings = list(prepared.findings)
     report: dict[str, Any] = {
@@ -64,9 +65,9 @@ def run_check(config: Config, overfit: int | None = None, overfit_steps: int = O
     return report
 
 
-def _memory(prepared: Prepared, processes: int) -> tuple[dict[str, Any], Any]:
-    """The estimated peak per process of each set-up, whether it fits, and a warning with the cheapest change
-    that makes the configured one fit."""
+def _memory(prepared: Prepared, processes: int | None) -> tuple[dict[str, Any], Any]:
+    """The estimated peak per process of each set-up, whether it fits (the processes of one machine sharing its
+    RAM), and a warning with the cheapest change that makes the configured one fit."""
     config = prepared.config
     items = prepared.dataset.items
     longest = max(prepared.dataset.lengths, default=0)
@@ -74,43 +75,45 @@ def _memory(prepared: Prepared, processes: int) -> tuple[dict[str, Any], Any]:
     rows = config.train.batch_size
     model = meta_model(config, prepared.tokenizer, prepared.info.seq2seq)
     baseline = resident_bytes()  # what a training process holds besides the model: libraries, data, tokenizer
+    shown = processes or 2
 
-    def setups(batch_rows: int, model: Any = model) -> list[Any]:
-        return estimate(model, config, prepared.precision, (batch_rows, longest), supervised, processes, baseline)
+    def setups(batch_rows: int, changed: Config = config, model: Any = model) -> list[dict[str, Any]]:
+        return verdicts(estimate(model, changed, prepared.precision, (batch_rows, longest), supervised, shown,
+                                 baseline), available, shared)
 
     available, where = available_bytes()
     shared = where.startswith("RAM")
-    table = verdicts(setups(rows), available, shared)
+    table = setups(rows)
+    # The rows are one process, ddp and fsdp (absent for a model without repeated blocks).
+    index = 2 if config.train.distributed == "fsdp" and len(table) > 2 else 1 if processes else 0
+    configured = table[index]
     memory = {"available_gib": round(available / GIB, 2), "device": where, "batch": [rows, longest],
-              "setups": table}
-    configured = table[0] if config.train.distributed == "ddp" or len(table) < 3 else table[2]
+              "setups": table, "configured": configured["setup"]}
     if configured["fits"]:
         return memory, None
     options = []
     if rows > 1:
-        half = verdicts(setups(rows // 2), available, shared)[0]
-        options.append((half, f"train.batch_size {rows // 2} with train.gradient_accumulation_steps "
-                              f"{2 * config.train.gradient_accumulation_steps} (the same updates)"))
+        options.append((setups(rows // 2)[index], f"train.batch_size {rows // 2} with "
+                                                  f"train.gradient_accumulation_steps "
+                                                  f"{2 * config.train.gradient_accumulation_steps} (the same updates)"))
     if not config.train.activation_checkpointing:
         checkpointed = config.model_copy(update={"train": config.train.model_copy(
             update={"activation_checkpointing": True})})
-        table_ckpt = verdicts(estimate(model, checkpointed, prepared.precision, (rows, longest), supervised,
-                                       processes, baseline), available, shared)
-        index = table.index(configured)
-        options.append((table_ckpt[index], "train.activation_checkpointing: true"))
-    if len(table) > 2:
-        options.append((table[2], f"train.distributed fsdp on {processes} processes"))
+        options.append((setups(rows, checkpointed)[index], "train.activation_checkpointing: true"))
+    if len(table) > 2 and index != 2:
+        options.append((table[2], f"train.distributed fsdp on {shown} processes"))
     if config.model.lora is None:
         lora = config.model_copy(update={"model": config.model.model_copy(update={"lora": LoraSettings()})})
-        with_lora = estimate(meta_model(lora, prepared.tokenizer, prepared.info.seq2seq), lora, prepared.precision,
-                             (rows, longest), supervised, 1, baseline)
-        options.append((verdicts(with_lora, available, shared)[0], "LoRA adapters (model.lora: {r: 16})"))
+        with_lora = setups(rows, lora, meta_model(lora, prepared.tokenizer, prepared.info.seq2seq))
+        options.append((with_lora[min(index, len(with_lora) - 1)], "LoRA adapters (model.lora: {r: 16})"))
     fitting = next((how for verdict, how in options if verdict["fits"]), None)
     advice = (f"; {fitting} fits" if fitting
               else "; none of a smaller batch, activation checkpointing, fsdp or LoRA fits either")
+    each = (f" ({configured['processes']} processes of {configured['total_gib']:.1f} GiB each)"
+            if shared and configured["processes"] > 1 else "")
     return memory, warning("memory", f"the {configured['setup']} set-up needs an estimated "
-                                     f"{configured['needed_gib']:.1f} GiB and the device has {available / GIB:.1f} GiB "
-                                     f"({where}){advice}")
+                                     f"{configured['needed_gib']:.1f} GiB{each} and the device has "
+                                     f"{available / GIB:.1f} GiB ({where}){advice}")
 
 
 def _leakage(prepared: Prepared) -> dict[str, Any]:
@@ -268,8 +271,11 @@ def render_report(report: dict[str, Any]) -> str:
               f"{memory['batch'][0]} rows x {memory['batch'][1]} tokens)"]
     for setup in memory["setups"]:
         parts = ", ".join(f"{name} {gib:.2f}" for name, gib in setup["parts_gib"].items())
-        lines.append(f"  {setup['setup']:<12} {setup['total_gib']:6.2f} GiB ({parts}): "
-                     f"{'fits' if setup['fits'] else 'does NOT fit'}")
+        together = (f", {setup['needed_gib']:.2f} GiB for its {setup['processes']} processes"
+                    if setup["processes"] > 1 and memory["device"].startswith("RAM") else "")
+        configured = "  (this config)" if setup["setup"] == memory["configured"] else ""
+        lines.append(f"  {setup['setup']:<12} {setup['total_gib']:6.2f} GiB ({parts}){together}: "
+                     f"{'fits' if setup['fits'] else 'does NOT fit'}{configured}")
     lines += [f"  available: {memory['available_gib']:.1f} GiB ({memory['device']})", ""]
     if "overfit" in report:
         lines += ["Overfit check", f"  {report['overfit']['message']}", ""]

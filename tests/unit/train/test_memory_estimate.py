@@ -57,6 +57,28 @@ def test_a_setup_that_does_not_fit_is_a_warning_with_the_cheapest_change(tmp_pat
     assert not report["memory"]["setups"][0]["fits"]
 
 
+def test_processes_judge_a_ddp_config_by_its_ddp_row_sharing_the_ram(tmp_path, monkeypatch):
+    config = tiny_config(tmp_path, ROWS, "train.batch_size=8")
+    monkeypatch.setattr("qatune.commands.check.resident_bytes", lambda: 0)  # the model's own needs alone
+    one, ddp = run_check(config, processes=4)["memory"]["setups"][:2]
+    assert (one["setup"], ddp["setup"]) == ("1 process", "ddp x 4")
+    per_process = ddp["needed_bytes"] // 4  # four processes on one machine's RAM
+    assert one["needed_bytes"] < per_process  # DDP's reduction buckets
+    # RAM for two one-process runs: one process fits, the four DDP processes do not.
+    monkeypatch.setattr("qatune.commands.check.available_bytes", lambda: (int(2 * per_process / 0.9), "RAM available"))
+    report = run_check(config, processes=4)
+    assert report["memory"]["configured"] == "ddp x 4" and report["memory"]["setups"][0]["fits"]
+    warning = next(f for f in report["findings"] if f["code"] == "memory")
+    assert warning["message"].startswith(f"the ddp x 4 set-up needs an estimated {4 * per_process / 2**30:.1f} GiB "
+                                         f"(4 processes of {per_process / 2**30:.1f} GiB each) and the device has")
+    # Without --processes the run trains as one process, which fits.
+    alone = run_check(config)
+    assert alone["memory"]["configured"] == "1 process" and not any(f["code"] == "memory" for f in alone["findings"])
+    # A GPU each: a process needs its own share only.
+    monkeypatch.setattr("qatune.commands.check.available_bytes", lambda: (int(1.1 * per_process / 0.9), "GPU x"))
+    assert run_check(config, processes=4)["memory"]["setups"][1]["fits"]
+
+
 @pytest.mark.slow
 def test_estimate_is_within_30_percent_of_the_measured_peak(tmp_path):
     config = tmp_path / "c.yaml"
