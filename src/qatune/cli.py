@@ -270,14 +270,18 @@ def check(config_path: str, overrides: tuple[str, ...], as_json: bool, overfit: 
               help="With --gguf: the weights' precision in the file.")
 @click.option("--data", "data_file", default=None,
               help="With --gguf: the rows to check the file on (default: the run's held-out rows).")
-@click.option("--rows", type=click.IntRange(min=1), default=200, show_default=True,
-              help="With --gguf: how many rows the check asks.")
+@click.option("--rows", type=click.IntRange(min=1), default=32, show_default=True,
+              help="With --gguf: how many held-out rows the check asks (their prompts, and the next token at every "
+                   "position of prompt and answer, the file against the run); more rows check deeper, and take "
+                   "longer.")
+@click.option("--answers", "answer_rows", type=click.IntRange(min=0), default=4, show_default=True,
+              help="With --gguf: of those rows, how many the run and the file both answer (greedy), to compare.")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
               help="With --data: how the file is read, e.g. --set data.sheet=0 or --set data.question_column=Q.")
 @click.option("--model", "which", type=click.Choice(["final", "best"]), default="final", show_default=True)
 @verbose_option
 def export(run_dir: str, merged: str | None, gguf_file: str | None, quant: str, data_file: str | None, rows: int,
-           overrides: tuple[str, ...], which: str) -> None:
+           answer_rows: int, overrides: tuple[str, ...], which: str) -> None:
     """Write a run's model for other tools: a plain transformers folder (--merge), or a GGUF file (--gguf)
     checked against the run before it is written.
 
@@ -298,7 +302,7 @@ def export(run_dir: str, merged: str | None, gguf_file: str | None, quant: str, 
 
     if overrides and data_file is None:
         raise QatuneError("--set goes with --data (how that file is read)")
-    path, check = export_gguf(run_dir, gguf_file, quant, which, data_file, overrides, rows)
+    path, check = export_gguf(run_dir, gguf_file, quant, which, data_file, overrides, rows, answer_rows)
     click.echo(f"check on {check.rows} rows of {check.rows_from}: {check.line()}", err=True)
     click.echo(f"Ollama: ollama create NAME -f {path.with_suffix('.Modelfile')}", err=True)
     click.echo(str(path))

@@ -18,9 +18,12 @@ import tempfile
 from pathlib import Path
 
 from qatune.config.columns import PLACEHOLDER, column_key
-from qatune.export.gguf_check import CHECK_ROWS, Check, check_file, check_records, failure_message
-from qatune.export.gguf_prompt import modelfile
-from qatune.export.gguf_write import ARCHITECTURES, QUANTS, ExportError, pre_tokenizer, write_gguf
+from qatune.data.generative import PromptEncoder
+from qatune.data.templates import PromptTemplate
+from qatune.export import ExportError
+from qatune.export.gguf_check import ANSWER_ROWS, CHECK_ROWS, Check, check_file, check_records, failure_message
+from qatune.export.gguf_prompt import modelfile, unwritable_characters
+from qatune.export.gguf_write import ARCHITECTURES, QUANTS, pre_tokenizer, write_gguf
 from qatune.model.folder import LoadedModel, ModelInfo, load_model_folder
 from qatune.runs import layout
 from qatune.runs.atomic import atomic_write_text
@@ -31,12 +34,13 @@ __all__ = ["Check", "ExportError", "export_gguf", "unsupported"]
 
 def export_gguf(run_dir: str | Path, output: str | Path, quant: str = "f16", which: str = layout.FINAL,
                 data_file: str | Path | None = None, reading: list[str] | tuple[str, ...] = (),
-                rows: int = CHECK_ROWS) -> tuple[Path, Check]:
+                rows: int = CHECK_ROWS, answer_rows: int = ANSWER_ROWS) -> tuple[Path, Check]:
     """Write the run's model as ``output`` (a .gguf file) and ``<output stem>.Modelfile`` beside it, once the
     file has been read back and found to answer as the run does; returns the file and the check.
 
-    The check's rows come from ``data_file`` (read as ``reading`` says, like qatune eval's --set), else the
-    run's data.eval_file, else its validation rows, else its first training rows."""
+    The check asks ``rows`` rows (their prompts and next tokens; greedy answers on the first ``answer_rows``) of
+    ``data_file`` (read as ``reading`` says, like qatune eval's --set), else of the run's data.eval_file, else of
+    its validation rows, else of its first training rows."""
     output = Path(output)
     if output.suffix.lower() != ".gguf":
         raise ExportError(f"--gguf {output}: the file name must end in .gguf")
@@ -57,7 +61,7 @@ def export_gguf(run_dir: str | Path, output: str | Path, quant: str = "f16", whi
         try:
             written = work / output.name
             write_gguf(loaded, written, quant)
-            check = check_file(loaded, written, quant, records, rows_from)
+            check = check_file(loaded, written, quant, records, rows_from, answer_rows)
             run = layout.results_dir(Path(run_dir), loaded.folder)
             if (run / layout.STATUS).is_file():  # the run directory, never a model folder (its manifest)
                 atomic_write_text(run / f"export-{output.stem}.json",
@@ -93,6 +97,12 @@ def unsupported(loaded: LoadedModel) -> str | None:
         return (f"its prompt reads the column(s) {', '.join(repr(c) for c in extra)} besides the question and the "
                 "context; a chat template has only the question (the user message) and the context (the system "
                 "message)")
+    encoder = PromptEncoder(loaded.tokenizer, PromptTemplate(info.prompt_template, info.answer_prefix))
+    unwritable = unwritable_characters(info.prompt_template + info.answer_prefix
+                                       + loaded.tokenizer.decode([encoder.end_id]))
+    if unwritable:
+        return (f"its prompt holds the control character(s) {', '.join(unwritable)}, which a chat template cannot "
+                "carry to llama.cpp and other engines (only tabs and line breaks can be written)")
     rope = getattr(model.config, "rope_parameters", None) or {}
     if rope.get("rope_type", "default") not in ("default", "linear", None):
         return f"its rope scaling ({rope.get('rope_type')}) is not one qatune writes"

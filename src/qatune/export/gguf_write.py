@@ -14,7 +14,7 @@ import torch
 
 from qatune.data.generative import PromptEncoder
 from qatune.data.templates import PromptTemplate
-from qatune.errors import QatuneError
+from qatune.export import ExportError
 from qatune.export.gguf_prompt import chat_template
 from qatune.model.folder import LoadedModel
 from qatune.model.gguf_file import embedded_run
@@ -53,10 +53,6 @@ CHECK_TEXT = (
     "------======= нещо на Български ''''''```````\"\"\"\"......!!!!!!?????? I've been 'told he's there, 'RE you "
     "sure? 'M not sure I'll make it, 'D you like some tea? We'Ve a'lL"
 )
-
-
-class ExportError(QatuneError):
-    """A run that cannot be written as a GGUF file, or a file that does not answer as the run does."""
 
 
 def pre_tokenizer(tokenizer: Any) -> str | None:

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from dataclasses import asdict
-from pathlib import Path
+from pathlib import Path, PureWindowsPath
 from typing import Any
 
 from qatune.config import Config, DataConfig, ModelConfig, validate_config
@@ -106,10 +107,36 @@ def load_gguf_run(file: Path, device: str | None = None) -> LoadedModel:
 
 
 def embedded_run(config: Config, info: ModelInfo) -> dict[str, str]:
-    """The keys :func:`read_gguf_run` reads back: the run's config and prompt info, for a file qatune writes."""
+    """The keys :func:`read_gguf_run` reads back: the run's config (its paths as names: :func:`without_paths`) and
+    prompt info, for a file qatune writes."""
     if info.task != "generative" or info.seq2seq:
         raise ModelError("only a causal language model's run can be written as a GGUF file")
-    return {CONFIG_KEY: config.to_yaml(), INFO_KEY: json.dumps({**asdict(info), "lora_base": None})}
+    import yaml
+
+    portable = yaml.safe_dump(without_paths(config.model_dump(mode="json")), sort_keys=False, allow_unicode=True)
+    return {CONFIG_KEY: portable, INFO_KEY: json.dumps({**asdict(info), "lora_base": None})}
+
+
+def without_paths(values: dict[str, Any]) -> dict[str, Any]:
+    """A dumped config with each path (a key ending in _file, _dir or _path) cut to its last part: the data
+    files' names and the run folder's name stay, where they were on the user's disk does not. A model named by
+    a hub id or a packaged name keeps it; one named by a local path keeps the folder's or file's name."""
+
+    def cut(key: str, value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: cut(k, v) for k, v in value.items()}
+        if not isinstance(value, str) or not key.endswith(("_file", "_dir", "_path")):
+            return value
+        if key == "name_or_path" and not _local_path(value):
+            return value
+        return re.split(r"[\\/]", value.rstrip("\\/"))[-1] or value
+
+    return {key: cut(key, value) for key, value in values.items()}
+
+
+def _local_path(value: str) -> bool:
+    return (value.startswith((".", "~", "/", "\\")) or PureWindowsPath(value).is_absolute()
+            or Path(value).expanduser().exists())
 
 
 def exported_prompt(model: ModelConfig) -> PromptTemplate | None:

@@ -10,7 +10,6 @@ import pytest
 from qatune.data.templates import PromptTemplate
 from qatune.export import gguf_write
 from qatune.export.gguf import ExportError, export_gguf
-from qatune.export.gguf_prompt import modelfile_prompt
 from qatune.model.folder import load_model_folder
 from tests.conftest import chat_tokenizer, cli_ok, tiny_llama
 from tests.serve_runs import train_run
@@ -90,11 +89,11 @@ def test_written_file_reads_back_and_answers_as_the_run(kind, quant, serve_run, 
     run = serve_run if kind == "gpt2" else llama_run
     path, check = export_gguf(run, tmp_path / f"{kind}.gguf", quant)
     assert path.is_file() and path.with_suffix(".Modelfile").is_file()
-    assert check.passed() and check.rows == (40 if kind == "gpt2" else 12)
+    assert check.passed() and check.rows == (32 if kind == "gpt2" else 12) and check.answer_rows == 4
     assert check.prompts_identical == check.rows  # chat template and tokenizer give the run's prompt, id for id
     assert check.next_tokens_as_rounded == check.positions  # exactly the run's weights at that precision
     if quant in ("f32", "f16"):
-        assert check.answers_identical == check.rows
+        assert check.answers_identical == check.answer_rows
     if quant == "f32":
         assert check.next_tokens_agreeing == check.positions
     saved = json.loads((run / f"export-{kind}.json").read_text())
@@ -120,34 +119,61 @@ def test_written_file_reads_back_and_answers_as_the_run(kind, quant, serve_run, 
         assert "tokenizer.ggml.eot_token_id" not in value
 
 
-def test_modelfile_and_chat_template_render_the_training_prompt(llama_run, serve_run, tmp_path):
-    """Ollama's TEMPLATE (the question as .Prompt, the context as .System) and the file's chat template render
-    byte for byte the text qatune trains with: a chat run with a context, and a plain-template run."""
+def test_modelfile_and_chat_template_render_the_training_prompt(llama_run, serve_run, tmp_path, hf_jinja,
+                                                                ollama_go):
+    """The file's chat template (read by transformers, and by @huggingface/jinja) and Ollama's TEMPLATE (Go's
+    text/template) render byte for byte the text qatune trains with: a chat run with a context, and a
+    plain-template run, whose prompt a chat client's own system prompt does not change."""
+    import gguf
+
+    from qatune.model.gguf_file import load_gguf_run
+
     for name, run, rows in (("chat", llama_run, CONTEXT_ROWS[:3]),
                             ("plain", serve_run, [{"question": "who wrote it?", "context": None, "answer": "me"}])):
-        path, _ = export_gguf(run, tmp_path / f"{name}.gguf", "f32", rows=3)
+        path, _ = export_gguf(run, tmp_path / f"{name}.gguf", "f32", rows=3, answer_rows=1)
         info = load_model_folder(run).info
         template = PromptTemplate(info.prompt_template, info.answer_prefix)
         text = path.with_suffix(".Modelfile").read_text()
         assert text.startswith(f"FROM ./{name}.gguf\n")
-        from qatune.model.gguf_file import load_gguf_run
-
         reread = load_gguf_run(path, device="cpu")
-        for row in rows:
-            trained = template.render(row["question"], row["context"])
-            assert modelfile_prompt(text, row["question"], row["context"] or "") == trained
-            messages = [*([{"role": "system", "content": row["context"]}] if row["context"] else []),
-                        {"role": "user", "content": row["question"]}]
-            assert reread.tokenizer.apply_chat_template(messages, tokenize=False,
-                                                        add_generation_prompt=True) == trained
+        embedded = gguf.GGUFReader(str(path)).fields["tokenizer.chat_template"].contents()
+        conversations = [[*([{"role": "system", "content": row["context"]}] if row["context"] else
+                            [{"role": "system", "content": "You are a helpful assistant."}]),
+                          {"role": "user", "content": row["question"]}] for row in rows]
+        trained = [template.render(row["question"], row["context"]) for row in rows]
+        assert ollama_go(text, conversations) == trained
+        assert hf_jinja(embedded, conversations) == trained
+        assert [reread.tokenizer.apply_chat_template(m, tokenize=False, add_generation_prompt=True)
+                for m in conversations] == trained
         stops = [line for line in text.splitlines() if line.startswith("PARAMETER stop")]
         assert stops == (['PARAMETER stop "<|im_end|>"'] if name == "chat" else ['PARAMETER stop "<|endoftext|>"'])
         assert "PARAMETER temperature 0" in text
 
 
+def test_the_file_holds_names_not_the_users_paths(llama_run, tmp_path):
+    """The run's config travels in the file with its data files' and folders' names, not where they were: no
+    absolute path of the test's folders in any of the file's metadata."""
+    import gguf
+    import yaml
+
+    from qatune.model.gguf_file import CONFIG_KEY
+
+    path, _ = export_gguf(llama_run, tmp_path / "colours.gguf", "f32", rows=2, answer_rows=1)
+    assert "/" in load_model_folder(llama_run).config.data.train_file  # the run names it by its absolute path
+    fields = gguf.GGUFReader(str(path)).fields
+    texts = [str(field.contents()) for key, field in fields.items() if key not in ("tokenizer.ggml.tokens",
+                                                                                  "tokenizer.ggml.merges")]
+    for folder in (llama_run.parent, tmp_path):
+        assert not [text for text in texts if str(folder) in text]
+    config = yaml.safe_load(fields[CONFIG_KEY].contents())
+    assert (config["model"]["name_or_path"], config["data"]["train_file"], config["output_dir"]) == (
+        "tiny-chat-model", "colours.csv", "run")
+    assert config["train"]["epochs"] == 40 and config["data"]["context_column"] == "context"
+
+
 def test_lora_run_is_merged_into_the_file(lora_run, tmp_path):
     path, check = export_gguf(lora_run, tmp_path / "lora.gguf", "f16")
-    assert check.passed() and check.answers_identical == check.rows == 40
+    assert check.passed() and check.answers_identical == check.answer_rows == 4 and check.rows == 32
     import gguf
 
     names = [t.name for t in gguf.GGUFReader(str(path)).tensors]
@@ -195,7 +221,7 @@ def test_a_file_written_wrong_is_refused_and_not_left(llama_run, tmp_path, monke
     and nothing is written."""
     monkeypatch.setattr(gguf_write, "_permute", lambda weights, heads, kv_heads: weights)
     with pytest.raises(ExportError, match=r"does not answer as the run does: .*next tokens as the run's weights "
-                                          r".*first differing answer: .*nothing was written"):
+                                          r".*first differing (answer|next token): .*nothing was written"):
         export_gguf(llama_run, tmp_path / "wrong.gguf", "f32")
     assert sorted(p.name for p in tmp_path.iterdir()) == []
     saved = json.loads((llama_run / "export-wrong.json").read_text())
@@ -247,7 +273,7 @@ def test_qwen2_and_mistral_runs(kind, arch, tmp_path):
     run = chat_run(tmp_path, tiny(kind), epochs=30)
     path, check = export_gguf(run, tmp_path / f"{arch}.gguf", "f16")
     assert check.passed() and check.prompts_identical == check.rows == 12
-    assert check.answers_identical == check.rows and check.next_tokens_as_rounded == check.positions
+    assert check.answers_identical == check.answer_rows and check.next_tokens_as_rounded == check.positions
     import gguf
 
     reader = gguf.GGUFReader(str(path))

@@ -7,7 +7,7 @@ from click.testing import CliRunner
 
 from qatune.cli import cli
 from qatune.export.gguf import Check, unsupported
-from qatune.export.gguf_prompt import chat_template, modelfile_prompt
+from qatune.export.gguf_prompt import chat_template
 from qatune.export.gguf_write import pre_tokenizer
 from qatune.model.folder import LoadedModel, ModelInfo
 from tests.conftest import chat_tokenizer, tiny_llama
@@ -30,9 +30,35 @@ def test_chat_template_renders_the_prompt_and_the_training_text():
     assert render(chat_template('Say "{{x}}":\n{question}'), [user]) == 'Say "{x}":\nWhich colour?'
 
 
-def test_modelfile_prompt_is_ollamas_rendering_of_the_template():
-    text = 'FROM ./x.gguf\nTEMPLATE """{{ "{{" }}x}} {{ .System }}|{{ .Prompt }}"""\nPARAMETER temperature 0\n'
-    assert modelfile_prompt(text, "q", "c") == "{{x}} c|q"
+def test_system_messages_are_the_passage_or_nothing():
+    """Every system message is the passage, joined by a blank line (a chat client's own system prompt first); a
+    prompt without {context} renders the same whatever system messages come with the question."""
+    with_context = chat_template("Context: {context}\nQuestion: {question}\nAnswer:")
+    client, passage = {"role": "system", "content": "Be brief."}, {"role": "system", "content": "It is red."}
+    user = {"role": "user", "content": "Which colour?"}
+    assert render(with_context, [client, passage, user]) == (
+        "Context: Be brief.\n\nIt is red.\nQuestion: Which colour?\nAnswer:")
+    assert render(with_context, [{"role": "developer", "content": "It is red."}, user]) == (
+        "Context: It is red.\nQuestion: Which colour?\nAnswer:")
+    without = chat_template("Question: {question}\nAnswer:")
+    assert {render(without, m) for m in ([user], [client, user], [client, passage, user])} == {
+        "Question: Which colour?\nAnswer:"}
+
+
+def test_a_config_carried_in_a_file_names_its_files_without_their_folders():
+    from qatune.model.gguf_file import without_paths
+
+    dumped = {"output_dir": "/home/ann/runs/faq", "model": {"name_or_path": "HuggingFaceTB/SmolLM2-135M-Instruct",
+                                                             "gguf_file": None},
+              "data": {"train_file": "examples/data/faq.csv", "eval_file": "C:\\Users\\ann\\held out.xlsx",
+                       "system_prompt": "/no_think", "prompt_template": "Q: {question}"}}
+    assert without_paths(dumped) == {
+        "output_dir": "faq", "model": {"name_or_path": "HuggingFaceTB/SmolLM2-135M-Instruct", "gguf_file": None},
+        "data": {"train_file": "faq.csv", "eval_file": "held out.xlsx", "system_prompt": "/no_think",
+                 "prompt_template": "Q: {question}"}}
+    assert without_paths({"model": {"name_or_path": "/home/ann/models/base/"}}) == {"model": {"name_or_path": "base"}}
+    assert without_paths({"model": {"name_or_path": "smollm2-135m-instruct"}}) == {
+        "model": {"name_or_path": "smollm2-135m-instruct"}}
 
 
 def test_pre_tokenizer_name():
@@ -70,16 +96,18 @@ def test_what_cannot_be_written_is_named():
 
 
 def test_check_line_and_verdict():
-    check = Check("q8_0", rows=200, rows_from="held-out rows", prompts_identical=200, answers_identical=181,
-                  positions=1000, next_tokens_agreeing=970, next_tokens_as_rounded=1000, first_difference=None)
-    assert check.line() == ("q8_0: 181/200 answers identical, next-token agreement 97.0% (100.0% with the run's "
-                            "weights rounded to q8_0)")
-    assert check.passed()
-    assert not Check("q8_0", 200, "", 200, 181, 1000, 920, 1000, None).passed()  # below q8_0's 93%
-    assert not Check("q8_0", 200, "", 200, 200, 1000, 970, 990, None).passed()  # not the rounded weights
-    assert not Check("q8_0", 200, "", 199, 200, 1000, 970, 1000, None).passed()  # one prompt differs
-    f32 = Check("f32", 200, "", 200, 200, 1000, 1000, 1000, None)
-    assert f32.line() == "f32: 200/200 answers identical, next-token agreement 100.0%" and f32.passed()
+    check = Check("q8_0", rows=32, rows_from="held-out rows", prompts_identical=32, answer_rows=4,
+                  answers_identical=3, positions=6000, next_tokens_agreeing=5820, next_tokens_as_rounded=6000,
+                  first_difference=None)
+    assert check.line() == ("q8_0: next-token agreement 97.0% at 6,000 positions (100.0% with the run's weights "
+                            "rounded to q8_0), 3/4 answers identical")
+    assert check.passed() and check.answer_share == 0.75
+    assert not Check("q8_0", 32, "", 32, 4, 4, 6000, 5520, 6000, None).passed()  # below q8_0's 93%
+    assert not Check("q8_0", 32, "", 32, 4, 4, 6000, 5820, 5990, None).passed()  # not the rounded weights
+    assert not Check("q8_0", 32, "", 31, 4, 4, 6000, 5820, 6000, None).passed()  # one prompt differs
+    f32 = Check("f32", 32, "", 32, 4, 4, 6000, 6000, 6000, None)
+    assert f32.line() == "f32: next-token agreement 100.0% at 6,000 positions, 4/4 answers identical"
+    assert f32.passed()
 
 
 @pytest.mark.parametrize(("args", "message"), [
@@ -91,6 +119,13 @@ def test_check_line_and_verdict():
 def test_export_arguments(args, message, tmp_path):
     done = CliRunner().invoke(cli, ["export", str(tmp_path / "run"), *args])
     assert done.exit_code == 1 and message in done.stderr and "Traceback" not in done.stderr
+
+
+def test_the_commands_defaults_are_the_checks():
+    from qatune.export.gguf_check import ANSWER_ROWS, CHECK_ROWS
+
+    defaults = {p.name: p.default for p in cli.commands["export"].params}
+    assert (defaults["rows"], defaults["answer_rows"]) == (CHECK_ROWS, ANSWER_ROWS)
 
 
 def test_export_does_not_overwrite_a_file(tmp_path):
