@@ -49,12 +49,16 @@ def test_eval_scores_each_field_and_counts_what_did_not_parse(run_dir, evaluated
                                  "fields"]
     assert list(metrics["fields"]) == FIELDS
     assert set(metrics["fields"]["score"]) == {"mae", "rmse", "exact", "within_tolerance", "tolerance", "spearman",
-                                               "scored", "rows"}
-    assert set(metrics["fields"]["label"]) == {"accuracy", "macro_f1", "confusion", "rows"}
-    assert set(metrics["fields"]["feedback"]) == {"token_f1", "rouge_l", "bleu", "rows"}
+                                               "scored", "decimal", "rows", "parse_rate"}
+    assert set(metrics["fields"]["label"]) == {"accuracy", "macro_f1", "confusion", "rows", "parse_rate"}
+    assert set(metrics["fields"]["feedback"]) == {"token_f1", "rouge_l", "bleu", "rows", "parse_rate"}
     assert metrics["num_examples"] == 60 and all(field["rows"] == 60 for field in metrics["fields"].values())
     assert metrics["fields"]["label"]["confusion"]["labels"][:3] == ["Correct", "Incorrect", "Partially correct"]
-    assert metrics["fields"]["score"]["tolerance"] == 0.0625  # a quarter of the 0.25 between the scores 0.75 and 1
+    # the run's own: a quarter of the 0.125 between the training scores 0.75 and 0.875 (the file's own scores are
+    # in steps of 0.25: the tolerance is a property of the run, not of the file evaluated)
+    assert metrics["fields"]["score"]["tolerance"] == 0.03125
+    assert metrics["fields"]["score"]["tolerance"] == json.loads(
+        (run_dir / "final" / "qatune.json").read_text())["field_specs"]["score"]["tolerance"]
     rows = read_csv(run_dir / "predictions-eval.csv")
     assert rows[0] == ["row", "question", "gold", "prediction", "em", "f1", "parsed", "score (gold)",
                        "score (predicted)", "label (gold)", "label (predicted)", "feedback (gold)",
@@ -63,7 +67,14 @@ def test_eval_scores_each_field_and_counts_what_did_not_parse(run_dir, evaluated
     assert len(parsed) == 60 and set(parsed) <= {"true", "false"}
     assert parsed.count("false") == metrics["unparsed"]
     assert metrics["parse_rate"] == pytest.approx(100 * parsed.count("true") / 60)
-    assert all(row[8] == row[10] == row[12] == "" for row in rows[1:] if row[6] == "false")
+    # the trained model writes the template: most answers have every field, each field is read from them
+    assert parsed.count("true") >= 40
+    whole = [row for row in rows[1:] if row[6] == "true"]
+    assert all(row[8] and row[10] and row[12] for row in whole)
+    assert sum(row[10] in ("Correct", "Incorrect", "Partially correct") for row in whole) >= 0.8 * len(whole)
+    # a field is found in every answer that has them all, and in some cut before the last field
+    rates = [metrics["fields"][name]["parse_rate"] for name in FIELDS]
+    assert rates[0] >= rates[1] >= rates[2] >= metrics["parse_rate"] and rates[0] > metrics["parse_rate"]
     golds = read_csv(GRADING / "eval.csv")
     assert [row[9] for row in rows[1:]] == [row[5] for row in golds[1:]]  # the gold labels, row by row
     assert json.loads((run_dir / "eval-eval.json").read_text())["fields"] == metrics["fields"]
@@ -83,11 +94,14 @@ def test_generate_grades_a_workbook_and_keeps_its_other_sheets(run_dir, tmp_path
     assert after[0] == ["Student", "question_id", "question", "reference_answer", "student_answer", "score", "label",
                         "feedback", "parsed", "model output"]
     assert len(after) == 11 and [row[:5] for row in after] == before  # every row and cell, in its order
-    unparsed = [row for row in after[1:] if row[8] == "no"]
-    assert all(row[8] in ("yes", "no") for row in after[1:])
-    assert all(row[5:8] == [None] * 3 and row[9] for row in unparsed)
-    assert all(row[9] is None and row[6] is not None for row in after[1:] if row[8] == "yes")
-    assert f"graded 10 rows: {len(unparsed)} answers did not follow the answer template" in result.stderr
+    whole = [row for row in after[1:] if row[8] == "yes"]
+    assert all(row[8] in ("yes", "partly", "no") for row in after[1:]) and len(whole) >= 7
+    assert all(row[5:8] == [None] * 3 and row[9] for row in after[1:] if row[8] == "no")
+    assert all(row[9] is None for row in whole)
+    assert sum(row[6] in ("Correct", "Incorrect", "Partially correct") for row in whole) >= 7
+    assert all(isinstance(row[5], int | float) for row in whole)  # the score written as a number
+    assert (f"graded 10 rows: {10 - len(whole)} answers do not have every field of the answer template"
+            in result.stderr)
 
 
 def test_generate_grades_a_csv_as_a_csv(run_dir, evaluated, tmp_path):
@@ -98,7 +112,7 @@ def test_generate_grades_a_csv_as_a_csv(run_dir, evaluated, tmp_path):
     assert [row[:7] for row in graded] == given
     predictions = read_csv(run_dir / "predictions-eval.csv")[1:]
     # The same answers as eval's: parsed where eval parsed them, into the same values.
-    assert [row[10] for row in graded[1:]] == [{"true": "yes", "false": "no"}[row[6]] for row in predictions]
+    assert [row[10] == "yes" for row in graded[1:]] == [row[6] == "true" for row in predictions]
     assert [row[8] for row in graded[1:]] == [row[10] for row in predictions]
     assert [row[11] for row in graded[1:]] == [row[3] if row[6] == "false" else "" for row in predictions]
 

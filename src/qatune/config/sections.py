@@ -118,7 +118,12 @@ class DataConfig(Section):
     field_kinds: dict[str, Literal["number", "label", "text"]] | None = None
     """With answer_columns: how a column is scored, e.g. {score: number, label: label}: number (MAE, within
     tolerance, Spearman), label (accuracy, macro F1, confusion) or text (token F1, ROUGE-L, BLEU); a column left
-    out gets the kind its training values suggest."""
+    out gets the kind its training values suggest. A number column's rows whose cell holds no number ("n/a") are
+    dropped from training; set the column to label or text to keep them."""
+    merge_label_spellings: bool = False
+    """With answer_columns: train the spellings of one label that differ only in case, spacing or punctuation
+    ("correct." beside "Correct") as its most frequent spelling; off, each spelling is a label of its own (qatune
+    check names them). Evaluation compares labels ignoring case, spacing and punctuation either way."""
     context_column: str | None = None
     """Extractive: the passage column that contains each answer."""
     answer_start_column: str | None = None

@@ -11,10 +11,13 @@ from __future__ import annotations
 import math
 import numbers
 import re
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
+from itertools import pairwise
 
+from qatune.data.numbers import decimal_separator, parse_number
 from qatune.errors import ConfigError, DataError
 
 FIELD_KINDS = ("number", "label", "text")
@@ -23,16 +26,10 @@ FIELD_KINDS = ("number", "label", "text")
 _TOKEN = re.compile(r"\{\{|\}\}|\{([^{}]*)\}|[{}]")
 """{name} is a field, {{ and }} are literal braces; a lone brace is an error."""
 
-# The first number at the start of a text. Thousands separators only in groups of exactly three digits
-# after a first group without a leading 0 ("1,000", "1.000,5"); otherwise a comma is a decimal comma
-# ("2,5", "0,500"). (?!\d) keeps "1,0001" out of the thousands forms, so it reads as the decimal 1.0001.
-_NUMBER = re.compile(r"""\s*(?P<sign>[-+]?)(?:
-      (?P<comma_thousands>[1-9]\d{0,2}(?:,\d{3})+(?:\.\d+)?)(?!\d)
-    | (?P<dot_thousands>[1-9]\d{0,2}(?:\.\d{3})+,\d+)(?!\d)
-    | (?P<plain>\d+(?:[.,]\d+)?|[.,]\d+)
-)""", re.VERBOSE)
-
 _LABEL_MAX_DISTINCT = 20
+
+NUMBER_SHARE = 0.9
+"""The least share of a column's values that must be numbers for it to be taken as a number column."""
 
 
 def default_template(columns: list[str]) -> str:
@@ -88,17 +85,41 @@ class AnswerTemplate:
         return "".join(parts)
 
     def parse(self, text: str) -> dict[str, str] | None:
-        """The stripped value of each column in ``text``, or None when the text does not follow the template.
+        """The stripped value of each column found in ``text``, in the template's order; None when not even the
+        first field is found. :meth:`complete` tells whether every column was.
 
-        A field ends at the first occurrence of the template text after it; the last field runs to the end,
-        where the template's closing text (if any) may be missing, as when generation stopped at its end
-        token. A text that stops before its last field gives None. So parse(render(values)) == values for
-        values without surrounding whitespace where no value but the last contains the text that follows it.
+        The template's text is matched forgiving what does not matter: letters in any case, any run of spaces
+        where it has spaces, spaces before punctuation ("score :  3" for "Score: {score}"). A field ends at the
+        first occurrence of the template text after it; the last field runs to the end, where the template's
+        closing text (if any) may be missing, as when generation stopped at its end token. An answer cut before
+        its last field gives the fields before the cut, the one it cut into without the start of the next
+        field's text. So parse(render(values)) == values for values without surrounding whitespace where no
+        value but the last contains the text that follows it.
         """
-        match = self._pattern.fullmatch(text)
-        if match is None:
+        literals, names = self._parts
+        found: dict[str, str] = {}
+        start = self._literal_patterns[0].search(text)
+        if start is None:
             return None
-        return {name: value.strip() for name, value in zip(self._parts[1], match.groups())}
+        position = start.end()
+        for index, name in enumerate(names):
+            following = literals[index + 1]
+            if index == len(names) - 1:
+                value = text[position:]
+                closing = self._closing_pattern.search(value) if following.strip() else None
+                found[name] = (value[:closing.start()] if closing else value).strip()
+                break
+            match = self._literal_patterns[index + 1].search(text, position)
+            if match is None:  # the answer stops inside this field (or inside the next field's text)
+                found[name] = _without_cut_text(text[position:], following).strip()
+                break
+            found[name] = text[position:match.start()].strip()
+            position = match.end()
+        return found
+
+    def complete(self, parsed: Mapping[str, str] | None) -> bool:
+        """Whether a :meth:`parse` result holds every column."""
+        return parsed is not None and len(parsed) == len(self.columns)
 
     @cached_property
     def _parts(self) -> tuple[list[str], list[str]]:
@@ -107,50 +128,136 @@ class AnswerTemplate:
         return literals, fields
 
     @cached_property
-    def _pattern(self) -> re.Pattern[str]:
-        # Groups are positional: a column name need not be a valid group name.
+    def _literal_patterns(self) -> list[re.Pattern[str]]:
         literals = self._parts[0]
-        pattern = r"\s*" + re.escape(literals[0])
-        for literal in literals[1:-1]:
-            pattern += "(.*?)" + re.escape(literal)
-        # The last field is lazy too, but anchored at the end: it stops only before an optional closing text
-        # and trailing whitespace, so it keeps everything else, as a greedy field would.
-        closing = f"(?:{re.escape(literals[-1])})?" if literals[-1] else ""
-        return re.compile(pattern + "(.*?)" + closing + r"\s*", re.DOTALL)
+        first = literals[0] if literals[0].strip() else ""  # spaces before the first field: any, or none
+        return [re.compile(_forgiving(literal), re.IGNORECASE) for literal in [first, *literals[1:]]]
+
+    @cached_property
+    def _closing_pattern(self) -> re.Pattern[str]:
+        """The closing text (after the last field), then only spaces."""
+        return re.compile(_forgiving(self._parts[0][-1]) + r"\s*\Z", re.IGNORECASE)
 
 
-def parse_number(text: str) -> float | None:
-    """The number a text starts with, units or "/3" after it allowed; None when it does not start with one.
+def _forgiving(literal: str) -> str:
+    """A pattern for a template's text: letters in any case (the caller's flag), any run of spaces where it has
+    spaces (none needed at its end, before the value), optional spaces before punctuation."""
+    if not literal.strip():
+        return r"\s+" if literal else ""
+    pattern = ""
+    pieces = re.findall(r"\s+|\w+|[^\w\s]", literal)
+    for index, piece in enumerate(pieces):
+        if piece.isspace():
+            # at its end, before the value: spaces it may lack; a line break is left to the value (then stripped)
+            pattern += r"[ \t]*" if index == len(pieces) - 1 else r"\s+"
+        elif re.fullmatch(r"\w+", piece):
+            pattern += re.escape(piece)
+        else:
+            pattern += r"[ \t]*" + re.escape(piece)
+    return pattern
 
-    "2,5" is 2.5 (a decimal comma), "1,000" is 1000.0 and "1,000.5" 1000.5 (thousands: groups of three
-    digits), "1.000,5" is 1000.5; "2.5 points" and "2.5/3" are 2.5.
-    """
-    match = _NUMBER.match(text)
-    if match is None:
-        return None
-    if match["comma_thousands"]:
-        digits = match["comma_thousands"].replace(",", "")
-    elif match["dot_thousands"]:
-        digits = match["dot_thousands"].replace(".", "").replace(",", ".")
-    else:
-        digits = match["plain"].replace(",", ".")
-    return float(match["sign"] + digits)
+
+def _without_cut_text(value: str, following: str) -> str:
+    """A value the answer stopped in, without the start of the template text that was to follow it."""
+    folded, wanted = value.casefold(), following.casefold()
+    for size in range(min(len(value), len(following)), 0, -1):
+        if wanted.startswith(folded[-size:]) and folded[-size:].strip():
+            return value[:-size]
+    return value
+
+
+def label_key(label: str) -> str:
+    """A label as labels are compared: case, spacing and punctuation do not matter ("correct." is "Correct")."""
+    return " ".join(re.sub(r"[\W_]+", " ", label.casefold()).split())
 
 
 def infer_kind(values: list[str]) -> str:
     """The kind of a column from its values (blank ones left out), one of FIELD_KINDS.
 
-    "number" when every value parses as a number (:func:`parse_number`); else "label" when values repeat
-    enough to be classes: at most 20 distinct values (compared stripped and case-insensitively) and at most
-    half as many distinct values as values, so at least one repeats; else "text". No values: "text".
+    "number" when at least 9 in 10 values are numbers (:func:`qatune.data.numbers.parse_number`; the others are
+    cells to fix, which ``qatune check`` names); else "label" when values repeat enough to be classes: at most 20
+    distinct values (compared by :func:`label_key`) and at most half as many distinct values as values, so at
+    least one repeats; else "text". No values: "text".
     """
     filled = [value.strip() for value in values if value.strip()]
-    if filled and all(parse_number(value) is not None for value in filled):
+    numbers_read = sum(parse_number(value) is not None for value in filled)
+    if filled and numbers_read >= NUMBER_SHARE * len(filled):
         return "number"
-    distinct = len({value.casefold() for value in filled})
+    distinct = len({label_key(value) for value in filled})
     if filled and distinct <= _LABEL_MAX_DISTINCT and 2 * distinct <= len(filled):
         return "label"
     return "text"
+
+
+@dataclass(frozen=True)
+class FieldSpec:
+    """One answer column as training saw it, saved with the run so that every evaluation reads it alike.
+
+    ``values``: labels: the classes (each spelling trained, the most frequent first); numbers: the distinct
+    values, ascending, each as most often written. ``counts``: the training rows of each. Numbers also have
+    their ``decimal`` separator, their training range ``low``..``high`` and the ``tolerance`` a prediction is
+    right within (a quarter of the smallest step between training values, so it is nearer its own value than
+    any other; 0 for a single value)."""
+
+    kind: str
+    values: tuple[str, ...] = ()
+    counts: tuple[int, ...] = ()
+    decimal: str = "."
+    tolerance: float | None = None
+    low: float | None = None
+    high: float | None = None
+
+    def number(self, text: str | None) -> float | None:
+        return None if text is None else parse_number(text, self.decimal)
+
+    def label(self, text: str | None) -> str | None:
+        """A predicted label as the class it names (compared by :func:`label_key`), else as written; None if blank."""
+        if text is None or not text.strip():
+            return None
+        key = label_key(text)
+        return next((value for value in self.values if label_key(value) == key), text.strip())
+
+    def to_json(self) -> dict:
+        return {"kind": self.kind, "values": list(self.values), "counts": list(self.counts), "decimal": self.decimal,
+                "tolerance": self.tolerance, "low": self.low, "high": self.high}
+
+    @classmethod
+    def from_json(cls, data: Mapping) -> FieldSpec:
+        return cls(data["kind"], tuple(data.get("values", ())), tuple(data.get("counts", ())),
+                   data.get("decimal", "."), data.get("tolerance"), data.get("low"), data.get("high"))
+
+
+def field_spec(kind: str, cells: list[str]) -> FieldSpec:
+    """The spec of a column of ``kind`` from its training cells (blank ones left out)."""
+    filled = [cell.strip() for cell in cells if cell.strip()]
+    if kind == "label":
+        counts = Counter(filled)
+        order = sorted(counts, key=lambda v: (-counts[v], v))
+        return FieldSpec(kind, tuple(order), tuple(counts[v] for v in order))
+    if kind != "number":
+        return FieldSpec(kind)
+    decimal = decimal_separator(filled).separator
+    spellings: dict[float, Counter[str]] = {}
+    for cell in filled:
+        number = parse_number(cell, decimal)
+        if number is not None:
+            spellings.setdefault(number, Counter())[cell] += 1
+    numbers = sorted(spellings)
+    gaps = [b - a for a, b in pairwise(numbers)]
+    return FieldSpec(kind, tuple(spellings[n].most_common(1)[0][0] for n in numbers),
+                     tuple(sum(spellings[n].values()) for n in numbers), decimal,
+                     0.25 * min(gaps) if gaps else 0.0, numbers[0] if numbers else None,
+                     numbers[-1] if numbers else None)
+
+
+def likely_same(labels: list[str]) -> list[list[str]]:
+    """Groups of two or more spellings that differ only in case, spacing or punctuation, each group ordered
+    by how often its spellings occur (the most frequent first)."""
+    counts = Counter(label.strip() for label in labels if label.strip())
+    groups: dict[str, list[str]] = {}
+    for spelling in sorted(counts, key=lambda v: (-counts[v], v)):
+        groups.setdefault(label_key(spelling), []).append(spelling)
+    return [group for group in groups.values() if len(group) > 1]
 
 
 def _problems(template: str, columns: tuple[str, ...]) -> list[str]:

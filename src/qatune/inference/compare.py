@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from qatune.data.grading_fields import AnswerTemplate, parse_number
+from qatune.data.grading_fields import AnswerTemplate, FieldSpec, label_key
 from qatune.data.spreadsheet import QARecord
 from qatune.data.templates import PromptTemplate
 from qatune.errors import ConfigError
@@ -35,7 +35,7 @@ from qatune.inference.evaluate import (
     run_evaluation,
 )
 from qatune.inference.field_metrics import grading_metrics
-from qatune.inference.generate import run_answer_template, uses_context
+from qatune.inference.generate import run_answer_template, run_field_specs, uses_context
 from qatune.inference.metrics import best_scores, f1
 from qatune.inference.run_model import load_run_model, read_run
 from qatune.model.folder import ModelInfo
@@ -80,7 +80,7 @@ class Judge:
         if self.field is None:
             return "its answer is an exact match of a gold answer"
         if self.kind == "label":
-            return f"its {self.field} is the gold label (ignoring case)"
+            return f"its {self.field} is the gold label (ignoring case, spacing and punctuation)"
         if self.kind == "number":
             return f"its {self.field} is within {self.tolerance:g} of the gold value"
         return f"its {self.field} has a token F1 of at least {TEXT_RIGHT_F1:g} against the gold text"
@@ -100,11 +100,15 @@ class Side:
     f1: float
     """0-100, the best over the gold answers."""
     parsed: dict[str, str] | None
-    """A grading run's fields as the answer gives them; None when it does not follow the template (or no fields)."""
+    """A grading run's fields the answer has; None when it has not even the first (or the run has no fields)."""
     fields: dict[str, bool | None]
     """Whether each answer field is right; None where its gold cannot be scored (a number field's gold that is no
     number)."""
     right: bool
+
+    def whole(self) -> bool:
+        """Whether the answer has every field of the answer template."""
+        return self.parsed is not None and len(self.parsed) == len(self.fields)
 
 
 @dataclass(frozen=True)
@@ -158,32 +162,47 @@ class Comparison:
                 "right_to_wrong": counts[RIGHT_TO_WRONG], "wrong_to_right": counts[WRONG_TO_RIGHT],
                 "same": counts[SAME],
                 "f1_drops": None if self.fields else len(self.f1_drops()),
-                "unparsed": ({"run": sum(r.run.parsed is None for r in self.rows),
-                              "other": sum(r.other.parsed is None for r in self.rows)} if self.fields else None),
+                "unparsed": ({"run": sum(not r.run.whole() for r in self.rows),
+                              "other": sum(not r.other.whole() for r in self.rows)} if self.fields else None),
             },
         }
 
 
-def choose_judge(kinds: dict[str, str] | None, tolerances: dict[str, float] | None = None) -> Judge:
+Specs = dict[str, FieldSpec | str]
+"""A grading run's answer fields: each one's FieldSpec, or only its kind."""
+
+
+def choose_judge(kinds: Specs | None, tolerances: dict[str, float] | None = None) -> Judge:
     """The field that decides whether a row is right: the first label field, else the first number field (with
-    its tolerance from ``tolerances``, 0 when missing), else the first text field; exact match without fields."""
+    its tolerance: its spec's, else from ``tolerances``, else 0), else the first text field; exact match without
+    fields."""
     if not kinds:
         return Judge()
+    specs = _specs(kinds)
     for kind in ("label", "number", "text"):
-        for name, its_kind in kinds.items():
-            if its_kind == kind:
-                return Judge(name, kind, (tolerances or {}).get(name, 0.0) if kind == "number" else 0.0)
+        for name, spec in specs.items():
+            if spec.kind == kind:
+                return Judge(name, kind, _tolerance(spec, name, tolerances) if kind == "number" else 0.0)
     return Judge()
 
 
+def _specs(kinds: Specs) -> dict[str, FieldSpec]:
+    return {name: FieldSpec(spec) if isinstance(spec, str) else spec for name, spec in kinds.items()}
+
+
+def _tolerance(spec: FieldSpec, name: str, tolerances: dict[str, float] | None) -> float:
+    return spec.tolerance if spec.tolerance is not None else (tolerances or {}).get(name, 0.0)
+
+
 def compare(records: list[QARecord], run_predictions: list[str], other_predictions: list[str],
-            run_metrics: dict[str, Any], other_metrics: dict[str, Any], kinds: dict[str, str] | None = None,
+            run_metrics: dict[str, Any], other_metrics: dict[str, Any], kinds: Specs | None = None,
             template: AnswerTemplate | None = None) -> Comparison:
     """Judge both models' answers row by row and take the deltas of their metrics.
 
-    ``kinds`` and ``template``: a grading run's answer fields and answer template (both models' answers are parsed
-    with it); the metrics then have ``fields`` (:func:`qatune.inference.field_metrics.grading_metrics`), whose
-    number fields' ``tolerance`` is the one a row is judged with.
+    ``kinds`` and ``template``: a grading run's answer fields (their specs, or kinds) and answer template (both
+    models' answers are parsed with it); the metrics then have ``fields``
+    (:func:`qatune.inference.field_metrics.grading_metrics`), whose number fields' ``tolerance`` is the one a row
+    is judged with where the field has no spec of its own.
     """
     kinds = kinds if template is not None else None
     tolerances = {name: field["tolerance"] for name, field in run_metrics.get("fields", {}).items()
@@ -196,7 +215,7 @@ def compare(records: list[QARecord], run_predictions: list[str], other_predictio
                       tuple(template.columns) if kinds and template is not None else ())
 
 
-def judge_answer(record: QARecord, answer: str, judge: Judge, kinds: dict[str, str] | None = None,
+def judge_answer(record: QARecord, answer: str, judge: Judge, kinds: Specs | None = None,
                  template: AnswerTemplate | None = None, tolerances: dict[str, float] | None = None) -> Side:
     """One answer to ``record``, judged: exact match and F1 of the whole text, each field's rightness, and
     whether the row is right by ``judge``."""
@@ -204,32 +223,35 @@ def judge_answer(record: QARecord, answer: str, judge: Judge, kinds: dict[str, s
     if not kinds or template is None:
         return Side(answer, 100.0 * em, round(100.0 * f1_score, 2), None, {}, em == 1.0)
     parsed = template.parse(answer)
-    fields = {name: field_right(kind, None if parsed is None else parsed.get(name), record.answer_fields.get(name, ""),
-                                (tolerances or {}).get(name, 0.0))
-              for name, kind in kinds.items()}
+    fields = {name: field_right(spec, None if parsed is None else parsed.get(name), record.answer_fields.get(name, ""),
+                                _tolerance(spec, name, tolerances))
+              for name, spec in _specs(kinds).items()}
     return Side(answer, 100.0 * em, round(100.0 * f1_score, 2), parsed, fields, bool(fields.get(judge.field)))
 
 
-def field_right(kind: str, predicted: str | None, gold: str, tolerance: float = 0.0) -> bool | None:
+def field_right(spec: FieldSpec | str, predicted: str | None, gold: str, tolerance: float = 0.0) -> bool | None:
     """Whether one field's predicted value is right (None: not predicted, so wrong); None when the gold cannot be
-    scored (blank, or a number field's gold that is no number)."""
+    scored (blank, or a number field's gold that is no number). Numbers are read with the spec's decimal
+    separator; labels compared ignoring case, spacing and punctuation."""
+    spec = FieldSpec(spec) if isinstance(spec, str) else spec
+    kind = spec.kind
     if kind == "number":
-        gold_value = parse_number(gold)
+        gold_value = spec.number(gold)
         if gold_value is None:
             return None
-        value = None if predicted is None else parse_number(predicted)
+        value = spec.number(predicted)
         return value is not None and abs(value - gold_value) <= tolerance + _SLACK
     if not gold.strip():
         return None
     if predicted is None:
         return False
     if kind == "label":
-        return predicted.strip().casefold() == gold.strip().casefold()
+        return label_key(predicted) == label_key(gold)
     return 100.0 * f1(predicted, gold) >= TEXT_RIGHT_F1
 
 
 def metric_deltas(run_metrics: dict[str, Any], other_metrics: dict[str, Any],
-                  kinds: dict[str, str] | None = None) -> dict[str, Any]:
+                  kinds: Specs | None = None) -> dict[str, Any]:
     """``{METRIC: {"run", "other", "delta"}}`` of exact match, F1 and loss; for a grading run (``kinds``) the share
     of answers that parse and each field's MAIN_METRICS instead. A delta is run minus other (None when either is)."""
     if not kinds:
@@ -238,8 +260,8 @@ def metric_deltas(run_metrics: dict[str, Any], other_metrics: dict[str, Any],
     return {
         "parse_rate": _delta(run_metrics.get("parse_rate"), other_metrics.get("parse_rate")),
         "fields": {name: {metric: _delta(run_fields.get(name, {}).get(metric), other_fields.get(name, {}).get(metric))
-                          for metric in MAIN_METRICS[kind]}
-                   for name, kind in kinds.items()},
+                          for metric in MAIN_METRICS[spec.kind]}
+                   for name, spec in _specs(kinds).items()},
     }
 
 
@@ -264,7 +286,7 @@ def render_markdown(comparison: Comparison, run_name: str, other_name: str, data
             f"right -> wrong (right with the other, wrong with the run): {counts['right_to_wrong']}; "
             f"wrong -> right: {counts['wrong_to_right']}; the same: {counts['same']}"]
     if counts["unparsed"] is not None:
-        text.append(f"- answers that do not follow the answer template (wrong in every field): run "
+        text.append(f"- answers without every field of the answer template (wrong in each field missing): run "
                     f"{counts['unparsed']['run']}, other {counts['unparsed']['other']}")
     text += [f"- {note}" for note in notes]
     text += ["", "## Metrics", "", "| metric | run | other | run − other |", "|---|---:|---:|---:|"]
@@ -302,7 +324,7 @@ def render_csv(comparison: Comparison) -> str:
         line: list[Any] = [row.record.row, row.record.question, " | ".join(row.record.answers), run.answer,
                            other.answer, round(run.em), round(other.em), run.f1, other.f1]
         if comparison.fields:
-            line += [_flag(run.parsed is not None), _flag(other.parsed is not None)]
+            line += [_flag(run.whole()), _flag(other.whole())]
             for name in comparison.fields:
                 line.append(row.record.answer_fields.get(name, ""))
                 line += [(getattr(row, side).parsed or {}).get(name, "") for side in sides]
@@ -346,8 +368,8 @@ def _row_table(rows: list[RowChange], with_f1: bool = False) -> list[str]:
 
 
 def _answer_cell(side: Side) -> str:
-    unparsed = side.parsed is None and side.fields
-    return _cell(side.answer) + (" *(does not follow the answer template)*" if unparsed else "")
+    unparsed = side.fields and not side.whole()
+    return _cell(side.answer) + (" *(misses fields of the answer template)*" if unparsed else "")
 
 
 def _cell(text: str) -> str:
@@ -399,10 +421,10 @@ def compare_run(run_dir: str | Path, data_file: str | Path, other: str, which: s
         del loaded
     template = run_answer_template(run.info)
     if template is not None:  # both sides scored with the run's fields, kinds and template
-        other_metrics.update(grading_metrics(run.info.answer_fields, [template.parse(p) for p in other_predictions],
+        other_metrics.update(grading_metrics(run_field_specs(run.info), [template.parse(p) for p in other_predictions],
                                              [r.answer_fields for r in run.records]))
     comparison = compare(run.records, run.predictions, other_predictions, run.metrics, other_metrics,
-                         run.info.answer_fields, template)
+                         run_field_specs(run.info), template)
     notes = []
     if (asked.prompt_template, asked.answer_prefix) != (run.info.prompt_template, run.info.answer_prefix):
         notes.append(f"the two models are asked with different prompts: the run with "

@@ -23,6 +23,7 @@ from qatune.data.generative import (
     choose_max_length,
     encode_examples,
 )
+from qatune.data.padding import IGNORE_INDEX
 from qatune.data.spreadsheet import QARecord, answer_kinds, answer_template, load_from_config
 from qatune.data.templates import PromptTemplate
 from qatune.errors import ConfigError
@@ -33,6 +34,7 @@ from qatune.inference.generate import (
     generate_answers,
     inference_precision,
     run_answer_template,
+    run_field_specs,
     score_windows,
     uses_context,
 )
@@ -94,7 +96,7 @@ def metrics_from(info: ModelInfo, records: list[QARecord], predictions: list[str
     metrics = {**scores, "loss": loss, "perplexity": perplexity, "num_examples": len(records)}
     template = run_answer_template(info)
     if template is not None:
-        metrics.update(grading_metrics(info.answer_fields, [template.parse(p) for p in predictions],
+        metrics.update(grading_metrics(run_field_specs(info), [template.parse(p) for p in predictions],
                                        [r.answer_fields for r in records]))
     return metrics
 
@@ -104,8 +106,8 @@ def field_summary(metrics: dict[str, Any]) -> list[str]:
     if "fields" not in metrics:
         return []
     parsed = metrics["num_examples"] - metrics["unparsed"]
-    lines = [f"fields: {parsed} of {metrics['num_examples']} answers follow the answer template"
-             f" ({_number(metrics['parse_rate'], '%')}); the others count as wrong"]
+    lines = [f"fields: {parsed} of {metrics['num_examples']} answers have every field of the answer template"
+             f" ({_number(metrics['parse_rate'], '%')}); a field an answer misses counts as wrong"]
     for name, field in metrics["fields"].items():
         if "mae" in field:
             scores = (f"MAE {_number(field['mae'], digits=3)}, exact {_number(field['exact'], '%')}, within "
@@ -116,7 +118,8 @@ def field_summary(metrics: dict[str, Any]) -> list[str]:
         else:
             scores = (f"token F1 {_number(field['token_f1'])}, ROUGE-L {_number(field['rouge_l'])}, "
                       f"BLEU {_number(field['bleu'])}")
-        lines.append(f"  {name}: {scores} ({field['rows']} rows)")
+        found = "" if field.get("parse_rate") in (None, 100.0) else f", found in {_number(field['parse_rate'], '%')}"
+        lines.append(f"  {name}: {scores} ({field['rows']} rows{found})")
     return lines
 
 
@@ -165,7 +168,7 @@ def _teacher_forced_loss(model: Any, tokenizer: Any, info: ModelInfo, records: l
 def _unsupervised_token(tokenizer: Any, device: torch.device) -> dict[str, torch.Tensor]:
     token = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     one = torch.tensor([[token]], device=device)
-    return {"input_ids": one, "attention_mask": torch.ones_like(one), "labels": torch.full_like(one, -100)}
+    return {"input_ids": one, "attention_mask": torch.ones_like(one), "labels": torch.full_like(one, IGNORE_INDEX)}
 
 
 def evaluate_run(run_dir: str | Path, data_file: str | Path, which: str = layout.FINAL,
@@ -304,8 +307,8 @@ def write_predictions(path: Path, records: list[QARecord], predictions: list[str
                       info: ModelInfo | None = None) -> None:
     """CSV with one row per question; the em and f1 columns (0-100) average to the reported metrics.
 
-    A run with answer fields (``info``) adds ``parsed`` (true/false: whether the prediction followed the answer
-    template) and, per field, ``FIELD (gold)`` and ``FIELD (predicted)`` (empty where it did not parse)."""
+    A run with answer fields (``info``) adds ``parsed`` (true/false: whether the prediction has every field of the
+    answer template) and, per field, ``FIELD (gold)`` and ``FIELD (predicted)`` (empty where it did not parse)."""
     template = run_answer_template(info) if info is not None else None
     names = list(template.columns) if template is not None else []
     buffer = io.StringIO()
@@ -319,7 +322,7 @@ def write_predictions(path: Path, records: list[QARecord], predictions: list[str
                 round(100 * f1, 2)]
         if template is not None:
             parsed = template.parse(prediction)
-            line.append("true" if parsed is not None else "false")
+            line.append("true" if template.complete(parsed) else "false")
             for name in names:
                 line += [record.answer_fields.get(name, ""), (parsed or {}).get(name, "")]
         writer.writerow(line)

@@ -2,18 +2,19 @@
 
 Every function returns a JSON-friendly dict with fixed keys; shares are percentages (0-100) of all rows,
 and a metric that is undefined (no rows, a constant column) is None. A prediction that is None (its
-answer did not follow the template, or a number field did not start with a number) counts as wrong
+answer did not have the field, or a number field did not start with a number) counts as wrong
 wherever a metric counts rows, and is left out where a metric needs a value (MAE, RMSE, Spearman).
 """
 
 from __future__ import annotations
 
 import math
+import re
 from itertools import pairwise
 
 import numpy as np
 
-from qatune.data.grading_fields import FIELD_KINDS, parse_number
+from qatune.data.grading_fields import FIELD_KINDS, FieldSpec, label_key
 from qatune.errors import ConfigError
 from qatune.inference.metrics import f1
 
@@ -46,7 +47,7 @@ def number_metrics(predictions: list[float | None], golds: list[float], toleranc
 
 
 def label_metrics(predictions: list[str | None], golds: list[str]) -> dict:
-    """Accuracy, macro F1 and a confusion matrix; labels compared stripped and case-insensitively.
+    """Accuracy, macro F1 and a confusion matrix; labels compared ignoring case, spacing and punctuation.
 
     ``macro_f1`` is the mean F1 of the labels that occur in the golds (a label only ever predicted adds
     no F1 of its own; its rows are misses of their gold labels). ``confusion``: ``labels`` are the gold
@@ -67,7 +68,8 @@ def label_metrics(predictions: list[str | None], golds: list[str]) -> dict:
 
 
 def text_metrics(predictions: list[str | None], golds: list[str]) -> dict:
-    """Token F1 (SQuAD's, :func:`qatune.inference.metrics.f1`), ROUGE-L F-measure and corpus BLEU, all 0-100.
+    """Token F1 (SQuAD's, :func:`qatune.inference.metrics.f1`), ROUGE-L F-measure (words of any script:
+    :class:`AnyScriptTokenizer`) and corpus BLEU, all 0-100.
 
     A None prediction scores as the empty text: 0 F1 and ROUGE-L, and no n-grams for BLEU.
     """
@@ -78,7 +80,7 @@ def text_metrics(predictions: list[str | None], golds: list[str]) -> dict:
     if not golds:
         return {"token_f1": None, "rouge_l": None, "bleu": None}
     texts = ["" if p is None else p for p in predictions]
-    scorer = RougeScorer(["rougeL"], use_stemmer=True)
+    scorer = RougeScorer(["rougeL"], tokenizer=AnyScriptTokenizer())
     rouge = [scorer.score(target=g, prediction=p)["rougeL"].fmeasure for p, g in zip(texts, golds, strict=True)]
     return {
         "token_f1": 100.0 * sum(f1(p, g) for p, g in zip(texts, golds)) / len(golds),
@@ -87,44 +89,76 @@ def text_metrics(predictions: list[str | None], golds: list[str]) -> dict:
     }
 
 
-def field_metrics(kind: str, predictions: list[str | None], golds: list[str], tolerance: float | None = None) -> dict:
-    """The metrics of one field's answers by its kind (one of FIELD_KINDS), plus ``rows``: how many were scored.
+def field_metrics(spec: FieldSpec | str, predictions: list[str | None], golds: list[str]) -> dict:
+    """The metrics of one field's answers by its kind, plus ``rows``: how many were scored, and ``parse_rate``:
+    the share of them whose prediction has the field (for a number field: a number).
 
-    Rows whose gold is blank (or, for a number field, does not start with a number) are left out: they
-    have nothing to score against. Number texts are read with :func:`parse_number`; ``tolerance``
-    defaults to a quarter of the smallest gap between distinct gold values (0.125 for scores in steps of
-    0.5), so a prediction within it is always nearer its own gold than any other; 0 for a single value.
+    ``spec``: the field as training saw it (:class:`qatune.data.grading_fields.FieldSpec`), or only its kind.
+    Rows whose gold is blank (or, for a number field, not a number) are left out: they have nothing to score
+    against. Numbers are read with the spec's decimal separator and judged within its tolerance; without one
+    (a spec of a kind only), a quarter of the smallest gap between distinct gold values (0.125 for scores in
+    steps of 0.5), so a prediction within it is always nearer its own gold than any other; 0 for a single value.
     """
-    if kind not in FIELD_KINDS:
-        raise ConfigError(f"answer field kind {kind!r} is not one of {', '.join(FIELD_KINDS)}")
-    read = parse_number if kind == "number" else _blank_is_none
+    spec = FieldSpec(spec) if isinstance(spec, str) else spec
+    if spec.kind not in FIELD_KINDS:
+        raise ConfigError(f"answer field kind {spec.kind!r} is not one of {', '.join(FIELD_KINDS)}")
+    read = spec.number if spec.kind == "number" else _blank_is_none
     rows = [(p, read(g)) for p, g in zip(predictions, golds, strict=True)]
     predictions, gold_values = [p for p, g in rows if g is not None], [g for _, g in rows if g is not None]
-    if kind == "label":
-        metrics = label_metrics(predictions, gold_values)
-    elif kind == "text":
-        metrics = text_metrics(predictions, gold_values)
+    if spec.kind == "label":
+        predicted = [spec.label(p) for p in predictions]
+        metrics = label_metrics(predicted, gold_values)
+    elif spec.kind == "text":
+        predicted = predictions
+        metrics = text_metrics(predicted, gold_values)
     else:
-        tolerance = default_tolerance(gold_values) if tolerance is None else tolerance
-        metrics = number_metrics([None if p is None else parse_number(p) for p in predictions], gold_values, tolerance)
-    return {**metrics, "rows": len(gold_values)}
+        tolerance = default_tolerance(gold_values) if spec.tolerance is None else spec.tolerance
+        predicted = [spec.number(p) for p in predictions]
+        metrics = {**number_metrics(predicted, gold_values, tolerance), "decimal": spec.decimal}
+    return {**metrics, "rows": len(gold_values), "parse_rate": _share(sum(p is not None for p in predicted),
+                                                                        len(gold_values))}
 
 
-def grading_metrics(kinds: dict[str, str], predictions: list[dict[str, str] | None], golds: list[dict[str, str]],
-                    tolerances: dict[str, float] | None = None) -> dict:
-    """How many answers followed the template, and :func:`field_metrics` of each field in ``kinds``.
+def grading_metrics(specs: dict[str, FieldSpec | str], predictions: list[dict[str, str] | None],
+                    golds: list[dict[str, str]]) -> dict:
+    """How many answers have every field, and :func:`field_metrics` of each field in ``specs``.
 
-    ``parse_rate``: share of predictions that are not None; ``unparsed``: how many are None. A None
-    prediction (its answer did not parse) gives None for every one of its fields.
+    ``parse_rate``: share of predictions with every field; ``unparsed``: how many miss one or more. A field a
+    prediction misses is None for that field only (an answer cut before its last field keeps the others).
     """
-    tolerances = tolerances or {}
     fields = {}
-    for name, kind in kinds.items():
+    for name, spec in specs.items():
         values = [None if p is None else p.get(name) for p in predictions]
-        fields[name] = field_metrics(kind, values, [g[name] for g in golds], tolerances.get(name))
-    unparsed = sum(p is None for p in predictions)
+        fields[name] = field_metrics(spec, values, [g[name] for g in golds])
+    unparsed = sum(p is None or len(p) < len(specs) for p in predictions)
     return {"parse_rate": _share(len(predictions) - unparsed, len(predictions)), "unparsed": unparsed,
             "fields": fields}
+
+
+class AnyScriptTokenizer:
+    """ROUGE's words in any script: rouge-score's own tokenizer keeps only [a-z0-9], so feedback in German,
+    French or Chinese scores near 0. Words are runs of letters and digits of any script, lower-cased; a
+    character of a script written without spaces (Chinese, Japanese, Thai...) is a word of its own; English
+    words are stemmed as rouge-score's own tokenizer stems them."""
+
+    def __init__(self) -> None:
+        from nltk.stem import porter  # rouge-score's own dependency and stemmer
+
+        self._stemmer = porter.PorterStemmer()
+
+    def tokenize(self, text: str) -> list[str]:
+        words = []
+        for word in _WORDS.findall(text.casefold()):
+            if _UNSPACED.match(word):
+                words.extend(word)
+            else:
+                words.append(self._stemmer.stem(word) if word.isascii() and len(word) > 3 else word)
+        return words
+
+
+_UNSPACED_RANGES = "\u0e00-\u0eff\u1000-\u109f\u1780-\u17ff\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"
+_UNSPACED = re.compile(f"[{_UNSPACED_RANGES}]")
+_WORDS = re.compile(f"[{_UNSPACED_RANGES}]+|[^\\W_{_UNSPACED_RANGES}]+")
 
 
 def default_tolerance(golds: list[float]) -> float:
@@ -152,7 +186,7 @@ def _blank_is_none(text: str) -> str | None:
 
 
 def _label_key(label: str) -> str:
-    return label.strip().casefold()
+    return label_key(label)
 
 
 def _label_f1(label: str, predictions: list[str | None], golds: list[str]) -> float:

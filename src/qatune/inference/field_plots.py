@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from qatune.data.grading_fields import parse_number
+from qatune.data.numbers import parse_number
 from qatune.runs import atomic
 
 log = logging.getLogger("qatune")
@@ -60,7 +60,8 @@ def draw_field_pictures(fields: dict[str, dict[str, Any]], golds: dict[str, list
             confusion = metrics["confusion"]
             pictures.append((CONFUSION, name, confusion_png(name, confusion["labels"], confusion["matrix"])))
         elif "tolerance" in metrics and name in golds:
-            pictures.append((SCORES, name, scores_png(name, golds[name], predicted[name], metrics["tolerance"])))
+            pictures.append((SCORES, name, scores_png(name, golds[name], predicted[name], metrics["tolerance"],
+                                                      metrics.get("decimal", "."))))
     return pictures
 
 
@@ -83,11 +84,12 @@ def confusion_png(field: str, labels: list[str], matrix: list[list[int]]) -> byt
     return _png(fig)
 
 
-def scores_png(field: str, golds: list[str], predicted: list[str | None], tolerance: float) -> bytes:
+def scores_png(field: str, golds: list[str], predicted: list[str | None], tolerance: float,
+               decimal: str = ".") -> bytes:
     """Predicted against gold, one point per row whose gold and prediction are numbers, jittered (by up to a
     fifth of the smallest gap between gold values) so that equal pairs show as a cloud; the diagonal is a right
     answer, the dotted lines the tolerance around it. The title says how many rows had no number to plot."""
-    pairs = [(g, p) for g, p in ((parse_number(g), None if p is None else parse_number(p))
+    pairs = [(g, p) for g, p in ((parse_number(g, decimal), None if p is None else parse_number(p, decimal))
                                  for g, p in zip(golds, predicted, strict=True)) if g is not None]
     points = np.array([(g, p) for g, p in pairs if p is not None], dtype=float).reshape(-1, 2)
     missing = len(pairs) - len(points)

@@ -19,7 +19,7 @@ from tqdm.auto import tqdm
 from qatune.config import GenerateConfig
 from qatune.data.extractive import Feature, SpanCollator, best_span, prepare_features
 from qatune.data.generative import PromptEncoder, Seq2SeqEncoder
-from qatune.data.grading_fields import AnswerTemplate
+from qatune.data.grading_fields import AnswerTemplate, FieldSpec
 from qatune.data.padding import left_pad, right_pad
 from qatune.data.spreadsheet import QARecord
 from qatune.data.templates import PromptTemplate
@@ -211,6 +211,16 @@ def run_answer_template(info: ModelInfo) -> AnswerTemplate | None:
     if not info.answer_fields:
         return None
     return AnswerTemplate.make(list(info.answer_fields), info.answer_template)
+
+
+def run_field_specs(info: ModelInfo) -> dict[str, FieldSpec] | None:
+    """Each answer field of a run with answer fields as training saw it; a run saved before field specs were
+    kept has its fields' kinds only. None for other runs."""
+    if not info.answer_fields:
+        return None
+    saved = info.field_specs or {}
+    return {name: FieldSpec.from_json(saved[name]) if name in saved else FieldSpec(kind)
+            for name, kind in info.answer_fields.items()}
 
 
 def _check_fields(info: ModelInfo, fields: dict[str, str]) -> dict[str, str]:

@@ -8,18 +8,19 @@ import io
 import json
 import logging
 import math
-import re
 from pathlib import Path
 from typing import Any
 
 from qatune.config import DataConfig, column_key, with_reading_overrides
-from qatune.data.grading_fields import AnswerTemplate
+from qatune.data.grading_fields import AnswerTemplate, FieldSpec
+from qatune.data.numbers import parse_number
 from qatune.data.spreadsheet import QARecord
 from qatune.errors import DataError
 from qatune.inference.generate import (
     answer_questions,
     generate_config,
     run_answer_template,
+    run_field_specs,
     seed_sampling,
     uses_context,
 )
@@ -62,21 +63,22 @@ def answer_file(run_dir: str | Path, data_file: str | Path, output: str | Path |
                                progress=True, fields=[r.fields for r in records])
     path.parent.mkdir(parents=True, exist_ok=True)
     if template is not None:
-        write_graded(path, Path(data_file), data, template, info.answer_fields or {},
+        write_graded(path, Path(data_file), data, template, run_field_specs(info) or {},
                      {r.row: answer for r, answer in zip(records, answers, strict=True)})
         return path
     _write_table(path, [*names, "answer"], [[*row, answer] for row, answer in zip(rows, answers, strict=True)])
     return path
 
 
-def write_graded(path: Path, data_file: Path, data: DataConfig, template: AnswerTemplate, kinds: dict[str, str],
-                 answers: dict[int, str]) -> None:
+def write_graded(path: Path, data_file: Path, data: DataConfig, template: AnswerTemplate,
+                 specs: dict[str, FieldSpec], answers: dict[int, str]) -> None:
     """The input sheet with the model's answer fields added, written atomically; ``answers``: the model's text by
     the row number of the row it answers.
 
     Every input column and row stays, in its order. After them come one column per answer field (named after it,
-    or "FIELD (model)" when the input has a column of that name), "parsed" (yes, or no where the answer did not
-    follow the answer template) and "model output" (the answer as written, on the rows that did not parse). A
+    or "FIELD (model)" when the input has a column of that name; a number as a number, a label as the class it
+    names), "parsed" (yes; partly where the answer has some of the fields; no where it has none) and "model
+    output" (the answer as written, on the rows not parsed whole). A
     workbook written as .xlsx is a copy of the input with only the graded sheet changed, its other sheets kept.
     """
     from qatune.data.tables import EXCEL_SUFFIXES, read_table
@@ -84,10 +86,10 @@ def write_graded(path: Path, data_file: Path, data: DataConfig, template: Answer
     header, cells, first_row = read_table(data_file, sheet=data.sheet, encoding=data.encoding,
                                           delimiter=data.delimiter)
     added = _graded_names(header, template)
-    graded = {row: _graded_cells(template, kinds, answer) for row, answer in answers.items()}
-    unparsed = sum(values[-2] == "no" for values in graded.values())
-    log.info("graded %d rows: %d answers did not follow the answer template (%s: no)", len(graded), unparsed,
-             added[-2])
+    graded = {row: _graded_cells(template, specs, answer) for row, answer in answers.items()}
+    unparsed = sum(values[-2] != "yes" for values in graded.values())
+    log.info("graded %d rows: %d answers do not have every field of the answer template (%s: partly or no)",
+             len(graded), unparsed, added[-2])
     if data_file.suffix.lower() in EXCEL_SUFFIXES and path.suffix.lower() == ".xlsx":
         atomic_write_bytes(path, _graded_workbook(data_file, data.sheet, len(header), added, graded))
         return
@@ -112,23 +114,26 @@ def _graded_names(header: list[str], template: AnswerTemplate) -> list[str]:
     return names
 
 
-_PLAIN_NUMBER = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)")
-
-
-def _graded_cells(template: AnswerTemplate, kinds: dict[str, str], answer: str) -> list[Any]:
-    """One row's added cells: the fields (a number field written as a number when it is one), parsed, and the
-    model's text where it did not parse."""
+def _graded_cells(template: AnswerTemplate, specs: dict[str, FieldSpec], answer: str) -> list[Any]:
+    """One row's added cells: the fields (a number field's value as a number when it is only a number, a label
+    field's as the class it names), parsed, and the model's text where it was not parsed whole."""
     parsed = template.parse(answer)
     if parsed is None:
         return [*[None] * len(template.columns), "no", answer]
     values: list[Any] = []
     for name in template.columns:
-        value = parsed[name]
-        if kinds.get(name) == "number" and _PLAIN_NUMBER.fullmatch(value):
-            number = float(value)
-            value = int(number) if number.is_integer() and abs(number) < 1e15 else number
+        value: Any = parsed.get(name)
+        spec = specs.get(name)
+        if value and spec is not None and spec.kind == "number":
+            number = parse_number(value, spec.decimal, whole=True)
+            if number is not None:
+                value = int(number) if number.is_integer() and abs(number) < 1e15 else number
+        elif value and spec is not None and spec.kind == "label":
+            value = spec.label(value)
         values.append(value if value != "" else None)
-    return [*values, "yes", None]
+    if template.complete(parsed):
+        return [*values, "yes", None]
+    return [*values, "partly", answer]
 
 
 def _graded_workbook(data_file: Path, sheet: str | int | None, width: int, added: list[str],

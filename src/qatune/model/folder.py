@@ -39,6 +39,9 @@ class ModelInfo:
     order of the answer; eval and generate parse the answers back into these columns."""
     answer_template: str | None = None
     """Runs with data.answer_columns: the template the answers were written with (data.answer_template resolved)."""
+    field_specs: dict[str, dict] | None = None
+    """Runs with data.answer_columns: each answer column as training saw it (FieldSpec.to_json: its classes or
+    values, a number's decimal separator, range and tolerance), so that every evaluation reads it alike."""
 
     def save(self, folder: Path) -> None:
         (folder / layout.MODEL_INFO).write_text(json.dumps(asdict(self), indent=2) + "\n", encoding="utf-8")

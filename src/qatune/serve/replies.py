@@ -38,13 +38,13 @@ class Reply:
 
     async def answer(self, events: AsyncIterator[Any], template: AnswerTemplate | None = None) -> dict[str, Any]:
         """qatune's own shape (POST /v1/answer): ``model``, ``answer``, ``finish_reason`` and ``usage``; with a
-        grading run's answer template also ``parsed`` (whether the answer follows it) and ``fields`` (each answer
-        column's value as text, null when the answer does not parse)."""
+        grading run's answer template also ``parsed`` (whether the answer has every field of it) and ``fields``
+        (each answer column found, its value as text; null when not even the first is found)."""
         text, reason, usage = await self._outcome(events)
         body: dict[str, Any] = {"model": self.model_id, "answer": text, "finish_reason": reason, "usage": usage}
         if template is not None:
             fields = template.parse(text)
-            body.update(parsed=fields is not None, fields=fields)
+            body.update(parsed=template.complete(fields), fields=fields)
         return body
 
     async def _outcome(self, events: AsyncIterator[Any]) -> tuple[str, str, dict[str, int]]:

@@ -26,11 +26,10 @@ from qatune.data.generative import (
     encode_examples,
     percentile,
 )
+from qatune.data.grading_rows import SettledFields, apply_spellings, settle_fields
 from qatune.data.spreadsheet import (
     LoadReport,
     QARecord,
-    answer_kinds,
-    answer_template,
     describe_validation,
     load_from_config,
     split_validation,
@@ -80,6 +79,8 @@ class Prepared:
     """LoRA on a scratch model: the random base weights, saved once as RUN/base."""
     precision: str = "fp32"
     """train.precision as it runs (auto resolved): fp32, bf16 or fp16."""
+    fields: SettledFields | None = None
+    """A grading sheet's answer columns as training settled them (their specs, the rows dropped and why)."""
 
 
 @dataclass
@@ -114,9 +115,11 @@ def prepare(config: Config, train_records: list[QARecord] | None = None,
     check_device(config.train.device, precision)
     reports: dict[str, Any] = {}
     train_records, eval_records, train_report = _setup_records(config, train_records, eval_records, reports)
+    train_records, settled = settle_fields(config.data, train_records, train_report)
+    eval_records = apply_spellings(eval_records, settled)
     built = _setup_model(config, train_records, with_model)
     if config.task == "generative":
-        encoded = _encode_generative(config, built, train_records, train_report, reports)
+        encoded = _encode_generative(config, built, train_records, train_report, reports, settled)
     else:
         encoded = _encode_extractive(config, built, train_records, train_report, reports)
     if train_report.file != GIVEN:  # after encoding: rows whose answer is not in their context are dropped there
@@ -133,7 +136,7 @@ def prepare(config: Config, train_records: list[QARecord] | None = None,
     return Prepared(config=config, model=model, tokenizer=built.tokenizer, info=encoded.info,
                     train_records=encoded.train_records, eval_records=eval_records, dataset=dataset,
                     collator=encoded.collator, reports=reports, findings=findings, base_model=base_model,
-                    precision=precision)
+                    precision=precision, fields=settled)
 
 
 GIVEN = "(records)"
@@ -190,7 +193,7 @@ def _setup_model(config: Config, train_records: list[QARecord], with_model: bool
 
 
 def _encode_generative(config: Config, built: _Model, records: list[QARecord], train_report: LoadReport,
-                       reports: dict[str, Any]) -> _Encoded:
+                       reports: dict[str, Any], settled: SettledFields | None = None) -> _Encoded:
     template = resolve_prompt(config.data, config.model, built.tokenizer)
     encoder = (Seq2SeqEncoder if built.seq2seq else PromptEncoder)(built.tokenizer, template)
     encoder.warm(records)
@@ -212,11 +215,11 @@ def _encode_generative(config: Config, built: _Model, records: list[QARecord], t
     pad_id = built.tokenizer.pad_token_id
     collator = (Seq2SeqCollator(pad_id, max_width=built.limit) if built.seq2seq
                 else CausalCollator(pad_id, config.train.train_on_prompt, max_width=built.limit))
-    fields = answer_template(config.data)
     info = ModelInfo(task="generative", max_length=max_length, prompt_template=template.template,
                      answer_prefix=template.answer_prefix, qatune_version=__version__, seq2seq=built.seq2seq,
-                     answer_fields=answer_kinds(config.data, records),
-                     answer_template=fields.template if fields is not None else None)
+                     answer_fields=settled.kinds if settled else None,
+                     answer_template=settled.template.template if settled else None,
+                     field_specs={name: spec.to_json() for name, spec in settled.specs.items()} if settled else None)
     return _Encoded(examples, collator, info, records, findings)
 
 

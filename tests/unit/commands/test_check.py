@@ -28,3 +28,70 @@ def test_a_question_asked_again_with_another_student_answer_is_not_leakage(tmp_p
                                 "model.scratch.n_head=2", "model.scratch.vocab_size=300"])
     report = run_check(config)
     assert report["leakage"] == {"count": 1, "examples": ["what is udp?"]}
+
+
+def grading_check(tmp_path, train_rows, eval_rows, *overrides):
+    from qatune.commands.check import render_report, run_check
+    from qatune.config import load_config
+
+    header = "question,student,score,verdict\n"
+    (tmp_path / "train.csv").write_text(header + "".join(f"{r}\n" for r in train_rows), encoding="utf-8")
+    (tmp_path / "eval.csv").write_text(header + "".join(f"{r}\n" for r in eval_rows), encoding="utf-8")
+    config = load_config(None, [f"data.train_file={tmp_path / 'train.csv'}", f"data.eval_file={tmp_path / 'eval.csv'}",
+                                "data.answer_columns=[score, verdict]", "data.prompt_template=Q: {question} A: "
+                                "{student}\nGrade:", "model.scratch.n_layer=1", "model.scratch.n_embd=16",
+                                "model.scratch.n_head=2", "model.scratch.vocab_size=300", *overrides])
+    report = run_check(config)
+    return report, render_report(report)
+
+
+# a German grading sheet: decimal commas; row 5 holds "n/a" where a score belongs (1 cell in 12: still a number
+# column), row 7 "correct." beside "Correct"
+GERMAN = ['what is tcp?,a protocol,"1,500",Correct', 'what is udp?,datagrams,"0,5",Partially correct',
+          'what is ip?,addresses,"1,500",Correct', 'what is dns?,names,n/a,Incorrect',
+          'what is arp?,macs,"1,5",Correct', 'what is tls?,crypto,"0,75",correct.', 'what is ssh?,shell,0,Incorrect',
+          *[f'what is port {i}?,a number,"0,5",Partially correct' for i in range(5)]]
+
+
+def test_check_names_a_number_cell_that_is_no_number_and_drops_its_row(tmp_path):
+    report, text = grading_check(tmp_path, GERMAN, ['what is tcp?,a cable,"0,25",Incorrect'])
+    score = report["fields"]["columns"]["score"]
+    assert score["kind"] == "number" and score["not_numbers"] == [{"row": 5, "cell": "n/a"}]
+    assert report["files"]["train_file"]["dropped"] == {"score is not a number": [5]}
+    found = next(f for f in report["findings"] if f["code"] == "field-not-a-number")
+    assert found["message"] == ("score: 1 training rows hold no number ('n/a' in row 5): they are dropped from "
+                                "training; to keep them as written, set data.field_kinds: {score: label} (or text), "
+                                "or fix the cells")
+    assert "    dropped, no number: rows 5" in text
+
+
+def test_check_decides_the_decimal_separator_per_column_and_prints_the_tolerance(tmp_path):
+    report, text = grading_check(tmp_path, GERMAN, ['what is tcp?,a cable,"1,500",Incorrect'])
+    score = report["fields"]["columns"]["score"]
+    # "1,500" is 1.5 in a column whose "0,5" and "0,75" prove decimal commas: 0, 0.5, 0.75, 1.5 (steps of 0.25)
+    assert score["decimal"] == "decimal comma (as in '0,5')"
+    assert score["range"] == [0.0, 1.5] and score["tolerance"] == 0.0625
+    assert score["counts"] == {"0": 1, "0,5": 6, "0,75": 1, "1,500": 3}  # 1.5 as most often written
+    assert score["out_of_range_rows"] == [] and score["eval_only"] == []
+    assert "    read with a decimal comma (as in '0,5'); right within 0.0625 of the gold value" in text
+
+
+def test_check_names_labels_that_differ_only_in_spelling_and_merges_them_when_asked(tmp_path):
+    report, text = grading_check(tmp_path, GERMAN, ['what is tcp?,a cable,"0,25",Incorrect'])
+    verdict = report["fields"]["columns"]["verdict"]
+    assert verdict["likely_same"] == [["Correct", "correct."]] and verdict["merged"] is False
+    found = next(f for f in report["findings"] if f["code"] == "labels-likely-same")
+    assert found["message"] == ("verdict: 'Correct' (3 rows) and 'correct.' (1 rows) differ only in case, spacing or "
+                                "punctuation: likely the same label, trained as different ones; set "
+                                "data.merge_label_spellings: true to train each group as its first spelling")
+    merged, text = grading_check(tmp_path, GERMAN, ['what is tcp?,a cable,"0,25",Incorrect'],
+                                 "data.merge_label_spellings=true")
+    verdict = merged["fields"]["columns"]["verdict"]
+    assert verdict["counts"] == {"Partially correct": 6, "Correct": 4, "Incorrect": 1}
+    assert not any(f["code"] == "labels-likely-same" for f in merged["findings"])
+    assert "    'correct.' merged into 'Correct'" in text
+    rare = next(f for f in merged["findings"] if f["code"] == "label-too-rare")
+    assert rare["message"] == ("verdict: labels with fewer than 10 training rows are too rare to learn, the model "
+                               "will rarely if ever give them: 'Partially correct' (6 rows), 'Correct' (4 rows), "
+                               "'Incorrect' (1 rows); add rows of "
+                               "them, or merge them into another label")

@@ -33,7 +33,7 @@ GOLDS = [{"score": "1", "label": "Correct", "feedback": "Good."},
          {"score": "0", "label": "Incorrect", "feedback": "Wrong unit."}]
 RUN = ["Score: 1\nLabel: Correct\nFeedback: Good.",                     # row 2: right
        "Score: 1\nLabel: correct\nFeedback: Say more why.",             # row 3: not "Partially correct"
-       "Score: 0\nLabel: Inc",                                          # row 4: stopped early, does not parse
+       "Score: 0\nLabel: Inc",                                          # row 4: stopped early, no feedback
        "Score: 1\nLabel: Correct\nFeedback: Fine.",                     # row 5: right
        "Score: 0\nLabel: incorrect\nFeedback: Wrong."]                  # row 6: right (case is ignored)
 OTHER = ["Score: 0\nLabel: Incorrect\nFeedback: No.",                   # row 2: wrong
@@ -62,7 +62,8 @@ def test_a_grading_comparison_lists_the_flips_in_order_decided_by_the_first_labe
     assert [row.record.row for row in comparison.flips(WRONG_TO_RIGHT)] == [2, 5, 6]
     assert comparison.flips(SAME) == []
     row4 = comparison.rows[2]
-    assert row4.run.parsed is None and row4.run.fields == {"score": False, "label": False, "feedback": False}
+    assert row4.run.parsed == {"score": "0", "label": "Inc"} and not row4.run.whole()  # the fields before the cut
+    assert row4.run.fields == {"score": True, "label": False, "feedback": False}
     assert row4.other.fields == {"score": True, "label": True, "feedback": True}
     assert comparison.rows[1].run.fields == {"score": False, "label": False, "feedback": True}  # F1 of 0.8 >= 50
     summary = comparison.summary()
@@ -70,7 +71,7 @@ def test_a_grading_comparison_lists_the_flips_in_order_decided_by_the_first_labe
                                  "wrong_to_right": 3, "same": 0, "f1_drops": None,
                                  "unparsed": {"run": 1, "other": 1}}
     assert summary["decided_by"] == {"field": "label", "kind": "label", "tolerance": None,
-                                     "rule": "its label is the gold label (ignoring case)"}
+                                     "rule": "its label is the gold label (ignoring case, spacing and punctuation)"}
 
 
 def test_a_grading_comparison_gives_each_fields_main_metrics_for_both_and_the_difference():
@@ -81,9 +82,10 @@ def test_a_grading_comparison_gives_each_fields_main_metrics_for_both_and_the_di
     assert list(deltas["fields"]["score"]) == ["mae", "within_tolerance", "exact", "spearman"]
     assert list(deltas["fields"]["label"]) == ["accuracy", "macro_f1"]
     assert list(deltas["fields"]["feedback"]) == ["token_f1", "rouge_l", "bleu"]
-    # scores within 0.125 (a quarter of the 0.5 between the gold scores): run rows 2, 5, 6; other rows 3, 4
-    assert deltas["fields"]["score"]["within_tolerance"] == pytest.approx({"run": 60.0, "other": 40.0, "delta": 20.0})
-    assert deltas["fields"]["score"]["mae"] == pytest.approx({"run": 0.125, "other": 0.5, "delta": -0.375})
+    # scores within 0.125 (a quarter of the 0.5 between the gold scores): run rows 2, 4 (cut after its score), 5, 6;
+    # other rows 3, 4
+    assert deltas["fields"]["score"]["within_tolerance"] == pytest.approx({"run": 80.0, "other": 40.0, "delta": 40.0})
+    assert deltas["fields"]["score"]["mae"] == pytest.approx({"run": 0.1, "other": 0.5, "delta": -0.4})
     assert deltas["fields"]["label"]["accuracy"] == pytest.approx({"run": 60.0, "other": 40.0, "delta": 20.0})
 
 
@@ -156,18 +158,19 @@ def test_the_markdown_names_both_models_and_shows_right_to_wrong_before_wrong_to
                            ["the two models are asked with different prompts"])
     assert text.startswith("# Comparison on eval.csv\n")
     assert "- **run**: runs/grading/final\n- **other**: gpt2 (base, not fine-tuned)\n" in text
-    assert "- a row is right when its label is the gold label (ignoring case) (the first label field decides)" in text
+    assert ("- a row is right when its label is the gold label (ignoring case, spacing and punctuation) (the first "
+            "label field decides)") in text
     assert "- the two models are asked with different prompts" in text
     assert "| label: accuracy (%) | 60.0 | 40.0 | +20.0 |" in text
-    assert "| score: MAE (lower is better) | 0.125 | 0.500 | -0.375 |" in text
+    assert "| score: MAE (lower is better) | 0.100 | 0.500 | -0.400 |" in text
     worse, better = text.index("## Right -> wrong (2)"), text.index("## Wrong -> right (3)")
     assert worse < better and "## F1 fell" not in text
     tables = [[line.split(" | ")[0].strip("| ") for line in part.splitlines() if line.startswith("| ")][1:]
               for part in (text[worse:better], text[better:])]
     assert tables == [["3", "4"], ["2", "5", "6"]]
     row4 = next(line for line in text.splitlines() if line.startswith("| 4 |"))
-    assert row4 == ("| 4 | q2 | Score: 0<br>Label: Incorrect<br>Feedback: No. | Score: 0<br>Label: Inc *(does not "
-                    "follow the answer template)* | Score: 0<br>Label: Incorrect<br>Feedback: No. |")
+    assert row4 == ("| 4 | q2 | Score: 0<br>Label: Incorrect<br>Feedback: No. | Score: 0<br>Label: Inc *(misses "
+                    "fields of the answer template)* | Score: 0<br>Label: Incorrect<br>Feedback: No. |")
     plain = render_markdown(answered(), "a", "b", "faq.csv")
     assert "## F1 fell, exact match unchanged (2)" in plain and "| exact match | 33.3 | 33.3 | +0.0 |" in plain
     assert "| 6 | q4 | the big dog | cat | big cat | 0 | 50 |" in plain
@@ -186,7 +189,7 @@ def test_the_csv_has_a_line_per_row_with_both_answers_each_fields_rightness_and_
     assert [row[-1] for row in rows[1:]] == ["wrong->right", "right->wrong", "right->wrong", "wrong->right",
                                              "wrong->right"]
     assert rows[3][3:5] == [RUN[2], OTHER[2]]
-    assert rows[3][9:] == ["false", "true", "0", "", "0", "false", "true", "Incorrect", "", "Incorrect", "false",
+    assert rows[3][9:] == ["false", "true", "0", "0", "0", "true", "true", "Incorrect", "Inc", "Incorrect", "false",
                            "true", "No.", "", "No.", "false", "true", "false", "true", "right->wrong"]
     plain = list(csv.reader(io.StringIO(render_csv(answered()))))
     assert plain[0] == ["row", "question", "gold", "answer (run)", "answer (other)", "em (run)", "em (other)",

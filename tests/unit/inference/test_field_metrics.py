@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from qatune.data.grading_fields import AnswerTemplate
+from qatune.data.grading_fields import AnswerTemplate, FieldSpec
 from qatune.errors import ConfigError
 from qatune.inference.field_metrics import (
     default_tolerance,
@@ -70,7 +70,9 @@ def test_number_field_reads_texts_and_leaves_out_blank_golds():
     assert metrics["within_tolerance"] == pytest.approx(20.0)  # only the exact row is within 0.25
     assert metrics["mae"] == pytest.approx(1.5)
     assert metrics["spearman"] == pytest.approx(HAND_SPEARMAN)
-    assert field_metrics("number", predictions, golds, tolerance=1.0)["within_tolerance"] == pytest.approx(40.0)
+    assert field_metrics(FieldSpec("number", tolerance=1.0), predictions, golds)["within_tolerance"] == \
+        pytest.approx(40.0)
+    assert metrics["parse_rate"] == pytest.approx(80.0)  # "n/a" is no number
 
 
 def test_unknown_kind_is_a_config_error():
@@ -165,8 +167,24 @@ def test_grading_metrics_over_parsed_answers():
     assert grading_metrics(kinds, [], [])["parse_rate"] is None
 
 
-def test_grading_metrics_uses_given_tolerances():
+def test_grading_metrics_uses_the_specs_tolerance():
     golds = [{"score": "2"}, {"score": "1"}]
-    metrics = grading_metrics({"score": "number"}, [{"score": "2.4"}, {"score": "1"}], golds, {"score": 0.5})
+    metrics = grading_metrics({"score": FieldSpec("number", tolerance=0.5)}, [{"score": "2.4"}, {"score": "1"}], golds)
     assert metrics["fields"]["score"]["within_tolerance"] == 100.0
     assert metrics["fields"]["score"]["tolerance"] == 0.5
+
+
+def test_rouge_l_reads_words_of_any_script():
+    from qatune.inference.field_metrics import AnyScriptTokenizer
+
+    words = AnyScriptTokenizer().tokenize
+    assert words("Die Antwort ist größtenteils richtig.") == ["die", "antwort", "ist", "grösstenteils", "richtig"]
+    assert words("答案正确，abc") == ["答", "案", "正", "确", "abc"]  # a Chinese character is a word of its own
+    assert words("Ответ верный") == ["ответ", "верный"]
+    german = text_metrics(["Die Antwort ist fast richtig"], ["Die Antwort ist richtig"])["rouge_l"]
+    french = text_metrics(["La réponse est très incomplète"], ["La réponse est incomplète"])["rouge_l"]
+    chinese = text_metrics(["答案部分正确"], ["答案正确"])["rouge_l"]
+    # LCS of 4 of 5 and 4 words: F = 2 * (4/5 * 4/4) / (4/5 + 4/4); of 4 of 6 and 4 characters likewise
+    assert german == pytest.approx(100 * 8 / 9) and french == pytest.approx(100 * 8 / 9)
+    assert chinese == pytest.approx(100 * 0.8)
+    assert text_metrics(["Ответ верный"], ["Ответ неверный"])["rouge_l"] == pytest.approx(50.0)

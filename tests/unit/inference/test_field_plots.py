@@ -49,7 +49,8 @@ def test_the_report_of_a_grading_run_shows_its_fields_on_the_last_validation(tmp
     report = write_report(tmp_path).read_text(encoding="utf-8")
     section = report.split("## Answer fields\n")[1].split("\n## ")[0]
     assert "On the last validation (epoch 2, step 2):" in section
-    assert "- fields: 4 of 5 answers follow the answer template (80.0%); the others count as wrong" in section
+    assert ("- fields: 4 of 5 answers have every field of the answer template (80.0%); a field an answer misses "
+            "counts as wrong") in section
     assert "- label: accuracy 60.0%, macro F1 " in section
     assert "![score: predicted against gold](scores-validation-score.png)" in section
     assert "![label: confusion matrix](confusion-validation-label.png)" in section
