@@ -56,13 +56,12 @@ class MetricsLog:
     def __init__(self, path: Path | None, report_to: str | list[str] = "none", config: Config | None = None,
                  resumed_from: Path | None = None):
         self.path = path
-        self.writer = None
-        self.trackers: list[Any] = []
         names = trackers(report_to) if path is not None else []
-        if "tensorboard" in names:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self.writer = SummaryWriter(log_dir=str(path.parent / layout.TENSORBOARD))
+        self.tensorboard = path.parent / layout.TENSORBOARD if "tensorboard" in names else None
+        """TensorBoard's folder; its writer is opened at the first line written (after a resume's truncation)."""
+        self.writer = None
+        self.purge_step: int | None = None
+        self.trackers: list[Any] = []
         accelerated = [name for name in names if name in _OPEN]
         if accelerated:
             run_name = path.parent.name + (f" (resumed from {resumed_from.name})" if resumed_from else "")
@@ -84,6 +83,11 @@ class MetricsLog:
         with open(self.path, "a", encoding="utf-8") as f:
             f.write(json.dumps(record, default=str) + "\n")
         step, scalars = record.get("step", 0), _scalars(record)
+        if self.tensorboard is not None and self.writer is None:
+            from torch.utils.tensorboard import SummaryWriter
+
+            # purge_step: TensorBoard hides the events of earlier writers from that step on (a resumed run's)
+            self.writer = SummaryWriter(log_dir=str(self.tensorboard), purge_step=self.purge_step)
         if self.writer is not None:
             for key, value in scalars.items():
                 self.writer.add_scalar(key, value, step)
@@ -95,6 +99,7 @@ class MetricsLog:
     def close(self, outcome: str = "complete") -> None:
         """Finish the trackers' runs (once; later calls do nothing). ``outcome``: complete, stopped or failed, as
         run.json says; mlflow's run ends FINISHED, KILLED or FAILED accordingly."""
+        self.tensorboard = None
         if self.writer is not None:
             self.writer.close()
             self.writer = None
@@ -129,7 +134,8 @@ class MetricsLog:
             raise
 
     def truncate_after(self, step: int) -> None:
-        """Drop lines logged after ``step`` (a resumed run writes them again)."""
+        """Drop lines logged after ``step`` (a resumed run writes them again), in TensorBoard too."""
+        self.purge_step = step + 1
         if self.path is None or not self.path.exists():
             return
         lines = self.path.read_text(encoding="utf-8").splitlines()
