@@ -124,11 +124,42 @@ def test_mlflow_tracking_uri_wins_and_a_resumed_run_is_named_so(tmp_path, monkey
     assert [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, "train/loss")] == [(5, 1.5)]
 
 
-def test_only_the_main_process_logs(tmp_path):
-    metrics = MetricsLog(None, ["mlflow", "trackio"], None)  # the other processes get no metrics.jsonl
-    metrics.write({"event": "train", "step": 1, "loss": 1.0})
-    metrics.close()
-    assert metrics.trackers == [] and list(tmp_path.iterdir()) == []
+def test_only_the_main_process_logs(tmp_path, monkeypatch):
+    """The loop hands metrics.jsonl's path to the main process only (two processes logging for one run: tested in
+    tests/e2e/test_distributed.py); without it no tracker opens and nothing is written, with it every one does."""
+    logged = []
+
+    class Recording:
+        name = "recording"
+
+        def __init__(self, run_dir, run_name):
+            self.kind = run_name
+
+        def start(self):
+            logged.append((self.kind, "start"))
+
+        def store_init_configuration(self, params):
+            pass
+
+        def log(self, values, step):
+            logged.append((self.kind, step))
+
+        def finish(self):
+            logged.append((self.kind, "finish"))
+
+    monkeypatch.setattr(logs, "_OPEN", {"mlflow": Recording, "trackio": Recording})
+    config = tiny_config(tmp_path, ROWS)
+    (tmp_path / "run").mkdir()
+    before = sorted(tmp_path.rglob("*"))
+    for path in (None, tmp_path / "run" / "metrics.jsonl"):  # another process, then the main one
+        metrics = MetricsLog(path, ["tensorboard", "mlflow", "trackio"], config)
+        metrics.write({"event": "train", "step": 1, "loss": 1.0})
+        metrics.close()
+        if path is None:
+            assert logged == [] and sorted(tmp_path.rglob("*")) == before
+    assert logged == [("run", "start"), ("run", "start"), ("run", 1), ("run", 1), ("run", "finish"), ("run", "finish")]
+    assert (tmp_path / "run" / "metrics.jsonl").read_text().count("\n") == 1
+    assert list((tmp_path / "run" / "tensorboard").glob("events.out.tfevents.*"))
 
 
 @pytest.mark.parametrize(("value", "kept"), [("none", "none"), ("tensorboard", "tensorboard"), ("trackio", "trackio"),
