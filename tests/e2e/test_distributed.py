@@ -1,23 +1,29 @@
 """Two processes (gloo on CPU) with batch B each train exactly like one process with batch B and
 gradient accumulation 2, evaluate the same (predictions gathered from both, no duplicates), and write
-the same run directory layout."""
+the same run directory layout; a failure on one process ends both within seconds, in one line."""
 
 import json
+import subprocess
+import sys
+import time
 
 import pytest
 from click.testing import CliRunner
 from safetensors.torch import load_file
 
 from qatune.cli import cli
+from tests.conftest import ROOT
+from tests.failing_process import error_lines, injected
 
 pytestmark = pytest.mark.slow
 
 
 def layout(run):
-    return sorted(str(p.relative_to(run)) for p in run.rglob("*") if p.is_file())
+    """The run's files (TensorBoard's file is named after the host and process that wrote it)."""
+    return sorted(str(p.relative_to(run)) for p in run.rglob("*") if p.is_file() and p.parent.name != "tensorboard")
 
 
-def test_two_processes_match_one_with_accumulation(tmp_path):
+def write_config(tmp_path):
     data = tmp_path / "qa.csv"
     data.write_text("question,answer\n" + "".join(f"what is item {i}?,thing {i * 7}\n" for i in range(32)))
     held = tmp_path / "held.csv"
@@ -27,8 +33,13 @@ def test_two_processes_match_one_with_accumulation(tmp_path):
     config.write_text(f"""
 model: {{scratch: {{n_layer: 1, n_embd: 32, n_head: 2, vocab_size: 300}}}}
 data: {{train_file: {data}, eval_file: {held}}}
-train: {{epochs: 2, batch_size: 4, logging_steps: 1, learning_rate: 3.0e-3, precision: fp32}}
+train: {{epochs: 2, batch_size: 4, logging_steps: 1, learning_rate: 3.0e-3, precision: fp32, report_to: tensorboard}}
 """)
+    return config
+
+
+def test_two_processes_match_one_with_accumulation(tmp_path):
+    config = write_config(tmp_path)
     two = CliRunner().invoke(cli, ["train", "--config", str(config), "--output-dir", str(tmp_path / "two"),
                                    "--num-processes", "2", "--quiet"])
     assert two.exit_code == 0, two.output + two.stderr
@@ -51,4 +62,34 @@ train: {{epochs: 2, batch_size: 4, logging_steps: 1, learning_rate: 3.0e-3, prec
     b = load_file(tmp_path / "two" / "final" / "model.safetensors")
     assert all((a[k] - b[k]).abs().max() < 1e-4 for k in a)
     assert layout(tmp_path / "one") == layout(tmp_path / "two")
+    # Only the first process logs: one TensorBoard file, each step in it once.
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    assert len(list((tmp_path / "two" / "tensorboard").glob("events.out.tfevents.*"))) == 1
+    events = EventAccumulator(str(tmp_path / "two" / "tensorboard"))
+    events.Reload()
+    assert [e.step for e in events.Scalars("train/loss")] == list(range(1, 9))
     assert json.loads((tmp_path / "two" / "run.json").read_text())["status"] == "complete"
+
+
+def test_a_failure_on_one_process_ends_both_in_one_line(tmp_path):
+    """Process 1 fails as it starts evaluating, while process 0 is busy with its own share of the held-out rows
+    (outside any collective, where it used to go on, take torchrun's SIGTERM for a stop asked for, and be killed
+    30 s later with run.json saying running): both end within seconds, with process 1's message in one line."""
+    run = tmp_path / "run"
+    env = injected(tmp_path, (1, "qatune.train.loop:evaluate_epoch", "raise"),
+                   (0, "qatune.train.loop:evaluate_epoch", "sleep"))
+    done = subprocess.run([sys.executable, "-m", "qatune", "train", "--config", str(write_config(tmp_path)),
+                           "--output-dir", str(run), "--quiet", "--num-processes", "2"], capture_output=True,
+                          text=True, cwd=ROOT, env=env, timeout=600, check=False)
+    seconds = time.time() - float((tmp_path / "failed_at").read_text())
+    message = ("process 1 of 2 failed: internal error: RuntimeError: injected failure in evaluate_epoch (run with -v "
+               "for the traceback; please report it with the output of 'qatune env')")
+    assert error_lines(done.stderr) == [f"error: {message}"], done.stderr
+    assert done.returncode == 2
+    assert seconds < 30, f"the processes ended {seconds:.1f} s after the failure"
+    assert "SIGTERM" not in done.stderr and "Traceback" not in done.stderr
+    status = json.loads((run / "run.json").read_text())
+    assert (status["status"], status["error"]) == ("failed", message)
+    assert [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3, 4]
+    print(f"both processes ended {seconds:.1f} s after the failure")

@@ -1,8 +1,8 @@
 """train.distributed: fsdp on two CPU processes (gloo): the model sharded block by block (DTensors on dim 0, half on
 each process), every logged loss and every final weight the same as one process with gradient accumulation (a
 tiny GPT-2 from scratch, a tiny Llama from a local folder, LoRA, CPU offload with activation checkpointing), the
-global gradient norm clipped, a sharded checkpoint resumed exactly (also after one process was killed), and the
-set-ups it cannot train refused in one line."""
+global gradient norm clipped, a sharded checkpoint resumed exactly (also after one process was killed), a failure on
+one process ending both in one line, and the set-ups it cannot train refused in one line."""
 
 import json
 import os
@@ -10,11 +10,13 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 from safetensors.torch import load_file
 
 from tests.conftest import ROOT, chat_tokenizer, tiny_llama
+from tests.failing_process import error_lines, injected
 
 pytestmark = pytest.mark.slow
 
@@ -182,6 +184,27 @@ def test_parameters_are_dtensors_split_on_dim0(tmp_path):
     assert len(shares) == 2
     assert sum(int(local) for local, _ in shares) == int(shares[0][1])
     assert all(0.4 < int(local) / int(total) < 0.6 for local, total in shares)
+
+
+def test_a_failure_on_one_process_ends_both_in_one_line(tmp_path, data):
+    """The main process fails writing a checkpoint while the other writes its shard of it (in a collective): both
+    end within seconds, with the main process's message in one line, and run.json says failed."""
+    path = config(tmp_path, data, "{scratch: {n_layer: 2, n_embd: 32, n_head: 2, vocab_size: 300}}")
+    run = tmp_path / "run"
+    done = subprocess.run([sys.executable, "-m", "qatune", "train", "--config", str(path), "--output-dir", str(run),
+                           "--quiet", "--set", "train.distributed=fsdp", "--set", "train.save_every=2",
+                           "--num-processes", "2"], capture_output=True, text=True, cwd=ROOT, timeout=600,
+                          env=injected(tmp_path, (0, "qatune.train.loop:save_checkpoint", "raise")), check=False)
+    seconds = time.time() - float((tmp_path / "failed_at").read_text())
+    message = ("process 0 of 2 failed: internal error: RuntimeError: injected failure in save_checkpoint (run with -v "
+               "for the traceback; please report it with the output of 'qatune env')")
+    assert error_lines(done.stderr) == [f"error: {message}"], done.stderr
+    assert done.returncode == 2
+    assert seconds < 30, f"the processes ended {seconds:.1f} s after the failure"
+    status = json.loads((run / "run.json").read_text())
+    assert (status["status"], status["error"]) == ("failed", message)
+    assert not list((run / "checkpoints").glob("step-*"))
+    print(f"both processes ended {seconds:.1f} s after the failure")
 
 
 def test_fsdp_needs_several_processes(tmp_path, data):

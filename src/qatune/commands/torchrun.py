@@ -1,9 +1,11 @@
 """torchrun (``python -m qatune.commands.torchrun ARGS``, as ``python -m torch.distributed.run ARGS``), ending in
-one line when a training process fails: the process has said why itself, and torchrun's traceback of the failure
-adds nothing for the person who started the run."""
+one line when a training process fails: the process has said why itself (naming itself), and torchrun's log line and
+traceback of the failure, which name the first process to exit (often one that was stopped because another failed),
+add nothing for the person who started the run."""
 
 from __future__ import annotations
 
+import logging
 import signal
 import sys
 
@@ -12,6 +14,7 @@ def main(argv: list[str]) -> int:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun
 
+    logging.getLogger("torch.distributed.elastic.multiprocessing.api").addFilter(_without_failure_line)
     try:
         torchrun(argv)
     except ChildFailedError as exc:
@@ -23,6 +26,11 @@ def main(argv: list[str]) -> int:
               "newest checkpoint with --resume)", file=sys.stderr)
         return 128 - failure.exitcode
     return 0
+
+
+def _without_failure_line(record: logging.LogRecord) -> bool:
+    """torchrun's "failed (exitcode: N) local_rank: R" line: left out."""
+    return not str(record.msg).startswith("failed (exitcode")
 
 
 if __name__ == "__main__":

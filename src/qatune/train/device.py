@@ -12,6 +12,7 @@ import torch
 from qatune.config import Config, differences
 from qatune.errors import ConfigError
 from qatune.model.precision import check_device
+from qatune.train.process_failure import on_every_process
 
 
 def is_main_process() -> bool:
@@ -53,9 +54,9 @@ def check_same_setup(accelerator: Any, config: Config, data: str) -> None:
         if theirs["data"] != everyone[0]["data"]:
             changed.append("the training rows (data.train_file's content)")
         if changed:
-            raise ConfigError(f"the processes were started with different set-ups: process {rank} differs from "
-                              f"process 0 in {changed}; start every machine with the same config file, --set "
-                              "options and data")
+            raise on_every_process(ConfigError(
+                f"the processes were started with different set-ups: process {rank} differs from process 0 in "
+                f"{changed}; start every machine with the same config file, --set options and data"))
 
 
 def seed_everything(seed: int) -> None:

@@ -36,6 +36,7 @@ from qatune.train.memory_estimate import checkpoint_activations
 from qatune.train.nan_guard import NonFiniteGuard
 from qatune.train.optim import build_optimizer, build_schedulers, gradient_clipper
 from qatune.train.preparation import Prepared, fingerprint
+from qatune.train.process_failure import on_every_process
 from qatune.train.sampler import LengthGroupedBatches, training_batches
 from qatune.train.signals import StopSignals, TrainingInterrupted
 from qatune.train.validation import evaluate_epoch
@@ -120,7 +121,7 @@ def train_step(loop: Loop, window: list[dict[str, torch.Tensor]]) -> dict[str, A
                      absmax)
         optimizer.zero_grad(set_to_none=True)
         if guard.should_stop():
-            raise TrainingError(guard.stop_message())
+            raise on_every_process(TrainingError(guard.stop_message()))  # loss and norm are every process's
         return None
     guard.ok()
     optimizer.step()

@@ -17,6 +17,7 @@ from qatune.train import sharding
 from qatune.train.device import is_main_process
 from qatune.train.loop import fit
 from qatune.train.preparation import Prepared, prepare
+from qatune.train.process_failure import FailureWatch
 from qatune.train.report import draw_in_background, write_report
 from qatune.train.signals import TrainingInterrupted
 
@@ -44,23 +45,27 @@ def run_and_record(prepared: Prepared, run_dir: Path, progress: bool, resume_fro
     def when_trained() -> None:
         drawn.append(draw_in_background(run_dir))
 
-    try:
-        result = fit(prepared, run_dir, progress=progress, resume_from=resume_from,
-                     when_trained=when_trained if main else None)
-    except TrainingInterrupted as exc:
-        status(run_dir, status="stopped", error=str(exc))
-        _report(run_dir, main)
-        raise
-    except TrainingError as exc:
-        status(run_dir, status="failed", error=str(exc))
-        _report(run_dir, main)
-        raise
-    except KeyboardInterrupt:
-        status(run_dir, status="stopped", error="interrupted")
-        raise
-    except BaseException as exc:
-        status(run_dir, status="failed", error=f"{type(exc).__name__}: {exc}")
-        raise
+    # With several processes, a failure on one ends them all at once, each saying which failed and why.
+    with FailureWatch(lambda message: status(run_dir, status="failed", error=message)) as failures:
+        try:
+            result = fit(prepared, run_dir, progress=progress, resume_from=resume_from,
+                         when_trained=when_trained if main else None)
+        except TrainingInterrupted as exc:
+            status(run_dir, status="stopped", error=str(exc))
+            _report(run_dir, main)
+            raise
+        except KeyboardInterrupt:
+            status(run_dir, status="stopped", error="interrupted")
+            raise
+        except BaseException as exc:
+            failure = failures.failed(exc)  # does not return when another process failed first
+            status(run_dir, status="failed", error=str(failure) if isinstance(failure, TrainingError)
+                   else f"{type(failure).__name__}: {failure}")
+            if isinstance(failure, TrainingError):
+                _report(run_dir, main)
+            if failure is exc:
+                raise
+            raise failure from exc
     status(run_dir, status="complete", finished=time.strftime("%Y-%m-%d %H:%M:%S"), result=result)
     _report(run_dir, main, drawn[0] if drawn else None)
     log.info("run complete: %s (model in %s)", run_dir, run_dir / layout.FINAL)
