@@ -53,14 +53,14 @@ def config(tmp_path, data, model, *extra):
     return path
 
 
-def train_both(tmp_path, path, *sets, sharded_only=()):
+def train_both(tmp_path, path, *sets, sharded_only=(), one_speedups="off"):
     """The config on two processes with fsdp, and on one (speed paths off: fsdp has none) with accumulation 2."""
     sets = [arg for item in sets for arg in ("--set", item)]
     two = qatune("train", "--config", path, "--output-dir", tmp_path / "two", "--quiet", "--set",
                  "train.distributed=fsdp", *sets, *[arg for item in sharded_only for arg in ("--set", item)],
                  processes=2)
     qatune("train", "--config", path, "--output-dir", tmp_path / "one", "--quiet", "--set",
-           "train.gradient_accumulation_steps=2", "--set", "train.speedups=off", *sets)
+           "train.gradient_accumulation_steps=2", "--set", f"train.speedups={one_speedups}", *sets)
     return two
 
 
@@ -155,6 +155,42 @@ def test_llama_matches_one_process(lora, memory, tmp_path, data, llama_folder):
     assert_same_steps(tmp_path / "one", tmp_path / "two")
 
 
+@pytest.fixture(scope="module")
+def t5_folder(tmp_path_factory):
+    """A tiny T5 without dropout (the processes draw other masks than one process) and its tokenizer, saved."""
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    from qatune.model.sources import train_scratch_tokenizer
+
+    folder = tmp_path_factory.mktemp("t5") / "tiny-t5"
+    tokenizer = train_scratch_tokenizer("generative", [f"{q} {a}" for q, a in ROWS] * 3, 300, "t5")
+    T5ForConditionalGeneration(T5Config(
+        vocab_size=len(tokenizer), d_model=32, d_kv=16, d_ff=64, num_layers=2, num_heads=2, dropout_rate=0.0,
+        pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+        decoder_start_token_id=tokenizer.pad_token_id)).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def test_t5_encoder_and_decoder_blocks_are_units_and_match_one_process(tmp_path, data, t5_folder):
+    """The units are the blocks the model never splits (T5Block, in the encoder and the decoder alike)."""
+    path = config(tmp_path, data, f"{{name_or_path: {t5_folder}}}")
+    log = train_both(tmp_path, path, "train.max_grad_norm=null", "train.epochs=1")
+    assert "fsdp: 4 FSDPT5Block units and the root" in log
+    assert_same_steps(tmp_path / "one", tmp_path / "two")
+
+
+def test_bf16_matches_one_process_with_fp32_master_weights(tmp_path, data):
+    """Under bf16 the units compute in bf16 from fp32 shards and reduce gradients in fp32, as one process's bf16
+    weights with fp32 masters do: the same steps, to a fraction of bf16's resolution (2^-8) where they round
+    differently."""
+    path = config(tmp_path, data, "{scratch: {n_layer: 2, n_embd: 32, n_head: 2, vocab_size: 300}}")
+    log = train_both(tmp_path, path, "train.max_grad_norm=null", "train.precision=bf16", "train.epochs=1",
+                     one_speedups="[bf16_master_weights]")
+    assert "computing in bf16 with fp32 gradient reduction" in log
+    assert_same_steps(tmp_path / "one", tmp_path / "two", rel=1e-3, weights=False)
+
+
 SHARDED = """
 import torch, torch.distributed as dist
 from torch.distributed.tensor import DTensor, Shard
@@ -169,11 +205,18 @@ assert all(isinstance(p, DTensor) and p.placements == (Shard(0),) for p in param
 local = sum(p.to_local().numel() for p in params)
 print(f"rank {dist.get_rank()}: {local} of {total}")
 assert model.lm_head.weight is model.model.embed_tokens.weight
+# bf16: the blocks hand each other bf16 activations; only the root casts its output (the logits) to fp32.
+low = tiny_llama(chat_tokenizer())
+shard(low, "bf16", torch.device("cpu"))
+seen = []
+hook = lambda module, inputs, out: seen.append((out[0] if isinstance(out, tuple) else out).dtype)  # noqa: E731
+low.model.layers[0].register_forward_hook(hook)
+assert low(input_ids=torch.tensor([[1, 2, 3]])).logits.dtype == torch.float32 and seen == [torch.bfloat16], seen
 dist.destroy_process_group()
 """
 
 
-def test_parameters_are_dtensors_split_on_dim0(tmp_path):
+def test_parameters_are_dtensors_split_on_dim0_and_bf16_units_pass_bf16(tmp_path):
     script = tmp_path / "sharded.py"
     script.write_text(SHARDED)
     done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",

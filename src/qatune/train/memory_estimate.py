@@ -74,7 +74,7 @@ def estimate(model: torch.nn.Module, config: Config, precision: str, batch_token
              supervised: int, processes: int, baseline: int | None = None) -> list[Estimate]:
     """Peaks per process for one process, DDP and FSDP on ``processes``; ``batch_tokens``: (rows, longest row) of
     the widest batch; ``supervised``: the most supervised tokens in one row."""
-    from qatune.train.sharding import repeated_blocks
+    from qatune.train.sharding import units
 
     baseline = resident_bytes() if baseline is None else baseline
     params = list(model.parameters())
@@ -103,7 +103,7 @@ def estimate(model: torch.nn.Module, config: Config, precision: str, batch_token
         estimates.append(Estimate(f"ddp x {processes}", processes, {
             "baseline": baseline, "weights": plain_weights, "gradients": 4 * trained,
             "ddp buckets": 4 * trained, "optimizer": moments, **work}))
-        blocks = repeated_blocks(model)
+        blocks = units(model)
         if blocks:
             block = max(sum(p.numel() for p in b.parameters()) for b in blocks)
             root = total - sum(sum(p.numel() for p in b.parameters()) for b in blocks)

@@ -2,8 +2,10 @@
 PyTorch's FSDP2 (``torch.distributed.fsdp.fully_shard``), applied by qatune itself on the processes' own group (gloo
 on CPU, where accelerate would silently fall back to DDP; NCCL on GPUs).
 
-Each repeated transformer block is one unit, the rest of the model (embeddings, final norm, head) the root unit: a
-unit's parameters are gathered for its forward and backward and freed after, and its gradients reduce-scattered,
+Each block the model never splits (transformers' ``_no_split_modules``: GPT-2's blocks, Llama's decoder layers, T5's
+blocks of the encoder and of the decoder) is one unit, the rest of the model (embeddings, final norm, head) the root
+unit: a unit's parameters are gathered for its forward and backward and freed after, and its gradients
+reduce-scattered,
 so a process holds about 1/N of the weights, gradients and AdamW state. Gradients are averaged over processes as
 DDP averages them (the loop scales the loss by the number of processes), so the steps are the same. Checkpoints are
 written shard by shard (torch.distributed.checkpoint: each process writes its own file); what needs the whole model
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -41,9 +44,32 @@ torch.distributed.checkpoint and keyed by parameter name."""
 SHARDS = layout.SHARDS
 
 
-def repeated_blocks(model: nn.Module) -> list[nn.Module]:
-    """The model's transformer blocks: the children of its largest list of modules of one class (Llama's
-    ``model.layers``, GPT-2's ``transformer.h``, BERT's ``encoder.layer``)."""
+def units(model: nn.Module) -> list[nn.Module]:
+    """The model's FSDP units: the outermost modules of the classes its transformers model never splits
+    (``_no_split_modules``), less any that shares a weight with the rest of the model (tied embeddings stay in the
+    root); for a model that names none, the children of its largest list of modules of one class."""
+    kinds = {name for module in model.modules() for name in (getattr(module, "_no_split_modules", None) or [])}
+    found: list[nn.Module] = []
+    inside: set[int] = set()  # modules already within a unit
+    for module in model.modules():
+        if id(module) in inside:
+            continue
+        if module is not model and type(module).__name__ in kinds and not _shares_weights(model, module):
+            found.append(module)
+            inside.update(id(m) for m in module.modules())
+    return found or _largest_list(model)
+
+
+def _shares_weights(model: nn.Module, part: nn.Module) -> bool:
+    """Whether a parameter of ``part`` is also used outside it (tied weights)."""
+    mine = {id(p) for p in part.parameters()}
+    own = {id(m) for m in part.modules()}
+    return any(id(p) in mine for m in model.modules() if id(m) not in own for p in m.parameters(recurse=False))
+
+
+def _largest_list(model: nn.Module) -> list[nn.Module]:
+    """The children of the model's largest list of modules of one class (Llama's ``model.layers``, GPT-2's
+    ``transformer.h``)."""
     best: list[nn.Module] = []
     best_size = 0
     for module in model.modules():
@@ -88,7 +114,7 @@ def _true(value: str | None) -> bool:
 
 def check_shardable(model: nn.Module) -> None:
     """A model fsdp can shard block by block."""
-    if not repeated_blocks(model):
+    if not units(model):
         raise ConfigError(f"train.distributed fsdp shards a model block by block, and {type(model).__name__} has no "
                           "repeated blocks (a list of layers of one kind); set train.distributed: ddp")
 
@@ -104,24 +130,27 @@ def shard(model: nn.Module, precision: str, device: torch.device, offload: bool 
     world = dist.get_world_size()
     check_shardable(model)
     mesh = init_device_mesh(device.type, (world,))
-    policy = MixedPrecisionPolicy()
+    policy = root_policy = MixedPrecisionPolicy()
     if precision in ("bf16", "fp16"):
-        # Compute in the low precision; gradients reduced and logits handed to the loss in fp32.
+        # Compute in the low precision, gradients reduced in fp32; between units the activations stay in the low
+        # precision, and the root hands its output (the logits) to the loss in fp32.
         low = torch.bfloat16 if precision == "bf16" else torch.float16
-        policy = MixedPrecisionPolicy(param_dtype=low, reduce_dtype=torch.float32, output_dtype=torch.float32)
+        policy = MixedPrecisionPolicy(param_dtype=low, reduce_dtype=torch.float32)
+        root_policy = MixedPrecisionPolicy(param_dtype=low, reduce_dtype=torch.float32, output_dtype=torch.float32)
     # Pinned host memory needs a GPU; on a CPU the offload only moves the optimizer step out of the units.
     placement = CPUOffloadPolicy(pin_memory=device.type == "cuda") if offload else OffloadPolicy()
-    blocks = repeated_blocks(model)
+    blocks = units(model)
     for block in blocks:
         fully_shard(block, mesh=mesh, mp_policy=policy, offload_policy=placement)
     # The rest (embeddings, tied with the output layer where they are, the final norm) is the root unit.
-    fully_shard(model, mesh=mesh, mp_policy=policy, offload_policy=placement)
+    fully_shard(model, mesh=mesh, mp_policy=root_policy, offload_policy=placement)
     # transformers' generate keeps every process stepping until all have finished (their forwards gather).
     model._is_fsdp_managed_module = True
     total = sum(p.numel() for p in model.parameters())
     local = sum(p.to_local().numel() for p in model.parameters())
-    return (f"fsdp: {len(blocks)} {type(blocks[0]).__name__} units and the root, sharded on {world} processes: "
-            f"{local / 1e6:.2f}M of {total / 1e6:.2f}M parameters on this process"
+    kinds = Counter(type(block).__name__ for block in blocks)
+    return (f"fsdp: {' and '.join(f'{n} {kind}' for kind, n in kinds.items())} units and the root, sharded on "
+            f"{world} processes: {local / 1e6:.2f}M of {total / 1e6:.2f}M parameters on this process"
             + (f", computing in {precision} with fp32 gradient reduction" if precision != "fp32" else "")
             + (", kept in CPU memory between uses (train.cpu_offload)" if offload else ""))
 
