@@ -25,7 +25,7 @@ class Block(nn.Module):
 class Tied(nn.Module):
     """Names its embedding-like block as never split, though the head shares its weight."""
 
-    _no_split_modules = ["Block"]
+    _no_split_modules = ("Block",)
 
     def __init__(self):
         super().__init__()
