@@ -5,9 +5,9 @@ connection (gloo), or never (NCCL: until the collective's timeout); a process bu
 the held-out rows, a checkpoint) goes on, and takes the launcher's SIGTERM for a stop asked by the user, until
 torchrun kills it 30 s later with its run.json still saying running.
 
-So a failing process publishes its message in the store that the run's processes share (the c10d TCP store of
-torchrun's rendezvous, at MASTER_ADDR:MASTER_PORT), the first failure kept, before it leaves any collective; every
-process watches for it on a thread of its own (a blocked or busy main thread cannot be reached). A process told of
+So a failing process first publishes its message in the store that the run's processes share (the c10d TCP store
+of torchrun's rendezvous, at MASTER_ADDR:MASTER_PORT; the first failure is kept), and every process watches for it
+on a thread of its own (a main thread blocked in a collective, or busy, cannot be reached). A process told of
 another's failure records it in run.json (the main process), says it in one line (one process per machine), and
 ends at once with the failing process's exit code. The failing process waits until the others have ended (a few
 seconds at most), then ends with the same line.
