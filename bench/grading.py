@@ -1,22 +1,26 @@
-"""Grading SAF answers: SmolLM2-135M fine-tuned with configs/smollm2-grading.yaml against the baselines a grader
-would try first, per field (score, verdict, feedback) and per split (unseen answers to known questions; unseen
-questions).
+"""Grading SAF answers: qatune's graders against the baselines a grader would try first, per field (verdict,
+score, feedback) and per split (unseen answers to known questions; unseen questions), over several seeds.
 
 1. The split of grading_data.py (seeded): whole questions held out for "unseen questions", 15% of each remaining
    question's answers for "unseen answers", the rest to train on.
 2. Baselines (grading_baselines.py): the majority verdict, the per-question majority verdict, the per-question mean
-   score, and the nearest training answer's score, verdict and feedback (TF-IDF, same question first).
-3. The base model zero-shot (``qatune eval --base``) and the fine-tuned run (``qatune train`` on the training split
-   with the shipped config, then ``qatune eval`` on each split), on the same rows.
+   and median score, and the nearest training answer's score, verdict and feedback (TF-IDF, same question first).
+3. Arms, each trained on the training split with its shipped config (``qatune train``, the seed set by --set seed)
+   and scored on each split (``qatune eval``): minilm-scoring (configs/minilm-scoring.yaml: a scoring head on the
+   packaged MiniLM), smollm2-scoring (configs/smollm2-scoring.yaml: the same on SmolLM2-135M) and smollm2-grading
+   (configs/smollm2-grading.yaml: SmolLM2 writes verdict, score and feedback, the verdict and score chosen from the
+   values training saw). Each arm's seeds are reported one by one, with their mean and their worst.
+4. Optionally the base model zero-shot (``qatune eval --base`` with the generative grader's prompt).
 
 Every arm is scored by qatune's own field metrics (qatune.inference.field_metrics): verdict accuracy and macro-F1,
 score MAE and within-tolerance, feedback token F1, ROUGE-L and BLEU, and the share of outputs that parse.
 
-Writes bench/results/<this machine>/grading.json.
+Writes bench/results/<this machine>/grading.json after every seed (an interrupted run keeps what it measured;
+--json FILE of an earlier run adds the arms and seeds asked for to it).
 
-    python bench/grading.py --epochs 1                   # ~1 h on 2 cores (training <= 30 min)
-    python bench/grading.py --epochs 1 --base-from bench/results/epyc-avx512-bf16/grading.json   # ~40 min
-    python bench/grading.py --train-rows 300 --eval-rows 40 --json /tmp/grading.json
+    python bench/grading.py --arms minilm-scoring --seeds 3                    # ~30 min on 2 cores
+    python bench/grading.py --arms smollm2-grading --seeds 2 --json bench/results/epyc-avx512-bf16/grading.json
+    python bench/grading.py --arms minilm-scoring --seeds 1 --train-rows 300 --eval-rows 40 --json /tmp/g.json
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -39,11 +44,17 @@ from grading_data import saf_split, write_csv
 from qatune.inference.field_metrics import grading_metrics
 
 STEM = "grading"
-CONFIG = ROOT / "configs" / "smollm2-grading.yaml"
+ARMS = {"minilm-scoring": "configs/minilm-scoring.yaml", "smollm2-scoring": "configs/smollm2-scoring.yaml",
+        "smollm2-grading": "configs/smollm2-grading.yaml"}
 FIELDS = ("score", "label", "feedback")
 KINDS = {"score": "number", "label": "label", "feedback": "text"}
 SPLITS = ("unseen_answers", "unseen_questions")
-BASELINES = ("majority_label", "question_majority_label", "question_mean_score", "nearest_feedback")
+BASELINES = ("majority_label", "question_majority_label", "question_mean_score", "question_median_score",
+             "nearest_feedback")
+FIRST_SEED = 42
+HIGHER_IS_BETTER = {"parse_rate": True, "verdict_accuracy": True, "verdict_macro_f1": True, "score_mae": False,
+                    "score_within_tolerance": True, "feedback_token_f1": True, "feedback_rouge_l": True,
+                    "feedback_bleu": True}
 
 
 def qatune(args: list[str]) -> str:
@@ -55,23 +66,38 @@ def qatune(args: list[str]) -> str:
 
 
 def summary(metrics: dict) -> dict:
-    """The figures the table shows, from grading_metrics' (or qatune eval --json's) fields."""
+    """The figures the table shows, from grading_metrics' (or qatune eval --json's) fields; feedback only where
+    the arm writes it."""
     fields = metrics["fields"]
-    return {"parse_rate": metrics["parse_rate"], "verdict_accuracy": fields["label"]["accuracy"],
-            "verdict_macro_f1": fields["label"]["macro_f1"], "score_mae": fields["score"]["mae"],
-            "score_within_tolerance": fields["score"]["within_tolerance"],
-            "feedback_token_f1": fields["feedback"]["token_f1"], "feedback_rouge_l": fields["feedback"]["rouge_l"],
-            "feedback_bleu": fields["feedback"]["bleu"]}
+    out = {"parse_rate": metrics["parse_rate"], "verdict_accuracy": fields["label"]["accuracy"],
+           "verdict_macro_f1": fields["label"]["macro_f1"], "score_mae": fields["score"]["mae"],
+           "score_within_tolerance": fields["score"]["within_tolerance"]}
+    if "feedback" in fields:
+        out |= {"feedback_token_f1": fields["feedback"]["token_f1"], "feedback_rouge_l": fields["feedback"]["rouge_l"],
+                "feedback_bleu": fields["feedback"]["bleu"]}
+    return out
 
 
-def prompt_settings() -> dict:
+def over_seeds(seeds: list[dict]) -> tuple[dict, dict]:
+    """The mean and the worst of each figure over an arm's seeds, per split (worst: the lowest accuracy, the
+    highest error)."""
+    mean, worst = {}, {}
+    for split in SPLITS:
+        figures = [seed[split] for seed in seeds]
+        names = [name for name in figures[0] if name in HIGHER_IS_BETTER and figures[0][name] is not None]
+        mean[split] = {name: statistics.fmean(f[name] for f in figures) for name in names}
+        worst[split] = {name: (min if HIGHER_IS_BETTER[name] else max)(f[name] for f in figures) for name in names}
+    return mean, worst
+
+
+def prompt_settings(config: Path) -> dict:
     """What the base model's answers depend on: the model, the prompt, the answer template and generation."""
     import yaml
 
-    config = yaml.safe_load(CONFIG.read_text())
-    data = config["data"]
+    loaded = yaml.safe_load(config.read_text())
+    data = loaded["data"]
     keys = ("question_column", "answer_columns", "answer_template", "prompt_template", "system_prompt", "user_template")
-    return {"model": config["model"], "data": {key: data.get(key) for key in keys}, "generate": config["generate"]}
+    return {"model": loaded["model"], "data": {key: data.get(key) for key in keys}, "generate": loaded["generate"]}
 
 
 def baselines(splits: dict) -> dict:
@@ -82,8 +108,8 @@ def baselines(splits: dict) -> dict:
                  for r in test.itertuples()]
         for name in BASELINES:
             predictions = getattr(grading_baselines, name)(splits["train"], test)
-            out.setdefault(name, {})[split] = summary(grading_metrics(KINDS, predictions, golds)) | {
-                "full": grading_metrics(KINDS, predictions, golds)}
+            metrics = grading_metrics(KINDS, predictions, golds)
+            out.setdefault(name, {})[split] = summary(metrics) | {"full": metrics}
     return out
 
 
@@ -92,18 +118,40 @@ def evaluate(target: list[str], data: Path) -> dict:
     return summary(metrics) | {"full": metrics}
 
 
+def train_and_score(arm: str, seed: int, tmp: Path, sets: list[str]) -> dict:
+    run = tmp / f"{arm}-{seed}"
+    start = time.perf_counter()
+    qatune(["train", "--config", str(ROOT / ARMS[arm]), "--output-dir", str(run), "--quiet", "--set", f"seed={seed}",
+            *sets])
+    seconds = round(time.perf_counter() - start, 1)
+    result = {"seed": seed, "train_seconds": seconds, "load_average_after_training": list(os.getloadavg()),
+              "train_result": json.loads((run / "run.json").read_text())["result"]}
+    for split in SPLITS:
+        result[split] = evaluate([str(run)], tmp / f"{split}.csv")
+    return result
+
+
+def shown(figures: dict) -> dict:
+    return {k: (round(v, 3) if isinstance(v, float) else v) for k, v in figures.items() if k != "full"}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--train-rows", type=int, default=None, help="train on the first N training rows")
+    parser.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated, of {', '.join(ARMS)}")
+    parser.add_argument("--seeds", type=int, default=3, help=f"seeds per arm: {FIRST_SEED}, {FIRST_SEED + 1}, ...")
+    parser.add_argument("--first-seed", type=int, default=FIRST_SEED)
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="a config change for every arm's training (recorded)")
+    parser.add_argument("--train-rows", type=int, default=None, help="train on a sample of N training rows")
     parser.add_argument("--eval-rows", type=int, default=None, help="score the first N rows of each split")
-    parser.add_argument("--epochs", type=int, default=None, help="train.epochs (default: the config's)")
-    parser.add_argument("--run", type=Path, default=None, help="a finished run of this split to score")
-    parser.add_argument("--skip-base", action="store_true", help="leave out the zero-shot base model")
-    parser.add_argument("--base-from", type=Path, default=None, metavar="JSON",
-                        help="take the zero-shot base model's figures from an earlier grading.json of the same split, "
-                             "model, prompt and generate settings (it only changes with them; ~20 min on 2 cores)")
+    parser.add_argument("--base", action="store_true", help="also score the generative grader's base model zero-shot")
     json_option(parser, STEM)
     args = parser.parse_args()
+    arms = [arm.strip() for arm in args.arms.split(",") if arm.strip()]
+    unknown = [arm for arm in arms if arm not in ARMS]
+    if unknown:
+        raise SystemExit(f"--arms: unknown {unknown}; choose from {', '.join(ARMS)}")
+    path = args.json or results_path(STEM)
     machine = describe()
     print(headline(machine), flush=True)
     splits = saf_split()
@@ -111,45 +159,41 @@ def main() -> None:
         splits["train"] = splits["train"].sample(n=min(args.train_rows, len(splits["train"])), random_state=0)
     if args.eval_rows:
         splits = {k: (v.head(args.eval_rows) if k in SPLITS else v) for k, v in splits.items()}
-    result = {"machine": machine, "config": str(CONFIG.relative_to(ROOT)), "prompt": prompt_settings(),
-              "rows": {k: len(v) for k, v in splits.items()}, "arms": baselines(splits)}
+    rows = {k: len(v) for k, v in splits.items()}
+    result = json.loads(path.read_text()) if path.is_file() else {}
+    if result and result.get("rows") != rows:
+        raise SystemExit(f"{path} holds another split ({result.get('rows')}); pass --json with a new file")
+    result.update({"machine": machine, "rows": rows, "baselines": baselines(splits)})
+    result.setdefault("arms", {})
     for name in BASELINES:
-        print(f"{name:24s}", {s: {k: v for k, v in result['arms'][name][s].items() if k != 'full'} for s in SPLITS},
-              flush=True)
+        print(f"{name:24s}", {s: shown(result['baselines'][name][s]) for s in SPLITS}, flush=True)
     with tempfile.TemporaryDirectory(prefix="qatune-grading-") as tmp:
         tmp = Path(tmp)
         for name, frame in splits.items():
             write_csv(frame, tmp / f"{name}.csv")
-        sets = ["--set", f"data.train_file={tmp / 'train.csv'}", "--set", "data.eval_file=null"]
-        if args.epochs:
-            sets += ["--set", f"train.epochs={args.epochs}"]
-        if args.base_from is not None:
-            earlier = json.loads(args.base_from.read_text())
-            if earlier["rows"] != result["rows"] or earlier.get("prompt") not in (None, prompt_settings()):
-                raise SystemExit(f"{args.base_from}: another split or prompt; its base model figures do not apply")
-            result["arms"]["base zero-shot"] = earlier["arms"]["base zero-shot"]
-            result["base_measured"] = earlier.get("base_measured", earlier["measured"])
-        elif not args.skip_base:
-            result["arms"]["base zero-shot"] = {
-                split: evaluate(["--base", "--config", str(CONFIG), *sets], tmp / f"{split}.csv") for split in SPLITS}
-            print("base zero-shot", {s: result["arms"]["base zero-shot"][s]["verdict_accuracy"] for s in SPLITS},
-                  flush=True)
-        run = args.run
-        if run is not None:
-            result["run"] = str(run)
-        else:
-            run = tmp / "run"
-            start = time.perf_counter()
-            qatune(["train", "--config", str(CONFIG), "--output-dir", str(run), "--quiet", *sets])
-            result["train_seconds"] = round(time.perf_counter() - start, 1)
-            result["train_result"] = json.loads((run / "run.json").read_text())["result"]
-            print(f"trained in {result['train_seconds']:.0f} s", flush=True)
-        result["arms"]["fine-tuned"] = {split: evaluate([str(run)], tmp / f"{split}.csv") for split in SPLITS}
-    for name, arm in result["arms"].items():
-        for split in SPLITS:
-            shown = {k: (round(v, 3) if isinstance(v, float) else v) for k, v in arm[split].items() if k != "full"}
-            print(f"{name:24s} {split:17s} {shown}", flush=True)
-    write_json(args.json or results_path(STEM), result)
+        sets = [part for pair in [f"data.train_file={tmp / 'train.csv'}", "data.eval_file=null", *args.set]
+                for part in ("--set", pair)]
+        if args.base:
+            config = ROOT / ARMS["smollm2-grading"]
+            result["base zero-shot"] = {"prompt": prompt_settings(config)} | {
+                split: evaluate(["--base", "--config", str(config), *sets], tmp / f"{split}.csv") for split in SPLITS}
+            write_json(path, result)
+        for arm in arms:
+            entry = result["arms"].setdefault(arm, {"config": ARMS[arm], "sets": args.set, "seeds": []})
+            if entry.get("sets") != args.set:
+                raise SystemExit(f"{path}: arm {arm} was measured with --set {entry.get('sets')}; this run has "
+                                 f"{args.set}: pass --json with a new file")
+            done = {seed["seed"] for seed in entry["seeds"]}
+            for seed in range(args.first_seed, args.first_seed + args.seeds):
+                if seed in done:
+                    continue
+                measured = train_and_score(arm, seed, tmp, sets)
+                entry["seeds"].append(measured)
+                entry["mean"], entry["worst"] = over_seeds(entry["seeds"])
+                write_json(path, result)
+                print(f"{arm} seed {seed}: trained in {measured['train_seconds']:.0f} s; "
+                      + "; ".join(f"{split} {shown(measured[split])}" for split in SPLITS), flush=True)
+            print(f"{arm}: mean {entry['mean']}\n{arm}: worst {entry['worst']}", flush=True)
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ majority_label           train's most frequent label for every row; score and fe
 question_majority_label  the same per question_id (unseen questions: majority_label)
 question_mean_score      the mean train score of the question (unseen questions: the global mean); label and
                          feedback as question_majority_label
+question_median_score    the same with the median score (the score that makes the least absolute error)
 nearest_feedback         the score, label and feedback of the most similar train answer to the same question
                          by TF-IDF cosine (unseen questions: the most similar train answer to any question)
 
@@ -60,6 +61,13 @@ def question_mean_score(train: pd.DataFrame, test: pd.DataFrame) -> list[Predict
             for prediction, question in zip(question_majority_label(train, test), test.question_id)]
 
 
+def question_median_score(train: pd.DataFrame, test: pd.DataFrame) -> list[Prediction]:
+    medians = train.groupby("question_id").score.median()
+    overall = train.score.median()
+    return [{**prediction, "score": score_text(medians.get(question, overall))}
+            for prediction, question in zip(question_majority_label(train, test), test.question_id)]
+
+
 def nearest_feedback(train: pd.DataFrame, test: pd.DataFrame) -> list[Prediction]:
     vectorizer = TfidfVectorizer(sublinear_tf=True).fit(train.student_answer)
     # rows are L2-normalised, so the dot product is the cosine: (test rows, train rows)
@@ -78,6 +86,7 @@ BASELINES = {
     "majority_label": majority_label,
     "question_majority_label": question_majority_label,
     "question_mean_score": question_mean_score,
+    "question_median_score": question_median_score,
     "nearest_feedback": nearest_feedback,
 }
 

@@ -204,6 +204,10 @@ def eval_command(run_dir: str | None, data_file: str | None, which: str, base: b
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
               help="With --file: how the file is read, e.g. --set data.sheet=0 or --set data.question_column=Q "
                    "(data.sheet/encoding/delimiter/*_column/answer_separator).")
+@click.option("--with", "with_runs", multiple=True, metavar="RUN",
+              help="With --file and a grading run: another grading run that grades the same rows and adds the "
+                   "columns no run before it gives (a scorer's verdict and score, then a generative run's feedback; "
+                   "repeatable).")
 @click.option("--model", "which", type=click.Choice(["final", "best"]), default="final", show_default=True)
 @click.option("--max-new-tokens", type=click.IntRange(min=1), default=None, help="Longest generated answer.")
 @click.option("--temperature", type=click.FloatRange(min=0.0), default=None, help="0 is greedy; above 0 samples.")
@@ -212,14 +216,15 @@ def eval_command(run_dir: str | None, data_file: str | None, which: str, base: b
 @click.option("--seed", type=int, default=None, help="Seed for sampling.")
 @verbose_option
 def generate(run_dir: str, question: str | None, context: str | None, context_file: str | None,
-             data_file: str | None, fields: tuple[str, ...], output: str | None, overrides: tuple[str, ...], which: str,
-             max_new_tokens: int | None, temperature: float | None, top_p: float | None, seed: int | None) -> None:
+             data_file: str | None, fields: tuple[str, ...], output: str | None, overrides: tuple[str, ...],
+             with_runs: tuple[str, ...], which: str, max_new_tokens: int | None, temperature: float | None,
+             top_p: float | None, seed: int | None) -> None:
     """Answer a question (or every row of --file) with a trained run or a .gguf file. Prints the answer only."""
     from qatune.commands.answering import run_generate
 
     options = {"max_new_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p}
     answer = run_generate(run_dir, question, context, context_file, data_file, fields, output, overrides, which,
-                          options, seed)
+                          options, seed, with_runs)
     click.echo(str(answer))
     # stdout stays the answer (empty) for scripts; a person sees why the line is blank
     if isinstance(answer, str) and not answer.strip():

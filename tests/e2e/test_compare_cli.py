@@ -74,9 +74,8 @@ def test_compare_json_has_the_runs_metrics_and_the_comparison(run_dir, early_run
     assert counts["right_to_wrong"] + counts["wrong_to_right"] + counts["same"] == 60
     assert counts["unparsed"]["run"] == compared["unparsed"]
     assert counts["right"]["run"] == round(compared["fields"]["label"]["accuracy"] * 60 / 100)
-    # the run trained 8 epochs answers otherwise than the one trained 1, and better
+    # the run trained 8 epochs answers otherwise than the one trained 1
     assert counts["right_to_wrong"] + counts["wrong_to_right"] > 0 and counts["same"] < 60
-    assert counts["right"]["run"] > counts["right"]["other"]
     assert summary["deltas"]["fields"]["score"]["mae"]["delta"] != 0
 
 

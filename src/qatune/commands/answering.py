@@ -10,8 +10,8 @@ from qatune.errors import QatuneError
 
 def run_generate(run_dir: str, question: str | None, context: str | None, context_file: str | None,
                  data_file: str | None, fields: tuple[str, ...], output: str | None, overrides: tuple[str, ...],
-                 which: str, options: dict[str, Any], seed: int | None) -> str | Path:
-    """The answer to QUESTION, or with --file the path of the answered file."""
+                 which: str, options: dict[str, Any], seed: int | None, with_runs: tuple[str, ...] = ()) -> str | Path:
+    """The answer to QUESTION, or with --file the path of the answered file (``with_runs``: --with)."""
     from qatune.inference.generate import answer_one
     from qatune.inference.graded_sheets import answer_file
 
@@ -23,7 +23,9 @@ def run_generate(run_dir: str, question: str | None, context: str | None, contex
         if given:
             raise QatuneError(f"{given[0]} goes with a single QUESTION; with --file, passages and other columns "
                               "come from the file's columns")
-        return answer_file(run_dir, data_file, output, which, options, seed, reading=overrides)
+        return answer_file(run_dir, data_file, output, which, options, seed, reading=overrides, with_runs=with_runs)
+    if with_runs:
+        raise QatuneError("--with goes with --file: each run grades the file's rows and adds its own columns")
     if overrides:
         raise QatuneError("--set goes with --file (how the file is read); a single QUESTION needs none")
     if question is None or not question.strip():

@@ -48,6 +48,13 @@ def run_check(config: Config, overfit: int | None = None, overfit_steps: int = O
         if prepared.info.answer_fields:
             report["fields"] = fields_section(prepared)
             findings += field_findings(report["fields"], config)
+    elif config.task == "scoring":
+        report["lengths"] = {**prepared.reports["encoding"]["lengths"], "what": "tokens per row"}
+        report["truncated_rows"] = prepared.reports["encoding"]["truncated_rows"]
+        report["prompt_template"] = prepared.info.prompt_template
+        report["examples"] = [prepared.tokenizer.decode(item.input_ids) for item in prepared.dataset.items[:2]]
+        report["fields"] = fields_section(prepared)
+        findings += field_findings(report["fields"], config)
     else:
         report.update(_extractive_section(prepared))
     report["memory"], memory_finding = _memory(prepared, processes)
@@ -242,7 +249,11 @@ def render_report(report: dict[str, Any]) -> str:
               (f"  {lengths['what']}: min {lengths['min']}, median {lengths['median']}, p95 {lengths['p95']}, "
                f"max {lengths['max']}"),
               f"  max_length: {report['max_length']}"]
-    if report["task"] == "generative":
+    if report["task"] == "scoring":
+        lines += [f"  rows cut at max_length (their end is not read): {len(report['truncated_rows'])}", "",
+                  "What the model reads", f"  text template: {report['prompt_template']!r}",
+                  "  examples, as tokens read back:"]
+    elif report["task"] == "generative":
         lines.append(f"  rows truncated (question shortened): {len(report['truncated_rows'])}; "
                      f"dropped (does not fit): {len(report['dropped_rows'])}")
         sup = report["supervision"]

@@ -47,6 +47,8 @@ def fields_section(prepared: Prepared) -> dict[str, Any]:
             entry.update(decimal=settled.decimals.get(name), tolerance=spec.tolerance,
                          not_numbers=[{"row": row, "cell": cell} for row, cell in settled.not_numbers.get(name, [])])
         columns[name] = entry
+    if prepared.config.task == "scoring":  # heads predict the columns: no answer is written
+        return {"template": prepared.info.answer_template, "columns": columns, "answer_tokens": None}
     answers = [prepared.info.answer_prefix + r.answer for r in prepared.train_records]
     lengths = [len(ids) for ids in prepared.tokenizer(answers, add_special_tokens=False)["input_ids"]] \
         if answers else []
@@ -86,8 +88,8 @@ def field_findings(fields: dict[str, Any], config: Config) -> list[Any]:
             findings.append(warning("label-too-rare", f"{name}: labels with fewer than {RARE_CLASS_ROWS} training "
                                     f"rows are too rare to learn, the model will rarely if ever give them: "
                                     f"{', '.join(rare)}; add rows of them, or merge them into another label"))
-    longest, budget = fields["answer_tokens"]["max"], config.generate.max_new_tokens
-    if longest >= budget:
+    longest, budget = (fields["answer_tokens"] or {}).get("max", 0), config.generate.max_new_tokens
+    if fields["answer_tokens"] and longest >= budget:
         findings.append(warning("answers-cut", f"the longest rendered answer is {longest} tokens and "
                                 f"generate.max_new_tokens is {budget}: longer answers are cut before their end "
                                 f"and do not parse; set generate.max_new_tokens to at least {longest + 1}"))
@@ -97,8 +99,9 @@ def field_findings(fields: dict[str, Any], config: Config) -> list[Any]:
 def render_fields(fields: dict[str, Any]) -> list[str]:
     """The answer fields part of the human-readable report."""
     tokens = fields["answer_tokens"]
-    lines = ["Answer fields", f"  answer template: {fields['template']!r}",
-             f"  answer tokens: min {tokens['min']}, median {tokens['median']}, max {tokens['max']}"]
+    lines = ["Answer fields", f"  answer template: {fields['template']!r}"]
+    if tokens:
+        lines.append(f"  answer tokens: min {tokens['min']}, median {tokens['median']}, max {tokens['max']}")
     for name, entry in fields["columns"].items():
         lines.append(f"  {name}: {entry['kind']} ({entry['kind_from']}), {entry['distinct']} distinct values")
         if entry["counts"] is not None:

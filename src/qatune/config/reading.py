@@ -208,7 +208,8 @@ def _cross_checks(config: Config) -> list[str]:
             "pick an n_embd that is a multiple of n_head"
         )
     if model.scratch is not None:
-        allowed = {"generative": ("auto", "gpt2", "t5"), "extractive": ("auto", "bert")}[config.task]
+        allowed = {"generative": ("auto", "gpt2", "t5"), "extractive": ("auto", "bert"),
+                   "scoring": ("auto", "bert", "gpt2")}[config.task]
         if model.scratch.architecture not in allowed:
             problems.append(f"model.scratch.architecture: {model.scratch.architecture} does not do {config.task} QA; "
                             f"use one of {list(allowed)}")
@@ -219,6 +220,8 @@ def _cross_checks(config: Config) -> list[str]:
     if config.task == "generative":
         problems += _template_checks(data)
     problems += _answer_field_checks(config.task, data)
+    if config.task == "scoring":
+        problems += _scoring_checks(config)
     if data.eval_file is not None and data.validation_fraction > 0:
         problems.append("data.validation_fraction: set it to 0 when data.eval_file is given (use one or the other)")
     return problems
@@ -252,24 +255,42 @@ def _answer_field_checks(task: str, data: DataConfig) -> list[str]:
     (qatune.data.grading_fields.AnswerTemplate, below which this layer sits), before any file is read."""
     columns = data.answer_columns
     if columns is None:
-        return [f"data.{key}: only used with data.answer_columns; list the answer columns there, or remove it"
-                for key in ("answer_template", "field_kinds") if getattr(data, key) is not None]
+        problems = [f"data.{key}: only used with data.answer_columns; list the answer columns there, or remove it"
+                    for key in ("answer_template", "field_kinds", "field_weights") if getattr(data, key) is not None]
+        if task == "scoring":
+            problems.append("data.answer_columns: required for task scoring; list the label and number columns to "
+                            "predict, e.g. [verdict, score]")
+        return problems
     problems = []
-    if task != "generative":
-        problems.append("data.answer_columns: only for task generative (a model writes the columns as one answer); "
-                        "set task: generative, or remove data.answer_columns and use data.answer_column")
+    if task == "extractive":
+        problems.append("data.answer_columns: not for task extractive (the answer is a span of the context); set "
+                        "task: generative or scoring, or remove data.answer_columns and use data.answer_column")
     if not columns:
         problems.append("data.answer_columns: empty; list the answer columns, e.g. [score, label, feedback], or set "
                         "it to null for data.answer_column")
     repeated = sorted({name for name in columns if columns.count(name) > 1})
     if repeated:
         problems.append(f"data.answer_columns: {repeated} listed more than once; list each column once")
-    for name in data.field_kinds or {}:
-        if name not in columns:
-            close = difflib.get_close_matches(name, columns, n=1)
-            hint = f"did you mean '{close[0]}'? " if close else ""
-            problems.append(f"data.field_kinds: '{name}' is not one of data.answer_columns {columns}; {hint}"
-                            "give kinds only to answer columns")
+    for key in ("field_kinds", "field_weights"):
+        for name in getattr(data, key) or {}:
+            if name not in columns:
+                close = difflib.get_close_matches(name, columns, n=1)
+                hint = f"did you mean '{close[0]}'? " if close else ""
+                problems.append(f"data.{key}: '{name}' is not one of data.answer_columns {columns}; {hint}"
+                                f"give {key.split('_')[1]} only to answer columns")
+    return problems
+
+
+def _scoring_checks(config: Config) -> list[str]:
+    """What a scoring model cannot do: write text, or train adapters."""
+    problems = []
+    text = [name for name, kind in (config.data.field_kinds or {}).items() if kind == "text"]
+    if text:
+        problems.append(f"data.field_kinds: {text} are text; a scoring model predicts label and number columns "
+                        "only: train a generative run for free text (generate --file ... --with RUN puts both in "
+                        "one sheet)")
+    if config.model.lora is not None:
+        problems.append("model.lora: not for task scoring (a scoring model trains all its weights); remove it")
     return problems
 
 

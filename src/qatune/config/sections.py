@@ -92,6 +92,11 @@ class ModelConfig(Section):
     """Hub branch, tag or commit to load."""
     lora: LoraSettings | None = None
     """Fine-tune with LoRA adapters ({r, alpha, dropout, target_modules}); needs pip install 'qatune[lora]'."""
+    pooling: Literal["auto", "mean"] = "auto"
+    """Scoring: how a row's tokens become one vector for the heads. auto: the model class's own (transformers'
+    *ForSequenceClassification: the first token through the pooler of a BERT-like encoder, the last token of a
+    decoder), and final/ is a plain AutoModelForSequenceClassification folder; mean: the average of the last
+    hidden states over the row's tokens."""
     gguf_file: str | None = None
     """A .gguf file inside the folder or hub repository name_or_path (loaded dequantized; needs pip install gguf).
     name_or_path may also be the path of a .gguf file itself."""
@@ -120,6 +125,10 @@ class DataConfig(Section):
     tolerance, Spearman), label (accuracy, macro F1, confusion) or text (token F1, ROUGE-L, BLEU); a column left
     out gets the kind its training values suggest. A number column's rows whose cell holds no number ("n/a") are
     dropped from training; set the column to label or text to keep them."""
+    field_weights: dict[str, float] | None = None
+    """With answer_columns: how much each column's loss counts, e.g. {verdict: 2.0, feedback: 0.5} (a column left
+    out: 1). Scoring: each head's loss; generative: the loss of each column's tokens, so a one-token verdict is
+    not drowned by forty tokens of feedback."""
     merge_label_spellings: bool = False
     """With answer_columns: train the spellings of one label that differ only in case, spacing or punctuation
     ("correct." beside "Correct") as its most frequent spelling; off, each spelling is a label of its own (qatune
@@ -172,6 +181,14 @@ class DataConfig(Section):
         if number < 8:
             raise ValueError(f"must be at least 8 tokens, or 'auto' (got {number})")
         return number
+
+    @field_validator("field_weights")
+    @classmethod
+    def _field_weights(cls, value: Any) -> Any:
+        negative = {name: weight for name, weight in (value or {}).items() if not weight >= 0}
+        if negative:
+            raise ValueError(f"weights must be 0 or more (got {negative})")
+        return value
 
     @field_validator("delimiter", mode="before")
     @classmethod
@@ -320,6 +337,10 @@ class GenerateConfig(Section):
     """Extractive: longest answer span in tokens."""
     n_best: int = Field(20, ge=1)
     """Extractive: start/end candidates considered per window."""
+    choose_fields: bool = True
+    """Grading runs (data.answer_columns): write each label and number column as the value training saw that the
+    model finds most likely, so every answer parses; text columns are generated. Off: the whole answer is
+    generated freely."""
     precision: Literal["fp32", "bf16", "auto"] = "fp32"
     """Evaluation and generation: fp32, or bf16 autocast (several times faster on GPUs and on CPUs with
     AVX512-BF16/AMX, e.g. for a model trained with train.precision bf16); auto: bf16 where it is native,
@@ -327,8 +348,10 @@ class GenerateConfig(Section):
 
 
 class Config(Section):
-    task: Literal["generative", "extractive"] = "generative"
-    """generative: a causal LM writes the answer; extractive: an encoder picks a span of the context."""
+    task: Literal["generative", "extractive", "scoring"] = "generative"
+    """generative: a causal LM writes the answer; extractive: an encoder picks a span of the context; scoring: a
+    model reads the row's text and predicts its label and number answer columns (a grading sheet's verdict and
+    score) with a head per column."""
     seed: int = 42
     """Seed for initialisation, shuffling and the validation split."""
     output_dir: str = "runs/qatune"

@@ -28,6 +28,8 @@ class Example:
     prompt_length: int
     row: int
     truncated: bool = False
+    weights: list[float] | None = None
+    """The loss weight of each answer token (data.field_weights), their mean 1; None: all 1."""
 
     def __len__(self) -> int:
         return len(self.input_ids)
@@ -306,8 +308,15 @@ class CausalCollator:
         # Counts known on the host, so the loop never waits for the device to learn them.
         n_items = sum(self.supervised(e) for e in batch)
         n_tokens = sum(len(e) for e in batch)
-        return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels, "row": rows,
-                "n_items": n_items, "n_tokens": n_tokens}
+        out = {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels, "row": rows,
+               "n_items": n_items, "n_tokens": n_tokens}
+        if any(example.weights is not None for example in batch):
+            weights = torch.ones((len(batch), width), dtype=torch.float32)
+            for i, example in enumerate(batch):
+                if example.weights is not None:
+                    weights[i, example.prompt_length:len(example)] = torch.tensor(example.weights)
+            out["label_weights"] = weights
+        return out
 
     def supervised(self, example: Example) -> int:
         """Positions of ``example`` whose next token is trained on (its labels after the shift)."""
@@ -317,6 +326,28 @@ class CausalCollator:
     def last_label(example: Example) -> int:
         """The last trained token: the answer's end (EOS or end of turn)."""
         return example.input_ids[-1]
+
+
+def weigh_answer_tokens(encoder: PromptEncoder, example: Example, record: QARecord, template: Any,
+                        weights: dict[str, float]) -> None:
+    """Set ``example.weights``: each answer token weighs as the column whose value it is part of
+    (``weights``, 1 for a column left out and for the template's own text and the end token), scaled so that
+    their mean is 1 (the loss stays a mean over the answer's tokens: a one-token verdict weighed 3 counts as
+    much as three tokens of feedback). ``template``: the run's AnswerTemplate."""
+    prefix = encoder.template.answer_prefix
+    text = prefix + record.answer
+    offsets = encoder.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+    spans = {name: (start + len(prefix), end + len(prefix))
+             for name, (start, end) in template.spans(record.answer_fields).items()}
+    raw = []
+    for start, end in offsets:
+        inside = [name for name, (low, high) in spans.items() if start < high and end > low]
+        raw.append(weights.get(inside[0], 1.0) if inside else 1.0)
+    raw.append(1.0)  # the end token
+    if len(raw) != len(example) - example.prompt_length:  # a tokenizer whose offsets do not match its ids
+        return
+    total = sum(raw)
+    example.weights = [w * len(raw) / total for w in raw] if total > 0 else None
 
 
 def percentile(values: list[int], q: float) -> int:

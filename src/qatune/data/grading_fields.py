@@ -84,6 +84,20 @@ class AnswerTemplate:
             parts += [format_value(values[name]), literal]
         return "".join(parts)
 
+    def pieces(self) -> tuple[list[str], list[str]]:
+        """The template's own texts around the fields (one more than the fields), and the field names in order."""
+        return self._parts
+
+    def spans(self, values: Mapping[str, object]) -> dict[str, tuple[int, int]]:
+        """Where each column's value lies in :meth:`render`'s text: (start, end) character offsets."""
+        literals, fields = self._parts
+        spans, position = {}, len(literals[0])
+        for name, literal in zip(fields, literals[1:]):
+            text = format_value(values[name])
+            spans[name] = (position, position + len(text))
+            position += len(text) + len(literal)
+        return spans
+
     def parse(self, text: str) -> dict[str, str] | None:
         """The stripped value of each column found in ``text``, in the template's order; None when not even the
         first field is found. :meth:`complete` tells whether every column was.

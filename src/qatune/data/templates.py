@@ -84,6 +84,20 @@ class PromptTemplate:
         return "context" in (template_fields(self.template) or [])
 
 
+DEFAULT_SCORING_TEMPLATE = "{question}"
+DEFAULT_CONTEXT_SCORING_TEMPLATE = "{context}\n\n{question}"
+
+
+def scoring_template(data: DataConfig) -> PromptTemplate:
+    """The text a scoring model reads of a row: data.prompt_template with the row's columns filled in (no chat
+    template: the model reads the text, it does not answer it); auto or chat: the question (after the context)."""
+    if data.prompt_template in ("auto", "chat"):
+        return PromptTemplate(DEFAULT_CONTEXT_SCORING_TEMPLATE if data.context_column else DEFAULT_SCORING_TEMPLATE,
+                              answer_prefix="")
+    columns = {"question": data.question_column, "context": data.context_column}
+    return PromptTemplate(_canonical(data.prompt_template, columns), answer_prefix="")
+
+
 def resolve_template(data: DataConfig, tokenizer: Any = None, model_name: str = "the model") -> PromptTemplate:
     """The template a run trains with, from the config's data section (and the tokenizer's chat template).
 

@@ -105,6 +105,8 @@ def validate_batch(batch: Any, *, tokenizer: Any = None, pad_token_id: int | Non
         findings += _check_mask(input_ids, mask, pad_token_id)
     if "start_positions" in batch or "end_positions" in batch:
         findings += _check_spans(batch, input_ids, mask, tokenizer, answers)
+    elif "targets" in batch:
+        findings += _check_targets(torch.as_tensor(batch["targets"]), input_ids)
     else:
         findings += _check_labels(batch, input_ids, mask, seq2seq)
     return findings
@@ -222,6 +224,20 @@ def _run_length(ids: list[int], value: int) -> int:
             break
         n += 1
     return n
+
+
+def _check_targets(targets: torch.Tensor, input_ids: torch.Tensor) -> list[Finding]:
+    """A scoring batch's targets: a row of heads per row of input_ids, each a number, a class or nothing (NaN,
+    IGNORE_INDEX)."""
+    if targets.ndim != 2 or targets.shape[0] != input_ids.shape[0]:
+        return [error("targets-shape", f"targets have shape {tuple(targets.shape)}; a row of targets (one per head) "
+                                       f"is needed for each of the {input_ids.shape[0]} rows of input_ids")]
+    known = ~torch.isnan(targets) & (targets != IGNORE_INDEX)
+    if bool(torch.isinf(targets).any()):
+        return [error("targets-not-finite", "a target is infinite: the loss would be too")]
+    if not bool(known.any()):
+        return [error("no-targets", "no row of the batch has a target: there is nothing to learn")]
+    return []
 
 
 def _check_labels(batch: Mapping, input_ids: torch.Tensor, mask: torch.Tensor | None,

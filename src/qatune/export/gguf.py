@@ -78,6 +78,9 @@ def export_gguf(run_dir: str | Path, output: str | Path, quant: str = "f16", whi
 def unsupported(loaded: LoadedModel) -> str | None:
     """Why the loaded run cannot be written as GGUF (None: it can)."""
     info, model = loaded.info, loaded.model
+    if info.task == "scoring":
+        return ("it is a scoring model (heads that predict a sheet's columns; llama.cpp runs language models that "
+                "write their answers)")
     if info.task != "generative":
         return "it is an extractive model (llama.cpp runs language models that write their answers)"
     if info.seq2seq:

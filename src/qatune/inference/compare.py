@@ -35,7 +35,7 @@ from qatune.inference.evaluate import (
     run_evaluation,
 )
 from qatune.inference.field_metrics import grading_metrics
-from qatune.inference.generate import run_answer_template, run_field_specs, uses_context
+from qatune.inference.generate import run_answer_template, uses_context
 from qatune.inference.metrics import best_scores, f1
 from qatune.inference.run_model import load_run_model, read_run
 from qatune.model.folder import ModelInfo
@@ -421,10 +421,10 @@ def compare_run(run_dir: str | Path, data_file: str | Path, other: str, which: s
         del loaded
     template = run_answer_template(run.info)
     if template is not None:  # both sides scored with the run's fields, kinds and template
-        other_metrics.update(grading_metrics(run_field_specs(run.info), [template.parse(p) for p in other_predictions],
+        other_metrics.update(grading_metrics(run.info.specs(), [template.parse(p) for p in other_predictions],
                                              [r.answer_fields for r in run.records]))
     comparison = compare(run.records, run.predictions, other_predictions, run.metrics, other_metrics,
-                         run_field_specs(run.info), template)
+                         run.info.specs(), template)
     notes = []
     if (asked.prompt_template, asked.answer_prefix) != (run.info.prompt_template, run.info.answer_prefix):
         notes.append(f"the two models are asked with different prompts: the run with "
@@ -449,7 +449,7 @@ def check_comparable(info: ModelInfo, other: ModelInfo, run_name: str, other_nam
                         "same answer columns with the same data.answer_template")
     if uses_context(other) and not uses_context(info):
         problems.append(f"it reads a context, which {run_name} does not, so the rows are read without one")
-    if other.task == "generative":
+    if other.task != "extractive":
         given = set(PromptTemplate(info.prompt_template).fields)
         missing = sorted(set(PromptTemplate(other.prompt_template).fields) - given)
         if missing:

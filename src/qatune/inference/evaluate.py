@@ -27,14 +27,13 @@ from qatune.data.padding import IGNORE_INDEX
 from qatune.data.spreadsheet import QARecord, answer_kinds, answer_template, load_from_config
 from qatune.data.templates import PromptTemplate
 from qatune.errors import ConfigError
+from qatune.inference.batches import inference_precision
 from qatune.inference.field_metrics import grading_metrics
 from qatune.inference.field_plots import write_field_pictures
 from qatune.inference.generate import (
     extract_answers,
     generate_answers,
-    inference_precision,
     run_answer_template,
-    run_field_specs,
     score_windows,
     uses_context,
 )
@@ -73,6 +72,12 @@ def evaluation_parts(model: Any, tokenizer: Any, info: ModelInfo, records: list[
     """Predictions plus the summed loss and its item count: parts that add up across data shards.
     ``lockstep``: this process's share of the rows of a sharded model (every process passes at least one row)."""
     generate = generate or GenerateConfig()
+    if info.task == "scoring":
+        from qatune.inference.scoring import score_records, scored_answers
+
+        values, loss_sum, count = score_records(model, tokenizer, info, records, batch_size, progress,
+                                                generate.precision, lockstep)
+        return scored_answers(info, values), loss_sum, count
     if info.task == "generative":
         loss_sum, count = _teacher_forced_loss(model, tokenizer, info, records, batch_size, generate.precision,
                                                speedups, lockstep)
@@ -96,7 +101,7 @@ def metrics_from(info: ModelInfo, records: list[QARecord], predictions: list[str
     metrics = {**scores, "loss": loss, "perplexity": perplexity, "num_examples": len(records)}
     template = run_answer_template(info)
     if template is not None:
-        metrics.update(grading_metrics(run_field_specs(info), [template.parse(p) for p in predictions],
+        metrics.update(grading_metrics(info.specs(), [template.parse(p) for p in predictions],
                                        [r.answer_fields for r in records]))
     return metrics
 
@@ -238,8 +243,9 @@ def check_base(config: Config, flag: str = "--base") -> None:
     """Refuse, before anything loads, a config whose model before fine-tuning cannot answer (``flag``: the option
     that asked for it, named by the error)."""
     if config.task != "generative":
-        raise ConfigError(f"{flag} evaluates a generative model before fine-tuning; an extractive model's "
-                          "span head is random until it is trained")
+        kind = "a scoring model's heads are" if config.task == "scoring" else "an extractive model's span head is"
+        raise ConfigError(f"{flag} evaluates a generative model before fine-tuning; {kind} random until it is "
+                          "trained")
     if config.model.name_or_path is None:
         raise ConfigError(f"{flag} needs a pretrained model (model.name_or_path); a scratch model knows nothing "
                           "before training")

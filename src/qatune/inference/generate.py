@@ -7,24 +7,23 @@ Extractive: every window of the context is scored and the best span is cut from 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
-from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
 import torch
 from pydantic import ValidationError
-from tqdm.auto import tqdm
 
 from qatune.config import GenerateConfig
 from qatune.data.extractive import Feature, SpanCollator, best_span, prepare_features
 from qatune.data.generative import PromptEncoder, Seq2SeqEncoder
-from qatune.data.grading_fields import AnswerTemplate, FieldSpec
+from qatune.data.grading_fields import AnswerTemplate
 from qatune.data.padding import left_pad, right_pad
 from qatune.data.spreadsheet import QARecord
 from qatune.data.templates import PromptTemplate
 from qatune.errors import ConfigError, DataError
-from qatune.inference.lockstep import Lockstep, in_step
+from qatune.inference.batches import inference_precision, length_sorted_batches
+from qatune.inference.field_choice import chooses_fields, write_answers
+from qatune.inference.lockstep import Lockstep
 from qatune.model.folder import ModelInfo
 from qatune.model.objectives import span_logits, span_loss_sum
 from qatune.model.sources import model_max_positions
@@ -43,6 +42,13 @@ def answer_questions(model: Any, tokenizer: Any, info: ModelInfo, questions: lis
     if info.task == "generative":
         fields = fields if fields is not None else [{}] * len(questions)
         return generate_answers(model, tokenizer, info, questions, contexts, generate, batch_size, progress, fields)
+    if info.task == "scoring":
+        from qatune.inference.scoring import score_records, scored_answers
+
+        rows = [QARecord(question=q, answers=[], context=c, row=i, fields=f or {})
+                for i, (q, c, f) in enumerate(zip(questions, contexts, fields or [{}] * len(questions)))]
+        return scored_answers(info, score_records(model, tokenizer, info, rows, batch_size, progress,
+                                                  generate.precision)[0])
     if any(not c for c in contexts):
         raise DataError("extractive QA needs a context for every question; pass --context/--context-file "
                         "or a file with a context column")
@@ -55,9 +61,8 @@ def answer_questions(model: Any, tokenizer: Any, info: ModelInfo, questions: lis
 def generate_answers(model: Any, tokenizer: Any, info: ModelInfo, questions: list[str], contexts: list[str | None],
                      generate: GenerateConfig, batch_size: int, progress: bool,
                      fields: list[dict[str, str]] | None = None, lockstep: Lockstep | None = None) -> list[str]:
-    """``lockstep``: this process's share of the questions, for a sharded model (at least one question each)."""
-    from transformers import GenerationConfig
-
+    """``lockstep``: this process's share of the questions, for a sharded model (at least one question each); a
+    grading run's label and number fields are chosen (:mod:`qatune.inference.field_choice`) unless sharded."""
     template = PromptTemplate(info.prompt_template, info.answer_prefix)
     encoder = (Seq2SeqEncoder if info.seq2seq else PromptEncoder)(tokenizer, template)
     limit = model_max_positions(model.config, tokenizer)
@@ -69,6 +74,17 @@ def generate_answers(model: Any, tokenizer: Any, info: ModelInfo, questions: lis
         if ids is None:
             raise DataError(f"the prompt template alone is longer than the model's {limit} positions")
         prompts.append(ids)
+    if lockstep is None and chooses_fields(info, generate):
+        return write_answers(model, tokenizer, info, prompts, generate, lambda continued: _continuations(
+            model, tokenizer, info, continued, generate, batch_size, progress, encoder, None))
+    return _continuations(model, tokenizer, info, prompts, generate, batch_size, progress, encoder, lockstep)
+
+
+def _continuations(model: Any, tokenizer: Any, info: ModelInfo, prompts: list[list[int]], generate: GenerateConfig,
+                   batch_size: int, progress: bool, encoder: Any, lockstep: Lockstep | None) -> list[str]:
+    """What the model writes after each prompt (token ids) until an end token, decoded."""
+    from transformers import GenerationConfig
+
     sampling = generate.temperature > 0
     config = GenerationConfig(
         max_new_tokens=generate.max_new_tokens, do_sample=sampling,
@@ -78,7 +94,7 @@ def generate_answers(model: Any, tokenizer: Any, info: ModelInfo, questions: lis
     device = next(model.parameters()).device
     answers: list[str] = [""] * len(prompts)
     model.eval()
-    for chunk, mine in _length_sorted_batches([len(p) for p in prompts], batch_size, progress, "generate", lockstep):
+    for chunk, mine in length_sorted_batches([len(p) for p in prompts], batch_size, progress, "generate", lockstep):
         pad = right_pad if info.seq2seq else left_pad  # a decoder-only model continues from the right edge
         input_ids, attention_mask = pad([prompts[i] for i in chunk], tokenizer.pad_token_id)
         with torch.inference_mode(), inference_precision(generate.precision, device):
@@ -102,17 +118,6 @@ def prompt_budget(positions: int | None, max_new_tokens: int) -> int | None:
     return max(8, positions - max_new_tokens) if positions else None
 
 
-def inference_precision(precision: str, device: torch.device) -> AbstractContextManager:
-    """bf16 autocast for ``generate.precision: bf16`` (and ``auto`` where bf16 is native); fp32 runs as it is."""
-    if precision == "auto":
-        from qatune.model.precision import resolve_precision
-
-        precision = resolve_precision("auto", device.type)
-    if precision == "bf16":
-        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
-    return nullcontext()
-
-
 def score_windows(model: Any, tokenizer: Any, features: list[Feature], batch_size: int, progress: bool = False,
                   precision: str = "fp32", lockstep: Lockstep | None = None
                   ) -> tuple[list[torch.Tensor], list[torch.Tensor], float, int]:
@@ -124,7 +129,7 @@ def score_windows(model: Any, tokenizer: Any, features: list[Feature], batch_siz
     ends: list[torch.Tensor] = [torch.empty(0)] * len(features)
     loss_sum, count = 0.0, 0
     model.eval()
-    for chunk, mine in _length_sorted_batches([len(f) for f in features], batch_size, progress, "answer", lockstep):
+    for chunk, mine in length_sorted_batches([len(f) for f in features], batch_size, progress, "answer", lockstep):
         batch = collate([features[i] for i in chunk])
         with torch.inference_mode(), inference_precision(precision, device):
             start, end = span_logits(model, batch["input_ids"].to(device), batch["attention_mask"].to(device),
@@ -153,17 +158,6 @@ def extract_answers(features: list[Feature], starts: list[torch.Tensor], ends: l
                             record.context or "", generate.n_best, generate.max_answer_length)
         answers.append(text)
     return answers
-
-
-def _length_sorted_batches(lengths: list[int], batch_size: int, progress: bool, desc: str,
-                           lockstep: Lockstep | None = None) -> Iterator[tuple[list[int], bool]]:
-    """``(indices, mine)``: indices in batches of similar length (less padding; callers put results back in
-    order), each ``mine``; with a ``lockstep``, then repeats of the last batch (not ``mine``) up to the number of
-    batches of the process with the most."""
-    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
-    chunks = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
-    yield from tqdm(in_step(chunks, lockstep, []), total=len(chunks), desc=desc, unit="batch",
-                    disable=not progress, leave=False)
 
 
 def answer_one(run_dir: str | Path, question: str, context: str | None = None, context_file: str | None = None,
@@ -213,19 +207,10 @@ def run_answer_template(info: ModelInfo) -> AnswerTemplate | None:
     return AnswerTemplate.make(list(info.answer_fields), info.answer_template)
 
 
-def run_field_specs(info: ModelInfo) -> dict[str, FieldSpec] | None:
-    """Each answer field of a run with answer fields as training saw it; a run saved before field specs were
-    kept has its fields' kinds only. None for other runs."""
-    if not info.answer_fields:
-        return None
-    saved = info.field_specs or {}
-    return {name: FieldSpec.from_json(saved[name]) if name in saved else FieldSpec(kind)
-            for name, kind in info.answer_fields.items()}
-
 
 def _check_fields(info: ModelInfo, fields: dict[str, str]) -> dict[str, str]:
     """--field values by the names the run's prompt uses (matched ignoring case, spaces and _/-)."""
-    template = PromptTemplate(info.prompt_template if info.task == "generative" else "")
+    template = PromptTemplate(info.prompt_template if info.task != "extractive" else "")
     given, unknown, missing = template.match_fields(fields)
     if unknown:
         raise DataError(f"--field {unknown[0]!r}: the run's prompt names no such column; it names "

@@ -8,6 +8,7 @@ import io
 import json
 import logging
 import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,6 @@ from qatune.inference.generate import (
     answer_questions,
     generate_config,
     run_answer_template,
-    run_field_specs,
     seed_sampling,
     uses_context,
 )
@@ -35,39 +35,83 @@ ANSWER_FORMATS = (".csv", ".tsv", ".xlsx", ".json", ".jsonl")
 
 def answer_file(run_dir: str | Path, data_file: str | Path, output: str | Path | None = None, which: str = "final",
                 options: dict[str, Any] | None = None, seed: int | None = None,
-                reading: list[str] | tuple[str, ...] = ()) -> Path:
+                reading: list[str] | tuple[str, ...] = (), with_runs: list[str] | tuple[str, ...] = ()) -> Path:
     """Answer every row of a spreadsheet and return the path of the answers (``reading``: ``key=value``
     changes to how the file is read, over config.READING_KEYS, for a file laid out unlike the training file).
 
     The answers file has the columns row, question, the input's other columns (in their order) and
     answer, in the format its suffix names (ANSWER_FORMATS; default RUN/answers-NAME.csv). A run with answer
-    fields (a grading sheet's) writes a graded sheet instead (:func:`write_graded`).
+    fields (a grading sheet's) writes a graded sheet instead (:func:`write_graded`); ``with_runs``: other grading
+    runs that answer the same rows, each adding the columns no run before it gives (a scorer's verdict and score,
+    a generative grader's feedback).
     """
-    from qatune.data.spreadsheet import load_from_config
-    from qatune.inference.run_model import load_run_model, read_run
+    from qatune.inference.run_model import read_run
 
     path = _answers_path(run_dir, data_file, output)
     config, info = read_run(run_dir, which)  # the data file is read before the model loads
     template = run_answer_template(info)
+    if with_runs and template is None:
+        raise DataError(f"--with adds the columns of other grading runs to a graded sheet; {run_dir} has no answer "
+                        "columns (data.answer_columns) to grade with")
     if template is not None and not output:  # a graded sheet is written in the format it was read in
         path = _answers_path(run_dir, data_file, output, keep_format=True)
     data = with_reading_overrides(config, reading).data if reading else config.data
-    records, _ = load_from_config(data, data_file, with_answers=False, with_context=uses_context(info))
+    others = [(other, *read_run(other, which)) for other in with_runs]  # every run is read before any model loads
+    graders = []
+    taken = list(template.columns) if template is not None else []
+    for other, _, other_info in others:
+        adds = [name for name in (other_info.answer_fields or {}) if name not in taken]
+        if not adds:
+            raise DataError(f"--with {other}: it gives no column the runs before it do not (its columns: "
+                            f"{list(other_info.answer_fields or {}) or 'none'}); leave it out")
+        taken += adds
+    records, answers = _answer_rows(run_dir, which, data, Path(data_file), info, options, seed)
     if template is None:
         names, rows = _input_table(data, Path(data_file), records)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _write_table(path, [*names, "answer"], [[*row, answer] for row, answer in zip(rows, answers, strict=True)])
+        return path
+    graders.append(Grader(template, info.specs() or {}, {r.row: a for r, a in zip(records, answers, strict=True)},
+                          list(template.columns)))
+    given = set(template.columns)
+    for other, other_config, other_info in others:
+        other_data = with_reading_overrides(other_config, reading).data if reading else other_config.data
+        other_records, other_answers = _answer_rows(other, which, other_data, Path(data_file), other_info, options,
+                                                    seed)
+        other_template = run_answer_template(other_info)
+        adds = [name for name in other_template.columns if name not in given]
+        given.update(adds)
+        graders.append(Grader(other_template, other_info.specs() or {},
+                              {r.row: a for r, a in zip(other_records, other_answers, strict=True)}, adds))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_graded_by(path, Path(data_file), data, graders)
+    return path
+
+
+def _answer_rows(run_dir: str | Path, which: str, data: DataConfig, data_file: Path, info: Any,
+                 options: dict[str, Any] | None, seed: int | None) -> tuple[list[QARecord], list[str]]:
+    """A run's answers to the rows of a file, read as its config says."""
+    from qatune.data.spreadsheet import load_from_config
+    from qatune.inference.run_model import load_run_model
+
+    records, _ = load_from_config(data, data_file, with_answers=False, with_context=uses_context(info))
     loaded = load_run_model(run_dir, which)
     seed_sampling(seed)
     generate = generate_config(loaded.config.generate, options)
     answers = answer_questions(loaded.model, loaded.tokenizer, loaded.info, [r.question for r in records],
                                [r.context for r in records], generate, loaded.config.train.eval_batch_size,
                                progress=True, fields=[r.fields for r in records])
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if template is not None:
-        write_graded(path, Path(data_file), data, template, run_field_specs(info) or {},
-                     {r.row: answer for r, answer in zip(records, answers, strict=True)})
-        return path
-    _write_table(path, [*names, "answer"], [[*row, answer] for row, answer in zip(rows, answers, strict=True)])
-    return path
+    return records, answers
+
+
+@dataclass
+class Grader:
+    """One run's answers to a sheet's rows (by row number), and the answer columns it adds to the graded sheet."""
+
+    template: AnswerTemplate
+    specs: dict[str, FieldSpec]
+    answers: dict[int, str]
+    adds: list[str]
 
 
 def write_graded(path: Path, data_file: Path, data: DataConfig, template: AnswerTemplate,
@@ -78,15 +122,23 @@ def write_graded(path: Path, data_file: Path, data: DataConfig, template: Answer
     Every input column and row stays, in its order. After them come one column per answer field (named after it,
     or "FIELD (model)" when the input has a column of that name; a number as a number, a label as the class it
     names), "parsed" (yes; partly where the answer has some of the fields; no where it has none) and "model
-    output" (the answer as written, on the rows not parsed whole). A
-    workbook written as .xlsx is a copy of the input with only the graded sheet changed, its other sheets kept.
+    output" (the answer as written, on the rows not parsed whole). A workbook written as .xlsx is a copy of the
+    input with only the graded sheet changed, its other sheets kept.
     """
+    write_graded_by(path, data_file, data, [Grader(template, specs, answers, list(template.columns))])
+
+
+def write_graded_by(path: Path, data_file: Path, data: DataConfig, graders: list[Grader]) -> None:
+    """:func:`write_graded` with the columns of several runs: each grader's own, in order; "parsed" is yes where
+    every run's answer was parsed whole, no where none was parsed at all, else partly; "model output" holds the
+    answers not parsed whole, one per line."""
     from qatune.data.tables import EXCEL_SUFFIXES, read_table
 
     header, cells, first_row = read_table(data_file, sheet=data.sheet, encoding=data.encoding,
                                           delimiter=data.delimiter)
-    added = _graded_names(header, template)
-    graded = {row: _graded_cells(template, specs, answer) for row, answer in answers.items()}
+    added = _graded_names(header, [name for grader in graders for name in grader.adds])
+    rows_answered = sorted({row for grader in graders for row in grader.answers})
+    graded = {row: _merged_cells(graders, row) for row in rows_answered}
     unparsed = sum(values[-2] != "yes" for values in graded.values())
     log.info("graded %d rows: %d answers do not have every field of the answer template (%s: partly or no)",
              len(graded), unparsed, added[-2])
@@ -101,12 +153,29 @@ def write_graded(path: Path, data_file: Path, data: DataConfig, template: Answer
     _write_table(path, [*header, *added], rows)
 
 
-def _graded_names(header: list[str], template: AnswerTemplate) -> list[str]:
+def _merged_cells(graders: list[Grader], row: int) -> list[Any]:
+    values, statuses, texts = [], [], []
+    for grader in graders:
+        answer = grader.answers.get(row)
+        if answer is None:
+            values += [None] * len(grader.adds)
+            statuses.append("no")
+            continue
+        fields, status = _graded_fields(grader.template, grader.specs, answer)
+        values += [fields.get(name) for name in grader.adds]
+        statuses.append(status)
+        if status != "yes":
+            texts.append(answer)
+    status = "yes" if set(statuses) == {"yes"} else "no" if set(statuses) == {"no"} else "partly"
+    return [*values, status, "\n".join(texts) if texts else None]
+
+
+def _graded_names(header: list[str], columns: list[str]) -> list[str]:
     """The added columns' names: each field's own, then parsed and model output; "NAME (model)" when the input
     has a column of that name (compared as columns are matched: ignoring case, spaces, _ and -)."""
     taken = {column_key(str(name)) for name in header}
     names = []
-    for name in [*template.columns, "parsed", "model output"]:
+    for name in [*columns, "parsed", "model output"]:
         if column_key(name) in taken:
             name = f"{name} (model)"
         taken.add(column_key(name))
@@ -114,15 +183,14 @@ def _graded_names(header: list[str], template: AnswerTemplate) -> list[str]:
     return names
 
 
-def _graded_cells(template: AnswerTemplate, specs: dict[str, FieldSpec], answer: str) -> list[Any]:
-    """One row's added cells: the fields (a number field's value as a number when it is only a number, a label
-    field's as the class it names), parsed, and the model's text where it was not parsed whole."""
+def _graded_fields(template: AnswerTemplate, specs: dict[str, FieldSpec], answer: str) -> tuple[dict[str, Any], str]:
+    """One answer's fields (a number field's value as a number when it is only a number, a label field's as the
+    class it names) and whether it was parsed: yes, partly or no."""
     parsed = template.parse(answer)
     if parsed is None:
-        return [*[None] * len(template.columns), "no", answer]
-    values: list[Any] = []
-    for name in template.columns:
-        value: Any = parsed.get(name)
+        return {}, "no"
+    values: dict[str, Any] = {}
+    for name, value in parsed.items():
         spec = specs.get(name)
         if value and spec is not None and spec.kind == "number":
             number = parse_number(value, spec.decimal, whole=True)
@@ -130,10 +198,8 @@ def _graded_cells(template: AnswerTemplate, specs: dict[str, FieldSpec], answer:
                 value = int(number) if number.is_integer() and abs(number) < 1e15 else number
         elif value and spec is not None and spec.kind == "label":
             value = spec.label(value)
-        values.append(value if value != "" else None)
-    if template.complete(parsed):
-        return [*values, "yes", None]
-    return [*values, "partly", answer]
+        values[name] = value if value != "" else None
+    return values, "yes" if template.complete(parsed) else "partly"
 
 
 def _graded_workbook(data_file: Path, sheet: str | int | None, width: int, added: list[str],

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from qatune.config import Config, validate_config
+from qatune.data.grading_fields import FieldSpec
 from qatune.errors import ModelError, RunDirError
 from qatune.model.sources import auto_class, prepare_tokenizer, quiet_transformers, resolve_model_path
 from qatune.runs import atomic, layout
@@ -39,9 +40,20 @@ class ModelInfo:
     order of the answer; eval and generate parse the answers back into these columns."""
     answer_template: str | None = None
     """Runs with data.answer_columns: the template the answers were written with (data.answer_template resolved)."""
+    scoring_heads: list[dict] | None = None
+    """Scoring runs: each answer column's head in the model's output layer (HeadLayout.to_json)."""
     field_specs: dict[str, dict] | None = None
     """Runs with data.answer_columns: each answer column as training saw it (FieldSpec.to_json: its classes or
     values, a number's decimal separator, range and tolerance), so that every evaluation reads it alike."""
+
+    def specs(self) -> dict[str, FieldSpec] | None:
+        """Each answer field as training saw it; a run saved before field specs were kept has its fields' kinds
+        only. None for runs without answer fields."""
+        if not self.answer_fields:
+            return None
+        saved = self.field_specs or {}
+        return {name: FieldSpec.from_json(saved[name]) if name in saved else FieldSpec(kind)
+                for name, kind in self.answer_fields.items()}
 
     def save(self, folder: Path) -> None:
         (folder / layout.MODEL_INFO).write_text(json.dumps(asdict(self), indent=2) + "\n", encoding="utf-8")
@@ -123,7 +135,7 @@ def load_model_folder(path: str | Path, which: str = layout.FINAL, device: str |
         raise RunDirError(f"the model in {folder} is damaged: {problem}; train again, or use another of the run's "
                           "model folders (--model best, or a checkpoint)")
     config, info = read_model_folder(folder)
-    auto = auto_class(info.task, info.seq2seq)
+    auto = _ScoringLoader if info.task == "scoring" else auto_class(info.task, info.seq2seq)
     quiet_transformers()
     trust = config.model.trust_remote_code
     try:
@@ -140,6 +152,16 @@ def load_model_folder(path: str | Path, which: str = layout.FINAL, device: str |
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     model.to(device).eval()
     return LoadedModel(model=model, tokenizer=tokenizer, config=config, info=info, folder=folder)
+
+
+class _ScoringLoader:
+    """A scoring model's folder read back as transformers' classes are (either of its layouts)."""
+
+    @staticmethod
+    def from_pretrained(folder: Path, trust_remote_code: bool = False, **_: Any) -> Any:
+        from qatune.model.scoring import load_scoring_model
+
+        return load_scoring_model(Path(folder), trust_remote_code)
 
 
 def read_model_folder(folder: Path) -> tuple[Config, ModelInfo]:

@@ -28,13 +28,23 @@ class CausalLMObjective(nn.Module):
         super().__init__()
         self.model = model
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, labels: torch.Tensor, **_: Any
-                ) -> dict[str, torch.Tensor]:
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, labels: torch.Tensor,
+                label_weights: torch.Tensor | None = None, **_: Any) -> dict[str, torch.Tensor]:
         targets = labels[:, 1:]
         supervised = targets != IGNORE_INDEX
         logits = self.model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1][supervised]
-        loss_sum = F.cross_entropy(logits.float(), targets[supervised], reduction="sum")
+        loss_sum = weighted_cross_entropy(logits, targets, supervised, label_weights)
         return {"loss_sum": loss_sum, "count": supervised.sum(), "logit_absmax": absmax(logits)}
+
+
+def weighted_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, supervised: torch.Tensor,
+                           label_weights: torch.Tensor | None) -> torch.Tensor:
+    """The cross-entropy of the supervised targets, summed; each weighed by ``label_weights`` (aligned with the
+    labels, whose targets are one position on) where given."""
+    if label_weights is None:
+        return F.cross_entropy(logits.float(), targets[supervised], reduction="sum")
+    losses = F.cross_entropy(logits.float(), targets[supervised], reduction="none")
+    return (losses * label_weights[:, 1:][supervised]).sum()
 
 
 class SpanObjective(nn.Module):
@@ -104,6 +114,10 @@ def objective_for(task: str, model: nn.Module) -> nn.Module:
     """The training objective of a model, through its own forward."""
     if task == "extractive":
         return SpanObjective(model)
+    if task == "scoring":
+        from qatune.model.scoring import scoring_objective
+
+        return scoring_objective(model)
     if is_encoder_decoder(model):
         return Seq2SeqObjective(model)
     return CausalLMObjective(model)
@@ -114,7 +128,8 @@ def is_encoder_decoder(model: nn.Module) -> bool:
 
 
 def count_items(batch: dict[str, torch.Tensor], task: str) -> int:
-    """Supervised tokens (generative) or labelled windows (extractive) in a batch."""
+    """Supervised tokens (generative), labelled windows (extractive) or rows (scoring: counted by its collator) in a
+    batch."""
     if "n_items" in batch:
         return int(batch["n_items"])
     if task == "generative":

@@ -185,6 +185,13 @@ def load_tokenizer(model: ModelConfig, task: str) -> Any:
 
 
 def prepare_tokenizer(tokenizer: Any, task: str, name: str) -> Any:
+    if task == "scoring":
+        if tokenizer.pad_token_id is None:
+            if tokenizer.eos_token_id is None:
+                raise ModelError(f"tokenizer of '{name}' has neither a PAD nor an EOS token to pad rows with")
+            tokenizer.pad_token = tokenizer.eos_token  # padding is decided by the attention mask
+        tokenizer.padding_side = "right"
+        return tokenizer
     if task == "extractive":
         if not getattr(tokenizer, "is_fast", False):
             raise ModelError(f"extractive QA needs a fast tokenizer (character offsets) and '{name}' has none; "
@@ -201,14 +208,18 @@ def prepare_tokenizer(tokenizer: Any, task: str, name: str) -> Any:
     return tokenizer
 
 
-def load_pretrained(model: ModelConfig, task: str, tokenizer: Any, model_config: Any = None) -> Any:
+def load_pretrained(model: ModelConfig, task: str, tokenizer: Any, model_config: Any = None, auto: Any = None) -> Any:
     """A pretrained model in float32. A GGUF file is dequantized into a plain model: its weights are
-    ordinary tensors, and neither its config nor the folders saved from it carry a quantization mark."""
+    ordinary tensors, and neither its config nor the folders saved from it carry a quantization mark.
+    ``auto``: the transformers class to load it as (default: the task's); a scoring model is built from
+    ``model_config`` as given (its heads set in it)."""
     source = model_source(model)
     model_config = model_config if model_config is not None else load_model_config(model)
     seq2seq = task == "generative" and bool(getattr(model_config, "is_encoder_decoder", False))
-    auto = auto_class(task, seq2seq)
+    auto = auto or auto_class(task, seq2seq)
     kwargs = _load_kwargs(model, source)
+    if task == "scoring":
+        kwargs["config"] = model_config
     if source.is_gguf:
         from transformers import GgufConfig
 
@@ -231,10 +242,17 @@ def load_pretrained(model: ModelConfig, task: str, tokenizer: Any, model_config:
 
 
 def auto_class(task: str, seq2seq: bool = False) -> Any:
-    from transformers import AutoModelForCausalLM, AutoModelForQuestionAnswering, AutoModelForSeq2SeqLM
+    from transformers import (
+        AutoModelForCausalLM,
+        AutoModelForQuestionAnswering,
+        AutoModelForSeq2SeqLM,
+        AutoModelForSequenceClassification,
+    )
 
     if task == "extractive":
         return AutoModelForQuestionAnswering
+    if task == "scoring":
+        return AutoModelForSequenceClassification
     return AutoModelForSeq2SeqLM if seq2seq else AutoModelForCausalLM
 
 
@@ -315,12 +333,15 @@ def train_scratch_tokenizer(task: str, texts: list[str], vocab_size: int, archit
                                    model_input_names=["input_ids", "token_type_ids", "attention_mask"])
 
 
-def build_scratch(shape: ScratchModel, task: str, tokenizer: Any) -> Any:
-    """A randomly initialised GPT-2, T5 or BERT of the given shape (seed the RNG before calling).
+def build_scratch(shape: ScratchModel, task: str, tokenizer: Any, scoring_config: Any = None) -> Any:
+    """A randomly initialised GPT-2, T5 or BERT of the given shape (seed the RNG before calling); for a scoring
+    model (``scoring_config``: what sets its heads in a transformers config) GPT-2's or BERT's sequence
+    classification.
 
     Each architecture's modeling module is imported only when it is built (importing BERT's costs a
     GPT-2 run more than a second of start-up).
     """
+    scoring_config = scoring_config or (lambda config: config)
     if shape.architecture == "t5":
         from transformers.models.t5 import T5Config, T5ForConditionalGeneration
 
@@ -331,8 +352,8 @@ def build_scratch(shape: ScratchModel, task: str, tokenizer: Any) -> Any:
             eos_token_id=tokenizer.eos_token_id, decoder_start_token_id=tokenizer.pad_token_id,
         )
         return T5ForConditionalGeneration(config)
-    if task == "generative":
-        from transformers.models.gpt2 import GPT2Config, GPT2LMHeadModel
+    if task == "generative" or (task == "scoring" and shape.architecture == "gpt2"):
+        from transformers.models.gpt2 import GPT2Config, GPT2ForSequenceClassification, GPT2LMHeadModel
 
         config = GPT2Config(
             vocab_size=len(tokenizer), n_positions=shape.n_positions, n_embd=shape.n_embd, n_layer=shape.n_layer,
@@ -343,8 +364,10 @@ def build_scratch(shape: ScratchModel, task: str, tokenizer: Any) -> Any:
             # the same function, built into the scratch model's config.
             activation_function="gelu_pytorch_tanh",
         )
+        if task == "scoring":
+            return GPT2ForSequenceClassification(scoring_config(config))
         return GPT2LMHeadModel(config)
-    from transformers.models.bert import BertConfig, BertForQuestionAnswering
+    from transformers.models.bert import BertConfig, BertForQuestionAnswering, BertForSequenceClassification
 
     config = BertConfig(
         vocab_size=len(tokenizer), hidden_size=shape.n_embd, num_hidden_layers=shape.n_layer,
@@ -352,6 +375,8 @@ def build_scratch(shape: ScratchModel, task: str, tokenizer: Any) -> Any:
         max_position_embeddings=shape.n_positions, hidden_dropout_prob=shape.dropout,
         attention_probs_dropout_prob=shape.dropout, pad_token_id=tokenizer.pad_token_id,
     )
+    if task == "scoring":
+        return BertForSequenceClassification(scoring_config(config))
     return BertForQuestionAnswering(config)
 
 

@@ -26,7 +26,7 @@ from qatune.inference.run_model import model_id
 from qatune.model.folder import LoadedModel
 from qatune.model.sources import model_max_positions
 from qatune.runs.layout import read_status
-from qatune.serve.batching import Batcher, Delta, Extraction, Failed, Generation, Job
+from qatune.serve.batching import Batcher, Delta, Extraction, Failed, Generation, Job, Scoring
 from qatune.serve.decoding import Sampling
 from qatune.serve.replies import Reply, SlotStreamingResponse
 from qatune.serve.request_checks import Gate, Guard, add_error_handlers
@@ -184,7 +184,7 @@ class Service:
 
     def prompt_fields(self, given: dict[str, str] | None) -> dict[str, str]:
         """The request's values of the other columns the prompt names, by the prompt's names."""
-        template = self.template if self.info.task == "generative" else PromptTemplate("")
+        template = self.template if self.info.task != "extractive" else PromptTemplate("")
         values, unknown, missing = template.match_fields(given or {})
         if unknown:
             uses = f"it uses {template.fields}" if template.fields else "it uses no column besides the question"
@@ -262,6 +262,13 @@ class Service:
         longest = max_answer_length or self.loaded.config.generate.max_answer_length
         return Extraction(question, context, longest), tokens
 
+    def scoring(self, question: str, context: str | None, fields: dict[str, str], param: str) -> tuple[Scoring, int]:
+        text = self.template.render(question, context, fields)
+        self._check_prompt_chars(len(text), param)
+        tokens = len(self.loaded.tokenizer(text)["input_ids"])
+        self._check_prompt_length(tokens, param)
+        return Scoring(question, context, fields, tokens), tokens
+
     def _check_prompt_chars(self, chars: int, param: str) -> None:
         """Refuse what is surely too long before tokenizing it (tokenizing 1 MB takes a second, on the event loop)."""
         limit = CHARS_PER_TOKEN * self.limits.max_prompt_tokens
@@ -304,6 +311,8 @@ class Service:
         if self.info.task == "extractive":
             # max_tokens bounds the span, in the run's tokens, as it bounds a generated answer
             return self.extraction(question, context, self.requested_tokens(body), param=param)
+        if self.info.task == "scoring":
+            return self.scoring(question, context, fields, param)
         request = self.generation(body, question, context, fields, param)
         return request, len(request.prompt)
 
@@ -405,7 +414,7 @@ class Service:
     @property
     def field_names(self) -> list[str]:
         """Columns the run's prompt names besides the question and the context."""
-        return self.template.fields if self.info.task == "generative" else []
+        return self.template.fields if self.info.task != "extractive" else []
 
     def request_needs(self) -> list[str]:
         """What a request must send besides the question, one line each (logged when the server starts)."""
@@ -420,8 +429,8 @@ class Service:
 
     @property
     def kind(self) -> str:
-        if self.info.task == "extractive":
-            kind = "extractive"
+        if self.info.task in ("extractive", "scoring"):
+            kind = self.info.task
         else:
             kind = "seq2seq" if self.info.seq2seq else "causal"
         return f"{kind} + LoRA" if self.info.lora_base else kind

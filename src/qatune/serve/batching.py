@@ -46,6 +46,16 @@ class Extraction:
     max_answer_length: int
 
 
+@dataclass(frozen=True)
+class Scoring:
+    """A scoring run's request: a row to grade (its question, passage and other columns)."""
+
+    question: str
+    context: str | None
+    fields: dict[str, str]
+    prompt_tokens: int
+
+
 # Events a job receives, in order: Delta* then Finished, or Extracted, or Failed.
 @dataclass(frozen=True)
 class Delta:
@@ -80,7 +90,7 @@ class Failed:
 class Job:
     """One request. ``notify`` receives its events on the worker thread and must not block."""
 
-    request: Generation | Extraction
+    request: Generation | Extraction | Scoring
     notify: Callable[[Any], None]
     stream: bool = True
     """Send each piece of text as it is final (Delta events); else only the Finished event."""
@@ -182,6 +192,8 @@ class Batcher:
             with torch.inference_mode():
                 if self.loaded.info.task == "extractive":
                     self._extract(jobs)
+                elif self.loaded.info.task == "scoring":
+                    self._score(jobs)
                 else:
                     more = self._more if self.max_batch_size > 1 else None
                     self._decoder.run([_Row(job, self.loaded.tokenizer) for job in jobs], more)
@@ -212,6 +224,22 @@ class Batcher:
             found = score != float("-inf")
             job.notify(Extracted(answer=job.request.context[start:end] if found else "",
                                  score=score if found else None, start=start, end=end))
+
+
+    def _score(self, jobs: list[Job]) -> None:
+        """A scoring run's answers: its heads' values, written as its answer template writes them."""
+        from qatune.inference.scoring import score_records, scored_answers
+
+        loaded = self.loaded
+        records = [QARecord(question=job.request.question, answers=[], context=job.request.context, row=i,
+                            fields=job.request.fields) for i, job in enumerate(jobs)]
+        values, _, _ = score_records(loaded.model, loaded.tokenizer, loaded.info, records, batch_size=32,
+                                     precision=loaded.config.generate.precision)
+        for job, text in zip(jobs, scored_answers(loaded.info, values)):
+            job.done = True
+            if job.stream:
+                job.notify(Delta(text))
+            job.notify(Finished(text, "stop", job.request.prompt_tokens, 0))
 
 
 class _Row:

@@ -37,11 +37,10 @@ import logging
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from qatune.data.padding import IGNORE_INDEX
-from qatune.model.objectives import CausalLMObjective, absmax
+from qatune.model.objectives import CausalLMObjective, absmax, weighted_cross_entropy
 from qatune.speedups import fewer_rows, gpt2, prefixes
 from qatune.speedups.attention import AttentionByWidth, each_attention
 from qatune.speedups.checks import close_enough, close_to_scale, remembered
@@ -164,8 +163,8 @@ class SupervisedRowsObjective(CausalLMObjective):
         return objective
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, labels: torch.Tensor,
-                shared_prefix: int = 0, prefix_groups: dict[str, Any] | None = None, **_: Any
-                ) -> dict[str, torch.Tensor]:
+                shared_prefix: int = 0, prefix_groups: dict[str, Any] | None = None,
+                label_weights: torch.Tensor | None = None, **_: Any) -> dict[str, torch.Tensor]:
         paths = self.paths
         targets = labels[:, 1:]
         supervised = targets != IGNORE_INDEX
@@ -189,7 +188,7 @@ class SupervisedRowsObjective(CausalLMObjective):
             logits = head_on_rows(self.model.get_output_embeddings(), hidden)
         else:
             logits = self.model(input_ids=input_ids, attention_mask=attention_mask).logits[selected]
-        loss_sum = F.cross_entropy(logits.float(), targets[supervised], reduction="sum")
+        loss_sum = weighted_cross_entropy(logits, targets, supervised, label_weights)
         return {"loss_sum": loss_sum, "count": supervised.sum(), "logit_absmax": absmax(logits)}
 
 

@@ -130,7 +130,8 @@ class Speedups:
         self._attach_lora(model)
         causal_lm = task == "generative" and not is_encoder_decoder(model)
         if not causal_lm:
-            kind = "an extractive model" if task == "extractive" else "an encoder-decoder model"
+            kind = {"extractive": "an extractive model", "scoring": "a scoring model"}.get(task,
+                                                                                        "an encoder-decoder model")
             for name in causal.CAUSAL_PATHS:
                 self._off(name, f"{kind} has no causal LM loss")
         if self.on("attention_by_width"):

@@ -25,8 +25,10 @@ from qatune.data.generative import (
     choose_max_length,
     encode_examples,
     percentile,
+    weigh_answer_tokens,
 )
 from qatune.data.grading_rows import SettledFields, apply_spellings, settle_fields
+from qatune.data.scoring import ScoringCollator, ScoringEncoder
 from qatune.data.spreadsheet import (
     LoadReport,
     QARecord,
@@ -34,13 +36,14 @@ from qatune.data.spreadsheet import (
     load_from_config,
     split_validation,
 )
-from qatune.data.templates import PromptTemplate, resolve_template
+from qatune.data.templates import PromptTemplate, resolve_template, scoring_template
 from qatune.data.validate import Finding, error, validate_batch, validate_dataset, validate_settings, warning
 from qatune.errors import ConfigError, DataError, row_list
 from qatune.model.adapters import apply_lora, lora_base_in_run
 from qatune.model.folder import ModelInfo
 from qatune.model.gguf_file import resolve_prompt
 from qatune.model.precision import bf16_native, bf16_verdict, check_device, resolve_precision
+from qatune.model.scoring import HeadLayout, build_scoring_model
 from qatune.model.sources import (
     build_scratch,
     load_model_config,
@@ -117,9 +120,11 @@ def prepare(config: Config, train_records: list[QARecord] | None = None,
     train_records, eval_records, train_report = _setup_records(config, train_records, eval_records, reports)
     train_records, settled = settle_fields(config.data, train_records, train_report)
     eval_records = apply_spellings(eval_records, settled)
-    built = _setup_model(config, train_records, with_model)
+    built = _setup_model(config, train_records, with_model, settled)
     if config.task == "generative":
         encoded = _encode_generative(config, built, train_records, train_report, reports, settled)
+    elif config.task == "scoring":
+        encoded = _encode_scoring(config, built, train_records, train_report, reports, settled)
     else:
         encoded = _encode_extractive(config, built, train_records, train_report, reports)
     if train_report.file != GIVEN:  # after encoding: rows whose answer is not in their context are dropped there
@@ -167,14 +172,24 @@ def _setup_records(config: Config, train_records: list[QARecord] | None, eval_re
     return train_records, eval_records, train_report
 
 
-def _setup_model(config: Config, train_records: list[QARecord], with_model: bool) -> _Model:
+def _setup_model(config: Config, train_records: list[QARecord], with_model: bool,
+                 settled: SettledFields | None = None) -> _Model:
     """Tokenizer and model: trained on the rows and randomly initialised (scratch), or pretrained."""
     task, model = config.task, None
+    layout = HeadLayout.from_specs(settled.specs) if task == "scoring" and settled else None
     if config.model.scratch is not None:
         shape = config.model.scratch
-        texts = _tokenizer_corpus(task, resolve_template(config.data), train_records)
-        tokenizer = train_scratch_tokenizer(task, texts, shape.vocab_size, shape.architecture)
-        if with_model:
+        if task == "scoring":  # a scratch scorer is a BERT (WordPiece) or a GPT-2 (byte-level BPE)
+            texts = [scoring_template(config.data).render(r.question, r.context, r.fields) for r in train_records]
+            tokenizer = train_scratch_tokenizer("generative" if shape.architecture == "gpt2" else "extractive",
+                                                texts, shape.vocab_size, shape.architecture)
+        else:
+            texts = _tokenizer_corpus(task, resolve_template(config.data), train_records)
+            tokenizer = train_scratch_tokenizer(task, texts, shape.vocab_size, shape.architecture)
+        if with_model and layout is not None:
+            model = build_scoring_model(config.model, tokenizer, layout, scratch=shape,
+                                        weights=config.data.field_weights)
+        elif with_model:
             model = build_scratch(shape, task, tokenizer)
         built = _Model(model, tokenizer, shape.n_positions, shape.architecture == "t5")
         source = f"scratch {task} model"
@@ -182,7 +197,10 @@ def _setup_model(config: Config, train_records: list[QARecord], with_model: bool
         tokenizer = load_tokenizer(config.model, task)
         model_config = load_model_config(config.model)
         seq2seq = task == "generative" and bool(getattr(model_config, "is_encoder_decoder", False))
-        if with_model:
+        if with_model and layout is not None:
+            model = build_scoring_model(config.model, tokenizer, layout, model_config,
+                                        weights=config.data.field_weights)
+        elif with_model:
             model = load_pretrained(config.model, task, tokenizer, model_config)
         built = _Model(model, tokenizer, model_max_positions(model_config, tokenizer), seq2seq)
         source = config.model.name_or_path
@@ -200,6 +218,13 @@ def _encode_generative(config: Config, built: _Model, records: list[QARecord], t
     lengths = [encoder.full_length(r) for r in records]
     max_length = choose_max_length(lengths, config.data.max_length, built.limit)
     examples, stats = encode_examples(encoder, records, max_length)
+    if settled is not None and config.data.field_weights:
+        if built.seq2seq:
+            raise ConfigError("data.field_weights: weighs a causal LM's answer tokens; an encoder-decoder (T5) "
+                              "model's are not weighed: remove data.field_weights")
+        by_row = {r.row: r for r in records}
+        for example in examples:
+            weigh_answer_tokens(encoder, example, by_row[example.row], settled.template, config.data.field_weights)
     for row in stats.too_long_rows:
         train_report.drop_kept(f"does not fit max_length={max_length}", row)
     reports["train_file"] = train_report.to_dict()
@@ -221,6 +246,32 @@ def _encode_generative(config: Config, built: _Model, records: list[QARecord], t
                      answer_template=settled.template.template if settled else None,
                      field_specs={name: spec.to_json() for name, spec in settled.specs.items()} if settled else None)
     return _Encoded(examples, collator, info, records, findings)
+
+
+def _encode_scoring(config: Config, built: _Model, records: list[QARecord], train_report: LoadReport,
+                    reports: dict[str, Any], settled: SettledFields) -> _Encoded:
+    """A row's text as the model reads it, and a target per head."""
+    template = scoring_template(config.data)
+    encoder = ScoringEncoder(built.tokenizer, template)
+    layout = HeadLayout.from_specs(settled.specs)
+    lengths = [len(ids) for ids in encoder.ids(records)]
+    max_length = choose_max_length(lengths, config.data.max_length, built.limit)
+    targets = [layout.targets(r.answer_fields, settled.specs) for r in records]
+    examples, stats = encoder.encode(records, targets, max_length)
+    reports["train_file"] = train_report.to_dict()
+    reports["encoding"] = {"max_length": max_length, "truncated_rows": stats.truncated_rows,
+                           "too_long_rows": [], "lengths": _length_summary(lengths)}
+    findings = []
+    if stats.truncated_rows:
+        findings.append(warning("rows-truncated", f"{len(stats.truncated_rows)} rows are longer than "
+                                f"max_length={max_length} tokens: the model reads only their first {max_length} "
+                                f"(rows {row_list(stats.truncated_rows)}); raise data.max_length or use auto"))
+    info = ModelInfo(task="scoring", max_length=max_length, prompt_template=template.template, answer_prefix="",
+                     qatune_version=__version__, answer_fields=settled.kinds,
+                     answer_template=settled.template.template,
+                     field_specs={name: spec.to_json() for name, spec in settled.specs.items()},
+                     scoring_heads=layout.to_json())
+    return _Encoded(examples, ScoringCollator(built.tokenizer.pad_token_id), info, records, findings)
 
 
 def _too_long(stats: EncodeStats, encoder: PromptEncoder, records: list[QARecord], max_length: int) -> Finding:

@@ -25,17 +25,31 @@ def test_grading_keys_load_with_their_types():
     assert load_config(None, BASE).data.answer_columns is None
 
 
-def test_answer_columns_are_for_generative_tasks_only():
+def test_answer_columns_are_for_generative_and_scoring_tasks_only():
     text = problems("task=extractive", "data.context_column=passage", "data.answer_columns=[score]")
-    assert text == ("config: --set data.answer_columns: only for task generative (a model writes the columns as one "
-                    "answer); set task: generative, or remove data.answer_columns and use data.answer_column")
+    assert text == ("config: --set data.answer_columns: not for task extractive (the answer is a span of the "
+                    "context); set task: generative or scoring, or remove data.answer_columns and use "
+                    "data.answer_column")
+
+
+def test_a_scoring_task_needs_answer_columns_and_predicts_no_text():
+    assert problems("task=scoring") == ("config: data.answer_columns: required for task scoring; list the "
+                                        "label and number columns to predict, e.g. [verdict, score]")
+    text = problems("task=scoring", "data.answer_columns=[verdict, feedback]", "data.field_kinds={feedback: text}",
+                    "model.lora.r=4", "data.field_weights={verdikt: 2}")
+    assert "data.field_kinds: ['feedback'] are text; a scoring model predicts label and number columns only" in text
+    assert "model.lora: not for task scoring" in text
+    assert ("data.field_weights: 'verdikt' is not one of data.answer_columns ['verdict', 'feedback']; did you mean "
+            "'verdict'? give weights only to answer columns") in text
+    assert problems("data.answer_columns=[verdict]", "data.field_weights={verdict: -1}") == (
+        "config: --set data.field_weights: weights must be 0 or more (got {'verdict': -1.0})")
 
 
 def test_every_problem_of_the_grading_keys_at_once():
     text = problems("task=extractive", "data.context_column=passage", "data.answer_columns=[score, label, score]",
                     "data.field_kinds={scor: number, feedback: text}")
     assert text.startswith("config has 4 problems:\n")
-    assert "  - --set data.answer_columns: only for task generative" in text
+    assert "  - --set data.answer_columns: not for task extractive" in text
     assert "  - --set data.answer_columns: ['score'] listed more than once; list each column once" in text
     assert ("  - --set data.field_kinds: 'scor' is not one of data.answer_columns ['score', 'label', 'score']; did you "
             "mean 'score'? give kinds only to answer columns") in text

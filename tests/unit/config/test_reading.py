@@ -78,7 +78,7 @@ def test_all_problems_are_reported_at_once(tmp_path):
     ("model: {name_or_path: g}\ndata: {train_file: x, prompt_template: chat, user_template: 'plain'}\n",
      "data.user_template: names no column"),
     ("data: {train_file: x}\n", "set model.name_or_path"),
-    ("task: summarise\n", "task: must be 'generative' or 'extractive'"),
+    ("task: summarise\n", "task: must be 'generative', 'extractive' or 'scoring'"),
     ("seed: true\nmodel: {name_or_path: g}\ndata: {train_file: x}\n", "seed: must be a number, not true"),
     ("model: {name_or_path: g}\ndata: {train_file: x}\ntrain: {max_grad_norm: false}\n",
      "train.max_grad_norm: must be a number, not false"),

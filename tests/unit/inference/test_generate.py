@@ -29,7 +29,7 @@ def test_batched_left_padded_generation_equals_one_at_a_time(scratch_gpt2):
 
 def test_generate_precision_bf16_runs_inference_under_bf16_autocast(scratch_gpt2):
     from qatune.config import GenerateConfig
-    from qatune.inference.generate import inference_precision
+    from qatune.inference.batches import inference_precision
 
     with inference_precision("bf16", torch.device("cpu")):
         assert torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
@@ -54,7 +54,7 @@ def test_generate_precision_bf16_runs_inference_under_bf16_autocast(scratch_gpt2
 @pytest.mark.parametrize("native", [True, False])
 def test_generate_precision_auto_takes_bf16_only_where_it_is_native(monkeypatch, native):
     from qatune.config import GenerateConfig
-    from qatune.inference.generate import inference_precision
+    from qatune.inference.batches import inference_precision
     from qatune.model import precision as device
 
     monkeypatch.setattr(device, "bf16_native", lambda where, unknown=True: native)

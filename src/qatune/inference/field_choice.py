@@ -1,0 +1,106 @@
+"""A generative grader's answer written field by field (``generate.choose_fields``): each label and number field is
+chosen from the values training saw, the one the model itself finds most likely after the answer so far, so every
+answer parses and no verdict is free text; a text field (feedback) is generated as usual.
+
+A value is ranked by the log-likelihood of its tokens and of the template's text that follows it (the end token
+after the last field), so "0.5" cannot win over "0.5" followed by more digits that the model would write. The
+prompt is read once per row; its keys and values are copied for the candidates of each choice.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+
+from qatune.config import GenerateConfig
+from qatune.data.generative import PromptEncoder
+from qatune.data.grading_fields import AnswerTemplate, FieldSpec
+from qatune.data.padding import right_pad
+from qatune.data.templates import PromptTemplate
+from qatune.inference.batches import inference_precision
+from qatune.model.folder import ModelInfo
+
+CHOSEN_KINDS = ("label", "number")
+
+
+def chooses_fields(info: ModelInfo, generate: GenerateConfig) -> bool:
+    """Whether a run's answers are written field by field: a causal LM's grading run with a label or number field
+    whose values training saw, and generate.choose_fields on."""
+    specs = info.specs() or {}
+    return (generate.choose_fields and info.task == "generative" and not info.seq2seq
+            and any(spec.kind in CHOSEN_KINDS and spec.values for spec in specs.values()))
+
+
+def write_answers(model: Any, tokenizer: Any, info: ModelInfo, prompts: list[list[int]], generate: GenerateConfig,
+                  free_text: Any) -> list[str]:
+    """The answers to ``prompts`` (token ids), field by field. ``free_text(prompts)``: the model's generated
+    continuations of prompt token ids (a text field's value, up to the end of the answer)."""
+    template = AnswerTemplate.make(list(info.answer_fields or {}), info.answer_template)
+    specs = info.specs() or {}
+    encoder = PromptEncoder(tokenizer, PromptTemplate(info.prompt_template, info.answer_prefix))
+    literals, names = template.pieces()
+    device = next(model.parameters()).device
+    texts = [""] * len(prompts)
+    caches: list[Any] = [None] * len(prompts)
+    model.eval()
+    for index, name in enumerate(names):
+        texts = [text + literals[index] for text in texts]
+        spec = specs.get(name, FieldSpec("text"))
+        last = index == len(names) - 1
+        following = literals[index + 1]
+        if spec.kind in CHOSEN_KINDS and spec.values:
+            for row, prompt in enumerate(prompts):
+                if caches[row] is None:
+                    caches[row] = _read_prompt(model, prompt, device, generate.precision)
+                texts[row] += _most_likely(model, encoder, caches[row], texts[row], spec.values, following, last,
+                                           device, generate.precision)
+            continue
+        continued = free_text([prompt + encoder.answer_ids(text)[:-1] for prompt, text in zip(prompts, texts)])
+        texts = [text + _until(value, following, last) for text, value in zip(texts, continued)]
+    return [(text + literals[-1]).strip() for text in texts]
+
+
+@torch.inference_mode()
+def _read_prompt(model: Any, prompt: list[int], device: torch.device, precision: str) -> tuple[Any, torch.Tensor]:
+    """The prompt's keys and values, and the log-probabilities of the first answer token."""
+    with inference_precision(precision, device):
+        out = model(input_ids=torch.tensor([prompt], device=device), use_cache=True)
+    return out.past_key_values, torch.log_softmax(out.logits[0, -1].float(), -1)
+
+
+@torch.inference_mode()
+def _most_likely(model: Any, encoder: PromptEncoder, read: tuple[Any, torch.Tensor], text: str,
+                 values: tuple[str, ...], following: str, last: bool, device: torch.device, precision: str) -> str:
+    """The value the model finds most likely after the prompt and the answer so far, with what follows it."""
+    cache, first = read
+    candidates = []
+    for value in values:
+        ids = encoder.answer_ids(text + value + following)
+        candidates.append(ids if last else ids[:-1])  # the end token after the last field only
+    cache = copy.deepcopy(cache)
+    cache.batch_repeat_interleave(len(candidates))
+    input_ids, attention_mask = right_pad(candidates, encoder.tokenizer.pad_token_id)
+    seen = cache.get_seq_length()
+    mask = torch.cat([torch.ones((len(candidates), seen), dtype=attention_mask.dtype), attention_mask], 1)
+    with inference_precision(precision, device):
+        logits = model(input_ids=input_ids.to(device), attention_mask=mask.to(device), past_key_values=cache).logits
+    logprobs = torch.log_softmax(logits.float(), -1)
+    scores = []
+    for k, ids in enumerate(candidates):
+        score = float(first[ids[0]])
+        if len(ids) > 1:
+            targets = torch.tensor(ids[1:], device=logprobs.device)
+            score += float(logprobs[k, : len(ids) - 1].gather(1, targets[:, None]).sum())
+        scores.append(score)
+    return values[max(range(len(values)), key=scores.__getitem__)]
+
+
+def _until(value: str, following: str, last: bool) -> str:
+    """A generated text field's value: up to the template's text that follows it (the whole text for the last
+    field, whose end the end token marks)."""
+    if last or not following.strip():
+        return value
+    cut = value.casefold().find(following.strip().casefold())
+    return value[:cut].rstrip() if cut >= 0 else value
