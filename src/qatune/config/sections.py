@@ -341,6 +341,11 @@ class GenerateConfig(Section):
     """Grading runs (data.answer_columns): write each label and number column as the value training saw that the
     model finds most likely, so every answer parses; text columns are generated. Off: the whole answer is
     generated freely."""
+    grounded: Literal["auto", "on", "off"] = "auto"
+    """Generative runs with a context: on writes each answer as a span of the row's passage (ignoring case and
+    whitespace), or the run's no-answer text when its training rows have one; off lets the model write anything.
+    auto: on for runs whose training answers are spans of their passages (decided when the run trains, and
+    saved with it), off for others."""
     precision: Literal["fp32", "bf16", "auto"] = "fp32"
     """Evaluation and generation: fp32, or bf16 autocast (several times faster on GPUs and on CPUs with
     AVX512-BF16/AMX, e.g. for a model trained with train.precision bf16); auto: bf16 where it is native,

@@ -45,6 +45,9 @@ class ModelInfo:
     field_specs: dict[str, dict] | None = None
     """Runs with data.answer_columns: each answer column as training saw it (FieldSpec.to_json: its classes or
     values, a number's decimal separator, range and tolerance), so that every evaluation reads it alike."""
+    grounding: dict | None = None
+    """Generative runs with a context: how their training answers relate to their passages (PassageAnswers.to_json:
+    the share that are spans, the no-answer text, and what generate.grounded auto decided)."""
 
     def specs(self) -> dict[str, FieldSpec] | None:
         """Each answer field as training saw it; a run saved before field specs were kept has its fields' kinds
