@@ -358,6 +358,28 @@ def serve(run_dir: str, host: str, port: int, api_key: str | None, which: str, m
 
 
 @cli.command()
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to listen on; anything but loopback needs --api-key.")
+@click.option("--port", type=click.IntRange(0, 65535), default=8080, show_default=True, help="0 picks a free port.")
+@click.option("--workspace", default=".", show_default=True,
+              help="The folder the page works in: its sheets, configs, runs and exports; nothing outside it is read.")
+@click.option("--api-key", envvar="QATUNE_API_KEY", default=None,
+              help="Require 'Authorization: Bearer KEY' (the page asks for it); needed beyond loopback.")
+@click.option("--max-upload-mb", type=click.IntRange(min=1), default=100, show_default=True,
+              help="Largest sheet the page takes.")
+@verbose_option
+def ui(host: str, port: int, workspace: str, api_key: str | None, max_upload_mb: int) -> None:
+    """A local page from a sheet to a tried, compared and exported model; each step shows the command it runs."""
+    from qatune.ui import check_installed
+
+    check_installed()
+    from qatune.ui.app import UiSettings
+    from qatune.ui.server import serve_ui
+
+    serve_ui(workspace, host, port, UiSettings(api_key=api_key, max_upload_bytes=max_upload_mb * 2**20))
+
+
+@cli.command()
 @click.argument("data_file")
 @click.option("--task", type=click.Choice(["auto", "generative", "extractive"]), default="auto", show_default=True,
               help="auto: extractive when a context column holds the answers.")

@@ -1,0 +1,388 @@
+"""Routes of ``qatune ui``: the page and its script and style, the JSON API the page uses (/api/...), and the tuned
+model under /try (serve's page and API, trying.py).
+
+Every error a request can cause is a 4xx answer ``{"error": {"message": ...}}`` that the page shows where it
+happened; anything else is a 500 whose details go to the server's log only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import tempfile
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, Response
+from pydantic import BaseModel
+from starlette.background import BackgroundTask
+from starlette.concurrency import run_in_threadpool
+from starlette.datastructures import Headers
+from starlette.exceptions import HTTPException
+from starlette.routing import Mount
+
+from qatune.errors import QatuneError
+from qatune.serve.app import Settings
+from qatune.ui import PageError, sheet, steps
+from qatune.ui.jobs import Job, Jobs
+from qatune.ui.progress import training_progress
+from qatune.ui.trying import MOUNT, Trying, serve_page
+from qatune.ui.workspace import EXPORTS, LOGS, RUNS, SHEETS, Workspace
+
+log = logging.getLogger("qatune")
+
+STATIC = {"ui.js": "text/javascript", "ui.css": "text/css"}
+OPEN_PATHS = ("/", "/health", "/static/ui.js", "/static/ui.css", f"{MOUNT}/")
+"""What answers without the API key: the page and its files (it asks for the key) and the liveness probe."""
+UPLOAD_PATH = "/api/sheets"
+DOWNLOADABLE = (sheet.CONFIGS, SHEETS, RUNS, EXPORTS)
+
+
+@dataclass(frozen=True)
+class UiSettings:
+    api_key: str | None = None
+    max_upload_bytes: int = 100 * 2**20
+    max_body_bytes: int = 1_000_000
+    """Every request but an upload."""
+
+
+@dataclass
+class Project:
+    """What the page works on: the step it reached, so that a page closed or reloaded comes back to it."""
+
+    sheet: str | None = None
+    sheet_name: str | None = None
+    config: str | None = None
+    run: str | None = None
+    described: dict[str, Any] | None = None
+    written: dict[str, Any] | None = None
+    answered: list[str] = field(default_factory=list)
+
+
+class ConfigBody(BaseModel):
+    config: str
+
+
+class TrainBody(BaseModel):
+    config: str | None = None
+    resume: str | None = None
+    """A stopped run to continue (``qatune train --resume RUN``)."""
+
+
+class RunBody(BaseModel):
+    run: str
+
+
+class CompareBody(BaseModel):
+    run: str
+    other: str = "base"
+    sheet: str | None = None
+    """An uploaded sheet to compare on; the run's held-out rows when None."""
+
+
+class AnswerBody(BaseModel):
+    run: str
+    sheet: str
+
+
+class ExportBody(BaseModel):
+    run: str
+    quant: str = "f16"
+
+
+class YamlBody(BaseModel):
+    yaml: str
+
+
+def create_app(workspace: Workspace, settings: UiSettings = UiSettings()) -> FastAPI:
+    jobs = Jobs(workspace)
+    trying = Trying(Settings(api_key=settings.api_key))
+    project = Project()
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        try:
+            yield
+        finally:
+            await trying.close()
+            await asyncio.to_thread(jobs.shutdown)
+
+    app = FastAPI(title="qatune ui", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.jobs, app.state.project, app.state.workspace = jobs, project, workspace
+    app.add_middleware(KeyGuard, api_key=settings.api_key, max_body_bytes=settings.max_body_bytes)
+    _add_error_handlers(app)
+
+    @app.get("/", include_in_schema=False)
+    async def page() -> HTMLResponse:
+        return HTMLResponse(_static("index.html"))
+
+    @app.get("/static/{name}", include_in_schema=False)
+    async def static(name: str) -> Response:
+        if name not in STATIC:
+            raise PageError(f"no file /static/{name}", 404)
+        return Response(_static(name), media_type=STATIC[name])
+
+    @app.api_route("/health", methods=["GET", "HEAD"])
+    async def health() -> dict[str, Any]:
+        return {"status": "ok", "workspace": str(workspace.root), "running": [j.command for j in jobs.running()]}
+
+    @app.get(f"{MOUNT}/", include_in_schema=False)
+    async def try_page() -> HTMLResponse:
+        return HTMLResponse(serve_page())
+
+    app.router.routes.append(Mount(MOUNT, app=trying))
+
+    @app.get("/api/state")
+    async def state() -> dict[str, Any]:
+        latest = {kind: jobs.latest(kind) for kind in ("check", "train", "compare", "answer", "export")}
+        return {"workspace": str(workspace.root), "key_required": settings.api_key is not None,
+                "max_upload_bytes": settings.max_upload_bytes, "project": project.__dict__,
+                "sheets": workspace.sheets(), "runs": workspace.runs(), "trying": trying.run,
+                "jobs": {kind: job_json(job) for kind, job in latest.items() if job is not None}}
+
+    @app.post(UPLOAD_PATH)
+    async def upload(request: Request, name: str, purpose: str = "train") -> dict[str, Any]:
+        """A sheet to train on (read, and its columns guessed), or with ``purpose=answer`` one to answer."""
+        saved = await workspace.save_upload(name, request.stream(), settings.max_upload_bytes)
+        if purpose == "answer":
+            return {"sheet": saved}
+        project.sheet, project.sheet_name, project.described, project.written = saved, None, None, None
+        return await run_in_threadpool(describe, saved, None)
+
+    @app.get("/api/sheets/{name}")
+    async def sheet_columns(name: str, sheet_name: str | None = None) -> dict[str, Any]:
+        project.sheet, project.sheet_name = name, sheet_name
+        return await run_in_threadpool(describe, name, sheet_name)
+
+    def describe(name: str, sheet_name: str | None) -> dict[str, Any]:
+        try:
+            described = sheet.describe(workspace, name, sheet_name)
+        except QatuneError:
+            raise
+        except Exception as exc:  # a reader's own error on a damaged file: its message, on the page
+            log.debug("reading %s", name, exc_info=True)
+            raise PageError(sheet.read_error_message(exc, name)) from None
+        project.described = described
+        return described
+
+    @app.post("/api/configs")
+    async def write_config(choices: sheet.Choices) -> dict[str, Any]:
+        written = await run_in_threadpool(sheet.write_page_config, workspace, choices)
+        project.sheet, project.sheet_name = choices.sheet, choices.sheet_name
+        project.config, project.run, project.written = written["config"], written["run"], written
+        return written
+
+    @app.get("/api/configs/{name:path}")
+    async def read_config(name: str) -> dict[str, Any]:
+        path = workspace.existing(name, "config")
+        return {"config": name, "yaml": path.read_text(encoding="utf-8")}
+
+    @app.put("/api/configs/{name:path}")
+    async def edit_config(name: str, body: YamlBody) -> dict[str, Any]:
+        saved = await run_in_threadpool(sheet.save_edited_config, workspace, name, body.yaml)
+        if project.written and project.written["config"] == name:
+            project.written = {**project.written, "yaml": saved["yaml"]}
+        return saved
+
+    @app.post("/api/check")
+    async def check(body: ConfigBody) -> dict[str, Any]:
+        path = workspace.existing(body.config, "config")
+        return job_json(jobs.start("check", steps.check_args(body.config), body.config, digest=steps.digest(path)))
+
+    @app.post("/api/train")
+    async def train(body: TrainBody) -> dict[str, Any]:
+        if body.resume is not None:
+            run = f"{RUNS}/{workspace.run(body.resume.removeprefix(f'{RUNS}/')).name}"
+            job = jobs.start("train", steps.train_args(None, run), run)
+        else:
+            if body.config is None:
+                raise PageError("pass the config to train, or a run to resume")
+            _require_passed_check(jobs, workspace, body.config)
+            run = await run_in_threadpool(steps.config_run, workspace, body.config)
+            job = jobs.start("train", steps.train_args(body.config, None), run)
+        project.run = run
+        return job_json(job)
+
+    @app.get("/api/jobs/{job_id}")
+    async def job_status(job_id: str) -> dict[str, Any]:
+        return await run_in_threadpool(job_json, jobs.get(job_id), True)
+
+    @app.post("/api/jobs/{job_id}/stop")
+    async def stop(job_id: str) -> dict[str, Any]:
+        job = jobs.get(job_id)
+        jobs.stop(job)
+        return job_json(job)
+
+    @app.get("/api/runs/{name}/progress")
+    async def progress(name: str) -> dict[str, Any]:
+        run_dir = workspace.path(f"{RUNS}/{name}")  # not there before its training starts: nothing logged yet
+        job = jobs.latest("train", f"{RUNS}/{name}")
+        found = training_progress(run_dir, job.log_lines(50) if job else [])
+        return {**found, "run": f"{RUNS}/{name}", "job": job_json(job) if job else None}
+
+    @app.post("/api/compare")
+    async def compare(body: CompareBody) -> dict[str, Any]:
+        run = f"{RUNS}/{workspace.run(body.run.removeprefix(f'{RUNS}/')).name}"
+        args, data = await run_in_threadpool(steps.compare_args, workspace, run, body.other, body.sheet)
+        project.run = run
+        return job_json(jobs.start("compare", args, run, data=data))
+
+    @app.post("/api/try")
+    async def load_to_try(body: RunBody) -> dict[str, Any]:
+        name = workspace.run(body.run.removeprefix(f"{RUNS}/")).name
+        await trying.load(workspace.root / RUNS / name, name)
+        project.run = f"{RUNS}/{name}"
+        return {"run": f"{RUNS}/{name}", "page": f"{MOUNT}/", "command": f"qatune serve {RUNS}/{name}"}
+
+    @app.post("/api/answer")
+    async def answer(body: AnswerBody) -> dict[str, Any]:
+        run = f"{RUNS}/{workspace.run(body.run.removeprefix(f'{RUNS}/')).name}"
+        workspace.sheet(body.sheet)
+        return job_json(jobs.start("answer", steps.answer_args(run, body.sheet), run, sheet=body.sheet))
+
+    @app.post("/api/export")
+    async def export(body: ExportBody) -> dict[str, Any]:
+        run = f"{RUNS}/{workspace.run(body.run.removeprefix(f'{RUNS}/')).name}"
+        args, gguf = steps.export_args(workspace, run, body.quant)
+        return job_json(jobs.start("export", args, run, gguf=gguf))
+
+    @app.get("/api/files/{path:path}")
+    async def download(path: str) -> FileResponse:
+        found = workspace.existing(path, "file")
+        if not found.is_file() or workspace.relative(found).split("/")[0] not in DOWNLOADABLE:
+            raise PageError(f"{path}: the page downloads files of {', '.join(DOWNLOADABLE)} only", 404)
+        return FileResponse(found, filename=found.name)
+
+    @app.get("/api/runs/{name}/final.zip")
+    async def final_zip(name: str) -> FileResponse:
+        run_dir = workspace.run(name)
+        folder = Path(tempfile.mkdtemp(prefix="zip-", dir=workspace.folder(LOGS)))
+        archive = await run_in_threadpool(steps.zip_final, run_dir, folder / f"{name}-final.zip")
+        return FileResponse(archive, filename=archive.name, media_type="application/zip",
+                            background=BackgroundTask(_remove, folder))
+
+    def job_json(job: Job | None, with_result: bool = False) -> dict[str, Any] | None:
+        if job is None:
+            return None
+        found = job.as_json()
+        if job.kind == "check":
+            found["result"] = steps.check_result(job)
+        elif job.kind == "compare":
+            found["result"] = steps.compare_result(workspace, job) if with_result else None
+            found["data"] = job.extra["data"]
+        elif job.kind == "answer":
+            found["result"] = steps.answer_result(workspace, job)
+        elif job.kind == "export":
+            found["result"] = steps.export_result(job)
+        return found
+
+    return app
+
+
+def _require_passed_check(jobs: Jobs, workspace: Workspace, config: str) -> None:
+    """Training starts from a config whose check, of its text as it is now, found no error."""
+    path = workspace.existing(config, "config")
+    job = jobs.latest("check", config)
+    report = steps.check_result(job) if job is not None else None
+    if job is None or job.extra["digest"] != steps.digest(path):
+        raise PageError(f"check {config} first: the Check step runs qatune check on it "
+                        + ("(it changed since its last check)" if job is not None else "(it has not been checked)"),
+                        409)
+    if report is None:
+        raise PageError(f"the check of {config} is still running; train once it has found no error", 409)
+    if not report.get("ok"):
+        raise PageError(f"the check of {config} found errors: fix them (the Check step lists each with its fix), "
+                        "then check again", 409)
+
+
+def _static(name: str) -> str:
+    return resources.files("qatune.ui").joinpath(f"static/{name}").read_text(encoding="utf-8")
+
+
+def _remove(folder: Path) -> None:
+    for path in folder.iterdir():
+        path.unlink(missing_ok=True)
+    folder.rmdir()
+
+
+class KeyGuard:
+    """ASGI middleware before any route: the API key (an ``Authorization: Bearer KEY`` header), then the body size of
+    every request but an upload (which the upload route limits as it writes it)."""
+
+    def __init__(self, app: Any, api_key: str | None, max_body_bytes: int):
+        self.app = app
+        self.expected = api_key.encode() if api_key else None
+        self.max_body_bytes = max_body_bytes
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = Headers(scope=scope)
+        if self.expected is not None and not (scope["path"] in OPEN_PATHS and scope["method"] in ("GET", "HEAD")):
+            scheme, _, key = headers.get("authorization", "").encode().partition(b" ")
+            if not (scheme.lower() == b"bearer" and hmac.compare_digest(key.strip(), self.expected)):
+                await _send_error(send, 401, "this qatune ui needs its API key: enter the key given to qatune ui "
+                                             "--api-key")
+                return
+        if scope["path"] == UPLOAD_PATH:
+            await self.app(scope, receive, send)
+            return
+        declared = headers.get("content-length")
+        if declared is not None and (not declared.isdigit() or int(declared) > self.max_body_bytes):
+            await _send_error(send, 413, f"the request body is larger than {self.max_body_bytes} bytes")
+            return
+        received = 0
+
+        async def counted() -> dict[str, Any]:
+            nonlocal received
+            message = await receive()
+            received += len(message.get("body", b""))
+            if received > self.max_body_bytes:
+                raise PageError(f"the request body is larger than {self.max_body_bytes} bytes", 413)
+            return message
+
+        await self.app(scope, counted, send)
+
+
+async def _send_error(send: Any, status: int, message: str) -> None:
+    body = json.dumps({"error": {"message": message}}).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    def answer(status: int, message: str) -> JSONResponse:
+        return JSONResponse({"error": {"message": message}}, status_code=status)
+
+    @app.exception_handler(QatuneError)
+    async def qatune_error(_request: Request, exc: QatuneError) -> JSONResponse:
+        return answer(getattr(exc, "status", 400), str(exc))
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        first = dict(next(iter(exc.errors()), {}))
+        where = ".".join(str(p) for p in first.get("loc", ()) if p not in ("body", "query"))
+        return answer(400, f"{where}: {first.get('msg', 'invalid request')}" if where else "invalid request")
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
+        if exc.status_code == 404:
+            return answer(404, f"no route {request.method} {request.url.path}")
+        if exc.status_code == 405:
+            return answer(405, f"{request.method} is not allowed on {request.url.path}")
+        return answer(exc.status_code, str(exc.detail))
+
+    @app.exception_handler(Exception)
+    async def internal_error(_request: Request, exc: Exception) -> JSONResponse:
+        log.error("internal error: %s: %s", type(exc).__name__, exc, exc_info=log.isEnabledFor(logging.DEBUG))
+        return answer(500, "internal error in qatune ui (its log has the details)")
