@@ -21,10 +21,12 @@ tomllib = pytest.importorskip("tomllib", reason="reading pyproject.toml needs Py
 NEEDED = {
     "torch": ("2.6", "torch.distributed.fsdp exports fully_shard, MixedPrecisionPolicy, OffloadPolicy and "
                      "CPUOffloadPolicy (train/sharding.py); transformers 5 requires it too"),
-    "transformers": ("5.0", "rope_parameters, the tokenizers backend and the GGUF loader qatune reads files with"),
+    "transformers": ("5.18", "GgufConfig (5.17: model/sources.py loads a GGUF file dequantized) and the packaged "
+                             "SmolLM2 file's EOS read as <|im_end|>, not <|im_start|> (5.18)"),
     "pydantic": ("2.7", "ConfigDict(use_attribute_docstrings=True) (config/sections.py: every key's documentation)"),
     "gguf": ("0.16", "ReaderField.contents() (model/gguf_file.py: reading a file's metadata)"),
-    "peft": ("0.16", "LoRA layers with lora_variant and lora_bias (speedups/fused_lora.py)"),
+    "peft": ("0.18", "imports beside transformers 5 (0.17 imports its removed HybridCache); LoRA layers with "
+                     "lora_variant and lora_bias (0.16, speedups/fused_lora.py)"),
     "accelerate": ("1.0", "Accelerator and its MLflowTracker; TrackioTracker (train.report_to trackio) needs 1.9"),
     "click": ("8.1", "the command line; the tests read CliRunner's stderr apart, which needs 8.2"),
 }
