@@ -161,10 +161,14 @@ def train(ctx: click.Context, config_path: str | None, overrides: tuple[str, ...
 @click.option("--compare", "compare_with", default=None, metavar="base|RUN|FILE.gguf",
               help="Also evaluate another model on the same rows and write compare-<file>.md and .csv: base (the "
                    "run's model before fine-tuning), another run, or a .gguf file.")
+@click.option("--grounded", type=click.Choice(["auto", "on", "off"]), default=None,
+              help="Answer with a span of the row's passage (on), freely (off), or as the run decided when it "
+                   "trained (auto); default: the run's generate.grounded.")
 @click.option("--json", "as_json", is_flag=True, help="Print the metrics as JSON on stdout.")
 @verbose_option
 def eval_command(run_dir: str | None, data_file: str | None, which: str, base: bool, config_path: str | None,
-                 overrides: tuple[str, ...], batch_size: int | None, compare_with: str | None, as_json: bool) -> None:
+                 overrides: tuple[str, ...], batch_size: int | None, compare_with: str | None, grounded: str | None,
+                 as_json: bool) -> None:
     """Evaluate a trained run (or a .gguf file) on a held-out file: loss, perplexity, exact match, F1.
 
     Writes eval-<file>.json and predictions-<file>.csv into the run directory (beside a .gguf file:
@@ -179,7 +183,7 @@ def eval_command(run_dir: str | None, data_file: str | None, which: str, base: b
     from qatune.commands.evaluation import result_lines, run_eval
 
     result = run_eval(run_dir, data_file, which, base, config_path, overrides, batch_size, compare_with,
-                      progress=not as_json)
+                      progress=not as_json, grounded=grounded)
     if as_json:
         click.echo(json.dumps(result.as_json(), indent=2))
         return
@@ -214,15 +218,18 @@ def eval_command(run_dir: str | None, data_file: str | None, which: str, base: b
 @click.option("--top-p", type=click.FloatRange(min=0.0, max=1.0, min_open=True), default=None,
               help="Nucleus sampling threshold.")
 @click.option("--seed", type=int, default=None, help="Seed for sampling.")
+@click.option("--grounded", type=click.Choice(["auto", "on", "off"]), default=None,
+              help="Answer with a span of the row's passage (on), freely (off), or as the run decided when it "
+                   "trained (auto); default: the run's generate.grounded.")
 @verbose_option
 def generate(run_dir: str, question: str | None, context: str | None, context_file: str | None,
              data_file: str | None, fields: tuple[str, ...], output: str | None, overrides: tuple[str, ...],
              with_runs: tuple[str, ...], which: str, max_new_tokens: int | None, temperature: float | None,
-             top_p: float | None, seed: int | None) -> None:
+             top_p: float | None, seed: int | None, grounded: str | None) -> None:
     """Answer a question (or every row of --file) with a trained run or a .gguf file. Prints the answer only."""
     from qatune.commands.answering import run_generate
 
-    options = {"max_new_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p}
+    options = {"max_new_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p, "grounded": grounded}
     answer = run_generate(run_dir, question, context, context_file, data_file, fields, output, overrides, which,
                           options, seed, with_runs)
     click.echo(str(answer))

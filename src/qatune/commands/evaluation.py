@@ -23,8 +23,9 @@ class EvalResult:
 
 def run_eval(run_dir: str | None, data_file: str | None, which: str, base: bool, config_path: str | None,
              overrides: tuple[str, ...], batch_size: int | None, compare_with: str | None,
-             progress: bool) -> EvalResult:
-    """The options of ``qatune eval`` checked against each other, then the evaluation they ask for."""
+             progress: bool, grounded: str | None = None) -> EvalResult:
+    """The options of ``qatune eval`` checked against each other, then the evaluation they ask for. ``grounded``:
+    --grounded (generate.grounded for this evaluation; None: the run's own)."""
     from qatune.inference.evaluate import evaluate_base, evaluate_run
 
     if base:
@@ -34,7 +35,10 @@ def run_eval(run_dir: str | None, data_file: str | None, which: str, base: bool,
             raise QatuneError("--base evaluates the model a config starts from: pass --config X.yaml and no RUN_DIR")
         from qatune.config import load_config
 
-        return EvalResult(*evaluate_base(load_config(config_path, overrides), data_file, batch_size, progress))
+        config = load_config(config_path, overrides)
+        if grounded is not None:
+            config = config.model_copy(update={"generate": config.generate.model_copy(update={"grounded": grounded})})
+        return EvalResult(*evaluate_base(config, data_file, batch_size, progress))
     if run_dir is None:
         raise QatuneError("pass the RUN_DIR to evaluate (or --base --config X.yaml for the model before training)")
     if config_path is not None:
@@ -42,11 +46,12 @@ def run_eval(run_dir: str | None, data_file: str | None, which: str, base: bool,
     if data_file is None:
         raise QatuneError("pass the held-out file with --data FILE")
     if compare_with is None:
-        return EvalResult(*evaluate_run(run_dir, data_file, which, batch_size, progress, reading=overrides))
+        return EvalResult(*evaluate_run(run_dir, data_file, which, batch_size, progress, reading=overrides,
+                                        grounded=grounded))
     from qatune.inference.compare import compare_run
 
     run, compared = compare_run(run_dir, data_file, compare_with, which, batch_size, progress=progress,
-                                reading=overrides)
+                                reading=overrides, grounded=grounded)
     return EvalResult(run.metrics, run.paths, compared)
 
 
@@ -61,6 +66,9 @@ def result_lines(result: EvalResult) -> list[str]:
         value = metrics[key]
         lines.append(f"{key:<12} {value:.4f}" if isinstance(value, float) else f"{key:<12} n/a")
     lines.append(f"{'num_examples':<12} {metrics['num_examples']}")
+    if "grounded" in metrics:
+        lines.append(f"{'grounded':<12} {'on' if metrics['grounded'] else 'off'}; answers in their passage: "
+                     f"{metrics['in_passage'] or 0:.1f}%")
     lines += field_summary(metrics)
     lines.append(f"predictions  {paths['predictions']}")
     lines += [f"picture      {path}" for key, path in paths.items() if key not in ("metrics", "predictions")]

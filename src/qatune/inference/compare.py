@@ -36,6 +36,7 @@ from qatune.inference.evaluate import (
 )
 from qatune.inference.field_metrics import grading_metrics
 from qatune.inference.generate import run_answer_template, uses_context
+from qatune.inference.grounding import with_grounding
 from qatune.inference.metrics import best_scores, f1
 from qatune.inference.run_model import load_run_model, read_run
 from qatune.model.folder import ModelInfo
@@ -394,28 +395,31 @@ def _flag(value: bool | None) -> str:
 
 def compare_run(run_dir: str | Path, data_file: str | Path, other: str, which: str = layout.FINAL,
                 batch_size: int | None = None, progress: bool = False,
-                reading: list[str] | tuple[str, ...] = ()) -> tuple[Evaluation, dict[str, Any]]:
+                reading: list[str] | tuple[str, ...] = (), grounded: str | None = None
+                ) -> tuple[Evaluation, dict[str, Any]]:
     """Evaluate a run on a file, as ``qatune eval`` does (writing its results), then ``other`` on the same rows,
     and write compare-NAME.md and compare-NAME.csv beside the run's results.
 
     ``other``: "base" (the run's pretrained model before fine-tuning, prompted as the run is), another run
     directory or model folder, or a .gguf file. Each model is asked with the prompt it was trained with; both
     answers are scored with the run's answer fields. Returns the run's evaluation and the comparison's JSON
-    summary (:meth:`Comparison.summary`, with ``other`` and ``files``).
+    summary (:meth:`Comparison.summary`, with ``other`` and ``files``). ``grounded``: generate.grounded for both
+    models (None: each its own setting; auto is off for the base model).
     """
     config, info = read_run(run_dir, which)  # every problem with the other is found before a model loads
     if other == BASE:
         check_base(config, "--compare base")
     else:
         check_comparable(info, read_run(other)[1], str(run_dir), other)
-    run = run_evaluation(run_dir, data_file, which, batch_size, progress, reading)
+    run = run_evaluation(run_dir, data_file, which, batch_size, progress, reading, grounded)
     if other == BASE:
-        other_metrics, other_predictions, asked = base_predictions(config, run.records, batch_size, progress)
+        based = config.model_copy(update={"generate": with_grounding(config.generate, grounded)})
+        other_metrics, other_predictions, asked = base_predictions(based, run.records, batch_size, progress)
         other_name = base_name(config)
     else:
         loaded = load_run_model(other)
         other_metrics, other_predictions = evaluate_records(
-            loaded.model, loaded.tokenizer, loaded.info, run.records, loaded.config.generate,
+            loaded.model, loaded.tokenizer, loaded.info, run.records, with_grounding(loaded.config.generate, grounded),
             batch_size or loaded.config.train.eval_batch_size, progress, loaded.config.train.speedups)
         asked, other_name = loaded.info, str(loaded.folder)
         del loaded
@@ -429,6 +433,10 @@ def compare_run(run_dir: str | Path, data_file: str | Path, other: str, which: s
     if (asked.prompt_template, asked.answer_prefix) != (run.info.prompt_template, run.info.answer_prefix):
         notes.append(f"the two models are asked with different prompts: the run with "
                      f"{run.info.prompt_template!r}, the other with {asked.prompt_template!r}")
+    if run.metrics.get("grounded") != other_metrics.get("grounded"):
+        on, off = ("the run", "the other") if run.metrics.get("grounded") else ("the other", "the run")
+        notes.append(f"{on} answered with spans of the passage (grounded decoding), {off} freely; --grounded on or off "
+                     "decodes both alike")
     stem = run.paths["metrics"].stem.removeprefix("eval-")
     paths = {"markdown": run.paths["metrics"].parent / f"compare-{stem}.md",
              "csv": run.paths["metrics"].parent / f"compare-{stem}.csv"}

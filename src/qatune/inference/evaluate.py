@@ -24,6 +24,7 @@ from qatune.data.generative import (
     encode_examples,
 )
 from qatune.data.padding import IGNORE_INDEX
+from qatune.data.spans import in_passage
 from qatune.data.spreadsheet import QARecord, answer_kinds, answer_template, load_from_config
 from qatune.data.templates import PromptTemplate
 from qatune.errors import ConfigError
@@ -37,6 +38,8 @@ from qatune.inference.generate import (
     score_windows,
     uses_context,
 )
+from qatune.inference.grounding import grounded as grounded_on
+from qatune.inference.grounding import passage_metrics, with_grounding
 from qatune.inference.lockstep import Lockstep, in_step
 from qatune.inference.metrics import best_scores, corpus_scores
 from qatune.inference.run_model import load_run_model, model_id, read_run, results_place
@@ -60,9 +63,12 @@ def evaluate_records(model: Any, tokenizer: Any, info: ModelInfo, records: list[
                      speedups: str | list[str] = "auto") -> tuple[dict[str, Any], list[str]]:
     """Metrics (keys: exact_match, f1, loss, perplexity, num_examples) and one prediction per record.
     ``speedups``: the run's ``train.speedups``, which also decides how the loss is computed here."""
+    generate = generate or GenerateConfig()
     predictions, loss_sum, count = evaluation_parts(model, tokenizer, info, records, generate, batch_size, progress,
                                                     speedups)
-    return metrics_from(info, records, predictions, loss_sum, count), predictions
+    metrics = metrics_from(info, records, predictions, loss_sum, count)
+    metrics.update(passage_metrics(info, generate, records, predictions))
+    return metrics, predictions
 
 
 def evaluation_parts(model: Any, tokenizer: Any, info: ModelInfo, records: list[QARecord],
@@ -178,13 +184,15 @@ def _unsupervised_token(tokenizer: Any, device: torch.device) -> dict[str, torch
 
 def evaluate_run(run_dir: str | Path, data_file: str | Path, which: str = layout.FINAL,
                  batch_size: int | None = None, progress: bool = False,
-                 reading: list[str] | tuple[str, ...] = ()) -> tuple[dict[str, Any], dict[str, Path]]:
+                 reading: list[str] | tuple[str, ...] = (), grounded: str | None = None
+                 ) -> tuple[dict[str, Any], dict[str, Path]]:
     """Evaluate a run's model on a file; writes the metrics JSON and a predictions CSV next to the run.
 
     ``reading``: ``key=value`` changes to how the file is read (sheet, columns, delimiter: READING_KEYS),
-    for a held-out file laid out unlike the training file.
+    for a held-out file laid out unlike the training file. ``grounded``: generate.grounded for this evaluation
+    (auto, on or off; None: the run's own).
     """
-    done = run_evaluation(run_dir, data_file, which, batch_size, progress, reading)
+    done = run_evaluation(run_dir, data_file, which, batch_size, progress, reading, grounded)
     return done.metrics, done.paths
 
 
@@ -201,14 +209,16 @@ class Evaluation:
 
 def run_evaluation(run_dir: str | Path, data_file: str | Path, which: str = layout.FINAL,
                    batch_size: int | None = None, progress: bool = False,
-                   reading: list[str] | tuple[str, ...] = ()) -> Evaluation:
+                   reading: list[str] | tuple[str, ...] = (), grounded: str | None = None) -> Evaluation:
     """:func:`evaluate_run`, with the rows read and the predictions kept."""
     config, info = read_run(run_dir, which)  # the data file is read before the model
     data = with_reading_overrides(config, reading).data if reading else config.data
+    generate = with_grounding(config.generate, grounded)
+    grounded_on(info, generate)  # --grounded on for a run without passages fails before the model loads
     records, report = load_from_config(data, data_file, with_context=uses_context(info))
     loaded = load_run_model(run_dir, which)
     metrics, predictions = evaluate_records(
-        loaded.model, loaded.tokenizer, loaded.info, records, loaded.config.generate,
+        loaded.model, loaded.tokenizer, loaded.info, records, generate,
         batch_size or loaded.config.train.eval_batch_size, progress, loaded.config.train.speedups,
     )
     metrics["data_file"] = str(data_file)
@@ -224,7 +234,8 @@ def evaluate_base(config: Config, data_file: str | Path | None = None, batch_siz
                   progress: bool = False) -> tuple[dict[str, Any], dict[str, Path]]:
     """The untouched pretrained model of a config, prompted exactly as a run of that config would be,
     on data.eval_file (or ``data_file``): what fine-tuning starts from. Writes the metrics JSON and a
-    predictions CSV into OUTPUT_DIR-base/ (the run directory itself stays free for training)."""
+    predictions CSV into OUTPUT_DIR-base/ (the run directory itself stays free for training). Its generate.grounded
+    auto is off (nothing was trained to decide it); on grounds it."""
     check_base(config)
     data_file = data_file or config.data.eval_file
     if data_file is None:
@@ -297,7 +308,7 @@ def write_results(out_dir: Path, data_file: str | Path, metrics: dict[str, Any],
         log.warning("replacing %s, the results of %s (files of one name share their results' names)",
                     paths["metrics"].name, before)
     atomic.atomic_write_text(paths["metrics"], json.dumps(metrics, indent=2) + "\n")
-    write_predictions(paths["predictions"], records, predictions, info)
+    write_predictions(paths["predictions"], records, predictions, info, metrics.get("grounded"))
     template = run_answer_template(info) if info is not None else None
     if template is not None and "fields" in metrics:
         parsed = [template.parse(p) for p in predictions]
@@ -310,22 +321,27 @@ def write_results(out_dir: Path, data_file: str | Path, metrics: dict[str, Any],
 
 
 def write_predictions(path: Path, records: list[QARecord], predictions: list[str],
-                      info: ModelInfo | None = None) -> None:
+                      info: ModelInfo | None = None, grounded: bool | None = None) -> None:
     """CSV with one row per question; the em and f1 columns (0-100) average to the reported metrics.
 
     A run with answer fields (``info``) adds ``parsed`` (true/false: whether the prediction has every field of the
-    answer template) and, per field, ``FIELD (gold)`` and ``FIELD (predicted)`` (empty where it did not parse)."""
+    answer template) and, per field, ``FIELD (gold)`` and ``FIELD (predicted)`` (empty where it did not parse).
+    ``grounded`` (a run that reads a passage: whether its decoding was grounded) adds ``grounded`` and
+    ``in_passage`` (true/false: whether the prediction is a span of the row's passage)."""
     template = run_answer_template(info) if info is not None else None
     names = list(template.columns) if template is not None else []
     buffer = io.StringIO()
     writer = csv.writer(buffer)
     writer.writerow(["row", "question", "gold", "prediction", "em", "f1",
+                     *(["grounded", "in_passage"] if grounded is not None else []),
                      *(["parsed"] if template is not None else []),
                      *(f"{name} ({side})" for name in names for side in ("gold", "predicted"))])
     for record, prediction in zip(records, predictions, strict=True):
         em, f1 = best_scores(prediction, record.answers)
         line = [record.row, record.question, " | ".join(record.answers), prediction, round(100 * em),
                 round(100 * f1, 2)]
+        if grounded is not None:
+            line += [str(grounded).lower(), str(in_passage(prediction, record.context or "")).lower()]
         if template is not None:
             parsed = template.parse(prediction)
             line.append("true" if template.complete(parsed) else "false")

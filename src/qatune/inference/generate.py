@@ -7,6 +7,7 @@ Extractive: every window of the context is scored and the best span is cut from 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ from qatune.data.templates import PromptTemplate
 from qatune.errors import ConfigError, DataError
 from qatune.inference.batches import inference_precision, length_sorted_batches
 from qatune.inference.field_choice import chooses_fields, write_answers
+from qatune.inference.grounding import AllowedAnswers, GroundedLogits, allowed_answers, grounded, no_answer_text
 from qatune.inference.lockstep import Lockstep
 from qatune.model.folder import ModelInfo
 from qatune.model.objectives import span_logits, span_loss_sum
@@ -77,13 +79,22 @@ def generate_answers(model: Any, tokenizer: Any, info: ModelInfo, questions: lis
     if lockstep is None and chooses_fields(info, generate):
         return write_answers(model, tokenizer, info, prompts, generate, lambda continued: _continuations(
             model, tokenizer, info, continued, generate, batch_size, progress, encoder, None))
-    return _continuations(model, tokenizer, info, prompts, generate, batch_size, progress, encoder, lockstep)
+    spans = None
+    if grounded(info, generate):
+        prefix, stops, no_answer = "" if info.seq2seq else info.answer_prefix, encoder.stop_ids, no_answer_text(info)
+
+        def spans(rows: list[int]) -> list[AllowedAnswers | None]:
+            return allowed_answers(tokenizer, [contexts[i] for i in rows], prefix, stops, generate.max_new_tokens,
+                                   no_answer)
+    return _continuations(model, tokenizer, info, prompts, generate, batch_size, progress, encoder, lockstep, spans)
 
 
 def _continuations(model: Any, tokenizer: Any, info: ModelInfo, prompts: list[list[int]], generate: GenerateConfig,
-                   batch_size: int, progress: bool, encoder: Any, lockstep: Lockstep | None) -> list[str]:
-    """What the model writes after each prompt (token ids) until an end token, decoded."""
-    from transformers import GenerationConfig
+                   batch_size: int, progress: bool, encoder: Any, lockstep: Lockstep | None,
+                   spans: Callable[[list[int]], list[AllowedAnswers | None]] | None = None) -> list[str]:
+    """What the model writes after each prompt (token ids) until an end token, decoded. ``spans``: the allowed
+    answers of the given rows (grounded decoding), built batch by batch."""
+    from transformers import GenerationConfig, LogitsProcessorList
 
     sampling = generate.temperature > 0
     config = GenerationConfig(
@@ -97,9 +108,13 @@ def _continuations(model: Any, tokenizer: Any, info: ModelInfo, prompts: list[li
     for chunk, mine in length_sorted_batches([len(p) for p in prompts], batch_size, progress, "generate", lockstep):
         pad = right_pad if info.seq2seq else left_pad  # a decoder-only model continues from the right edge
         input_ids, attention_mask = pad([prompts[i] for i in chunk], tokenizer.pad_token_id)
+        processors = LogitsProcessorList()
+        if spans is not None:  # generated tokens start after the prompt (causal) or the decoder start token
+            processors.append(GroundedLogits(spans(chunk), 1 if info.seq2seq else input_ids.shape[1]))
         with torch.inference_mode(), inference_precision(generate.precision, device):
             out = model.generate(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device),
-                                 generation_config=config, synced_gpus=True if lockstep is not None else None)
+                                 generation_config=config, logits_processor=processors,
+                                 synced_gpus=True if lockstep is not None else None)
         if not mine:
             continue
         # Seq2seq output starts with the decoder start token; a causal LM's repeats the prompt.
@@ -170,9 +185,10 @@ def answer_one(run_dir: str | Path, question: str, context: str | None = None, c
 
     if context_file is not None:
         context = _read_context(context_file)
-    _, info = read_run(run_dir, which)  # what the prompt needs, before the model loads
+    config, info = read_run(run_dir, which)  # what the prompt needs, before the model loads
     _check_context(info, context)
     given = _check_fields(info, fields or {})
+    grounded(info, generate_config(config.generate, options))  # --grounded on where it cannot be
     loaded = load_run_model(run_dir, which)
     seed_sampling(seed)
     generate = generate_config(loaded.config.generate, options)

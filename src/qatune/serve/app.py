@@ -21,7 +21,16 @@ from fastapi.responses import FileResponse, HTMLResponse
 
 from qatune.data.generative import PromptEncoder, Seq2SeqEncoder
 from qatune.data.templates import PromptTemplate
+from qatune.errors import ConfigError
 from qatune.inference.generate import prompt_budget, run_answer_template, uses_context
+from qatune.inference.grounding import (
+    AllowedAnswers,
+    allowed_answers,
+    can_ground,
+    grounded,
+    no_answer_text,
+    with_grounding,
+)
 from qatune.inference.run_model import model_id
 from qatune.model.folder import LoadedModel
 from qatune.model.sources import model_max_positions
@@ -239,7 +248,25 @@ class Service:
             top_p=body.top_p if body.top_p is not None else defaults.top_p,
             stop=body.stops, seed=body.seed,
         )
-        return Generation(prompt, sampling)
+        return Generation(prompt, sampling, self.spans(body, context, sampling.max_tokens))
+
+    def spans(self, body: CompletionRequest | ChatRequest | AnswerRequest, context: str | None,
+              max_tokens: int) -> AllowedAnswers | None:
+        """The answers the passage allows when the request's ``grounded`` (or the run's generate.grounded) turns
+        grounded decoding on; None otherwise."""
+        if not self.grounds(body.grounded):
+            return None
+        prefix = "" if self.info.seq2seq else self.info.answer_prefix
+        return allowed_answers(self.loaded.tokenizer, [context], prefix, self.encoder.stop_ids, max_tokens,
+                               no_answer_text(self.info))[0]
+
+    def grounds(self, setting: str | None) -> bool:
+        """Whether a request with ``grounded: setting`` is answered with a span of its passage."""
+        try:
+            return grounded(self.info, with_grounding(self.loaded.config.generate, setting))
+        except ConfigError as exc:
+            raise ApiError(400, str(exc).replace("generate.grounded on", "'grounded': 'on'"), param="grounded",
+                           code="unsupported_parameter") from None
 
     def _no_room(self, budget: int, answer_tokens: int, requested: int | None) -> str:
         if self.info.seq2seq:
@@ -329,9 +356,12 @@ class Service:
         slot = self.gate.enter()
         try:
             reply = Reply(self.model_id, False, prompt_tokens, self.loaded.tokenizer)
-            return await reply.answer(self.events(request, stream=False), self.answer_template)
+            answer = await reply.answer(self.events(request, stream=False), self.answer_template)
         finally:
             slot.release()
+        if isinstance(request, Generation) and can_ground(self.info):
+            answer["grounded"] = request.spans is not None  # whether the answer was held to spans of the passage
+        return answer
 
     async def extract(self, body: ExtractRequest) -> dict[str, Any]:
         self.check_model(body.model)
@@ -405,7 +435,16 @@ class Service:
             "loss_curve": "/run/loss.png" if (self.run_dir / "loss.png").is_file() else None,
             "limits": asdict(self.limits), "max_batch_size": self.settings.max_batch_size,
             "max_tokens_default": self.loaded.config.generate.max_new_tokens,
+            "grounding": self.grounding_summary(),
         }
+
+    def grounding_summary(self) -> dict[str, Any] | None:
+        """Whether the run can answer with spans of the passage, whether it does unless a request says otherwise,
+        and what its training answers showed (None for a run that cannot be grounded)."""
+        if not can_ground(self.info):
+            return None
+        return {"default": self.grounds(None), "setting": self.loaded.config.generate.grounded,
+                "training": self.info.grounding}
 
     @property
     def uses_context(self) -> bool:

@@ -23,6 +23,7 @@ import torch
 from qatune.data.extractive import best_span_offsets, prepare_features
 from qatune.data.spreadsheet import QARecord
 from qatune.inference.generate import score_windows
+from qatune.inference.grounding import AllowedAnswers
 from qatune.model.folder import LoadedModel
 from qatune.serve.decoding import AnswerText, Decoder, Sampling
 
@@ -35,6 +36,8 @@ class Generation:
 
     prompt: list[int]
     sampling: Sampling
+    spans: AllowedAnswers | None = None
+    """Grounded decoding: the answers the passage allows (None: any answer)."""
 
 
 @dataclass(frozen=True)
@@ -250,6 +253,7 @@ class _Row:
         self.request: Generation = job.request
         sampling = self.request.sampling
         self.answer = AnswerText(tokenizer, sampling.max_tokens, sampling.stop, incremental=job.stream)
+        self.tokens: list[int] = []
         self.generator = None
         if sampling.seed is not None:
             self.generator = torch.Generator().manual_seed(sampling.seed)
@@ -258,7 +262,12 @@ class _Row:
     def finished(self) -> bool:
         return self.answer.finish_reason is not None or self.job.cancelled
 
+    def allowed(self) -> list[int] | None:
+        spans = self.request.spans
+        return spans.allowed(self.tokens) if spans is not None else None
+
     def push(self, token: int) -> None:
+        self.tokens.append(token)
         piece = self.answer.push(token)
         if piece and self.job.stream:
             self.job.notify(Delta(piece))

@@ -19,6 +19,7 @@ from typing import Any, Protocol
 import torch
 
 from qatune.data.padding import left_pad, right_pad
+from qatune.inference.grounding import ground_scores
 
 log = logging.getLogger("qatune")
 
@@ -33,13 +34,16 @@ class Sampling:
 
 
 class Row(Protocol):
-    """What the decoder needs of a row: its prompt and sampling, its generator, where its tokens go."""
+    """What the decoder needs of a row: its prompt and sampling, its generator, the tokens it may take next (None:
+    any; grounded decoding), where its tokens go."""
 
     request: Any
     generator: Any
 
     @property
     def finished(self) -> bool: ...
+
+    def allowed(self) -> list[int] | None: ...
 
     def push(self, token: int) -> None: ...
 
@@ -121,6 +125,7 @@ class Decoder:
         logits = steps.start([row.request.prompt for row in rows])
         joinable = more is not None and steps.joinable
         while rows:
+            logits = ground_scores(logits, [row.allowed() for row in rows])
             tokens = choose_tokens(logits, [row.request.sampling for row in rows], [row.generator for row in rows])
             for row, token in zip(rows, tokens.tolist()):
                 row.push(token)

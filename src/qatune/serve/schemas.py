@@ -69,6 +69,9 @@ class _Sampling(_Request):
     fields: dict[StrictStr, StrictStr] | None = None
     """qatune: the other columns the run's prompt names (``{"Total Marks": 3}``); numbers become text as
     in a spreadsheet (3.0 -> "3")."""
+    grounded: Literal["auto", "on", "off"] | None = None
+    """qatune: answer with a span of the passage (on), freely (off), or as the run decided (auto); default: the
+    run's generate.grounded."""
 
     @field_validator("stop", mode="before")
     @classmethod

@@ -29,6 +29,7 @@ from qatune.data.generative import (
 )
 from qatune.data.grading_rows import SettledFields, apply_spellings, settle_fields
 from qatune.data.scoring import ScoringCollator, ScoringEncoder
+from qatune.data.spans import passage_answers
 from qatune.data.spreadsheet import (
     LoadReport,
     QARecord,
@@ -245,7 +246,23 @@ def _encode_generative(config: Config, built: _Model, records: list[QARecord], t
                      answer_fields=settled.kinds if settled else None,
                      answer_template=settled.template.template if settled else None,
                      field_specs={name: spec.to_json() for name, spec in settled.specs.items()} if settled else None)
+    info.grounding = _grounding(config, template, settled, records)
     return _Encoded(examples, collator, info, records, findings)
+
+
+def _grounding(config: Config, template: PromptTemplate, settled: SettledFields | None,
+               records: list[QARecord]) -> dict[str, Any] | None:
+    """How the training answers relate to their passages, and what generate.grounded auto decides from it (saved
+    with the run); None for a run that cannot be grounded (no {context}, or a grading sheet's answer fields)."""
+    if not template.uses_context or settled is not None:
+        if config.generate.grounded == "on":
+            why = "its answers are a grading sheet's fields" if settled is not None else "its prompt has no {context}"
+            raise ConfigError(f"generate.grounded on: grounded decoding answers with a span of the passage, and this "
+                              f"run has none to take ({why}); use auto or off")
+        return None
+    answers = passage_answers(records)
+    log.info("grounding: %s", answers.describe())
+    return answers.to_json()
 
 
 def _encode_scoring(config: Config, built: _Model, records: list[QARecord], train_report: LoadReport,

@@ -1,0 +1,265 @@
+"""Grounded decoding: a generated answer that is a span of the row's passage, then the end token.
+
+Each row's allowed answers are built once, before decoding: every span of the passage (:mod:`qatune.data.spans`)
+as the run's tokenizer writes it as an answer (the answer prefix, then the span, as training encoded answers),
+also with its first letter's case swapped ("The Rhine" for "the Rhine"), and the run's no-answer text when it
+has one, each a path of token ids with the lengths at which it may end. At each step a row's allowed tokens are
+the next tokens of the paths its tokens so far follow (found through their first token), never a scan of the
+passage. :class:`GroundedLogits` applies them in ``model.generate`` (greedy, sampling or beam search); ``qatune
+serve`` applies :meth:`AllowedAnswers.allowed` to its own logits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import torch
+
+from qatune.config import GenerateConfig
+from qatune.data.spans import PassageAnswers, in_passage, pieces
+from qatune.data.spreadsheet import QARecord
+from qatune.data.templates import PromptTemplate
+from qatune.errors import ConfigError
+from qatune.model.folder import ModelInfo
+
+
+class AllowedAnswers:
+    """The token sequences a row's answer may be: each candidate a path of tokens and the lengths after which the
+    answer may end there. ``stop_ids`` end an answer."""
+
+    def __init__(self, stop_ids: Sequence[int]):
+        self.stop_ids = list(stop_ids)
+        self.paths: list[tuple[list[int], frozenset[int]]] = []
+        self.by_first: dict[int, list[int]] = {}
+
+    def add(self, tokens: Sequence[int], ends: Iterable[int] | None = None) -> None:
+        """One path; the answer may end after ``ends`` of its tokens (counts; default: after all of them)."""
+        tokens = list(tokens)
+        ends = frozenset(e for e in ends if 0 < e <= len(tokens)) if ends is not None else frozenset({len(tokens)})
+        if not tokens or not ends:
+            return
+        self.by_first.setdefault(tokens[0], []).append(len(self.paths))
+        self.paths.append((tokens[: max(ends)], ends))
+
+    def allowed(self, generated: Sequence[int]) -> list[int] | None:
+        """The tokens that may follow ``generated``; None once the answer has ended or left every path (a finished
+        row's padding), and the stop tokens where no path continues (an answer cut at max_new_tokens)."""
+        n = len(generated)
+        if n == 0:
+            return list(self.by_first)
+        if any(token in self.stop_ids for token in generated):
+            return None
+        paths = [self.paths[i] for i in self.by_first.get(generated[0], ())]
+        paths = [(tokens, ends) for tokens, ends in paths if len(tokens) >= n and tokens[:n] == list(generated)]
+        if not paths:
+            return None
+        tokens = list({path[n] for path, _ in paths if len(path) > n})
+        if not tokens or any(n in ends for _, ends in paths):
+            tokens += self.stop_ids
+        return tokens
+
+    def answers(self) -> set[tuple[int, ...]]:
+        """Every token sequence after which the answer may end (for tests and inspection)."""
+        return {tuple(tokens[:end]) for tokens, ends in self.paths for end in ends}
+
+
+def allowed_answers(tokenizer: Any, passages: Sequence[str | None], prefix: str, stop_ids: Sequence[int],
+                    max_tokens: int, no_answer: str | None = None) -> list[AllowedAnswers | None]:
+    """The allowed answers of each passage (None for a row without one, which is answered freely). ``prefix``: the
+    run's answer prefix (what training put before every answer); answers are at most ``max_tokens`` tokens.
+
+    With a fast tokenizer each passage is tokenized once: a span is the tokens of its first words as an answer
+    starts them, then the passage's own tokens from the next word on (a word after a space is tokenized alike
+    wherever it stands). Where the passage's tokens do not break at that space, and with a slow tokenizer, the
+    spans are tokenized whole."""
+    rows = [_Passage(text, prefix, max_tokens) if text and text.strip() else None for text in passages]
+    fast = getattr(tokenizer, "is_fast", False)
+    texts = [text for row in rows if row is not None for text in row.texts(fast)]
+    encoded = tokenizer(texts, add_special_tokens=False, return_offsets_mapping=fast) if texts else None
+    extra = _tokenized(tokenizer, [prefix + no_answer] if no_answer else [])
+    found: list[AllowedAnswers | None] = []
+    at = 0
+    for row in rows:
+        if row is None:
+            found.append(None)
+            continue
+        allowed = AllowedAnswers(stop_ids)
+        n = len(row.texts(fast))
+        assert encoded is not None
+        where = encoded["offset_mapping"][at : at + n] if fast else [None] * n
+        row.fill(allowed, tokenizer, encoded["input_ids"][at : at + n], where)
+        at += n
+        for tokens in extra:
+            allowed.add(tokens[:max_tokens])
+        found.append(allowed)
+    return found
+
+
+class _Passage:
+    """A passage's spans: from each piece, with its first letter as written and with its case swapped."""
+
+    def __init__(self, passage: str, prefix: str, max_tokens: int):
+        parts = pieces(passage)
+        # the passage with every whitespace run as one space, and each piece's offsets in it
+        text = ""
+        self.starts: list[int] = []
+        self.ends: list[int] = []
+        for part in parts:
+            text += (" " if part.spaced else "") + passage[part.start : part.end]
+            self.starts.append(len(text) - (part.end - part.start))
+            self.ends.append(len(text))
+        self.text, self.prefix, self.max_tokens = text, prefix, max_tokens
+        self.heads: list[tuple[int, int, str]] = []
+        """(first piece, the first piece after a space that follows it (or the number of pieces), the answer's
+        prefix and first letter)"""
+        after_space = len(parts)
+        for i in reversed(range(len(parts))):
+            self.heads += [(i, after_space, prefix + first) for first in _case_variants(text[self.starts[i]])]
+            if parts[i].spaced:
+                after_space = i
+
+    def span(self, first: int, last: int, lead: str) -> str:
+        """The answer text of pieces ``first`` to ``last``, starting with ``lead`` (the prefix and first letter)."""
+        return lead + self.text[self.starts[first] + 1 : self.ends[last]]
+
+    def _last(self, first: int) -> int:
+        return min(len(self.ends), first + self.max_tokens) - 1  # a piece is at least one token
+
+    def texts(self, fast: bool) -> list[str]:
+        """What to tokenize: the passage and each span's first words (fast), or every span (slow)."""
+        if fast:
+            return [self.text] + [self.span(i, nxt - 1, lead) for i, nxt, lead in self.heads]
+        return [self.span(i, j, lead) for i, _, lead in self.heads for j in range(i, self._last(i) + 1)]
+
+    def fill(self, allowed: AllowedAnswers, tokenizer: Any, ids: list[list[int]], offsets: list[Any]) -> None:
+        if offsets[0] is None:  # a slow tokenizer: every span tokenized whole
+            for tokens in ids:
+                if len(tokens) <= self.max_tokens:
+                    allowed.add(tokens)
+            return
+        passage_ids = ids[0]
+        passage_after = {end: n for n, (_, end) in enumerate(offsets[0], 1)}  # char -> tokens up to it
+        whole: list[str] = []
+        for (i, nxt, lead), head_ids, head_offsets in zip(self.heads, ids[1:], offsets[1:], strict=True):
+            last = self._last(i)
+            shift = self.starts[i] - len(self.prefix)  # head offsets -> passage offsets
+            after = {shift + end: n for n, (_, end) in enumerate(head_offsets, 1)}
+            tokens = list(head_ids)
+            if nxt <= last:
+                space = self.starts[nxt] - 1
+                joint = passage_after.get(space)
+                if joint is None or joint >= len(passage_ids) or offsets[0][joint][0] not in (space, space + 1):
+                    # the passage's tokens do not break at the space: every span from here tokenized whole
+                    whole += [self.span(i, j, lead) for j in range(i, last + 1)]
+                    continue
+                tokens += passage_ids[joint : joint + self.max_tokens]
+                for end in self.ends[nxt : last + 1]:
+                    n = passage_after.get(end)
+                    if n is not None:
+                        after[end] = len(head_ids) + n - joint
+            tokens = tokens[: self.max_tokens]
+            ends = []
+            for j in range(i, last + 1):
+                n = after.get(self.ends[j])
+                if n is None:  # the span ends inside a token of the longer one
+                    whole.append(self.span(i, j, lead))
+                elif n <= self.max_tokens:
+                    ends.append(n)
+            allowed.add(tokens, ends)
+        for tokens in _tokenized(tokenizer, whole):
+            if len(tokens) <= self.max_tokens:
+                allowed.add(tokens)
+
+
+def _case_variants(first: str) -> list[str]:
+    """A span's first letter, and that letter with its case swapped (when that is one letter)."""
+    swapped = first.swapcase()
+    return [first, swapped] if len(swapped) == 1 and swapped != first else [first]
+
+
+def _tokenized(tokenizer: Any, texts: list[str]) -> list[list[int]]:
+    return tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
+
+
+class GroundedLogits:
+    """A transformers logits processor: each row's scores outside its allowed tokens set to -inf.
+
+    ``allowed``: one per batch row (None: unconstrained); ``start``: the column of ``input_ids`` where the generated
+    tokens begin (a causal LM's padded prompt width; 1 after an encoder-decoder's decoder start token); ``beams``:
+    rows per batch row (beam search lays a row's beams side by side)."""
+
+    def __init__(self, allowed: Sequence[AllowedAnswers | None], start: int, beams: int = 1):
+        self.allowed = list(allowed)
+        self.start = start
+        self.beams = beams
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        return ground_scores(scores, [answers.allowed(generated) if answers is not None else None
+                                      for answers, generated in zip(
+                                          (self.allowed[row // self.beams] for row in range(len(input_ids))),
+                                          input_ids[:, self.start :].tolist())])
+
+
+def ground_scores(scores: torch.Tensor, allowed: Sequence[list[int] | None]) -> torch.Tensor:
+    """``scores`` (rows x vocabulary) with -inf outside each row's allowed tokens (None: the row is left as is),
+    changed in place: the allowed scores kept aside, the rows filled, the kept scores put back."""
+    constrained = [row for row, tokens in enumerate(allowed) if tokens is not None]
+    if not constrained:
+        return scores
+    rows = torch.tensor([row for row in constrained for _ in allowed[row]], device=scores.device)  # type: ignore[union-attr]
+    columns = torch.tensor([token for row in constrained for token in allowed[row]], device=scores.device)  # type: ignore[union-attr]
+    kept = scores[rows, columns]
+    if len(constrained) == len(scores):
+        scores.fill_(float("-inf"))
+    else:
+        scores.index_fill_(0, torch.tensor(constrained, device=scores.device), float("-inf"))
+    scores[rows, columns] = kept
+    return scores
+
+
+def can_ground(info: ModelInfo) -> bool:
+    """Whether a run writes free-text answers about a passage: generative, with {context}, without answer fields."""
+    return (info.task == "generative" and not info.answer_fields
+            and PromptTemplate(info.prompt_template).uses_context)
+
+
+def grounded(info: ModelInfo, generate: GenerateConfig) -> bool:
+    """Whether ``generate.grounded`` turns grounded decoding on for the run: ``auto`` as training decided it (runs
+    whose training answers are spans of their passages); ``on`` refuses a run that cannot be grounded."""
+    setting = generate.grounded
+    if setting == "off" or info.task in ("extractive", "scoring"):
+        return False  # an extractive run's answers are spans already; a scoring run writes no text
+    if setting == "on":
+        if not can_ground(info):
+            why = ("its answers are a grading sheet's fields" if info.answer_fields
+                   else "its prompt has no {context}: it answers from the question alone")
+            raise ConfigError(f"generate.grounded on: grounded decoding answers with a span of the passage, and this "
+                              f"run has none to take ({why}); use auto or off")
+        return True
+    answers = PassageAnswers.from_json(info.grounding)
+    return can_ground(info) and answers is not None and answers.auto
+
+
+def no_answer_text(info: ModelInfo) -> str | None:
+    """The run's fixed answer for a question its passage does not answer, learned from its training rows."""
+    answers = PassageAnswers.from_json(info.grounding)
+    return answers.no_answer if answers is not None else None
+
+
+def with_grounding(generate: GenerateConfig, setting: str | None) -> GenerateConfig:
+    """``generate`` with ``generate.grounded`` set to ``setting`` (--grounded), or as it is for None."""
+    return generate if setting is None else generate.model_copy(update={"grounded": setting})
+
+
+def passage_metrics(info: ModelInfo, generate: GenerateConfig, records: Sequence[QARecord],
+                    predictions: Sequence[str]) -> dict[str, Any]:
+    """For a run that reads a passage and writes its answers: whether decoding was grounded, and the share of answers
+    (0-100) that are spans of their passage (or the no-answer text). Empty for other runs."""
+    if not can_ground(info):
+        return {}
+    no_answer = (no_answer_text(info) or "").casefold()
+    found = [bool(p.strip()) and (in_passage(p, r.context or "") or p.strip().casefold() == no_answer)
+             for p, r in zip(predictions, records, strict=True)]
+    return {"grounded": grounded(info, generate),
+            "in_passage": round(100 * sum(found) / len(found), 2) if found else None}
