@@ -71,14 +71,17 @@ class Job:
         return self.process.poll()
 
     def log_lines(self, count: int = 30) -> list[str]:
-        """The last lines of its stderr, a progress bar's redrawn line once."""
+        """The last lines of its stderr, a progress bar redrawn many times once (its last drawing)."""
         try:
             with open(self.log, "rb") as f:
                 f.seek(max(0, f.seek(0, os.SEEK_END) - LOG_TAIL_BYTES))
                 text = f.read().decode("utf-8", errors="replace")
         except OSError:
             return []
-        return [line for line in re.split(r"[\r\n]+", text) if line.strip()][-count:]
+        lines = [line for line in re.split(r"[\r\n]+", text) if line.strip()]
+        bar = re.compile(r"^\w+: +\d+%\|")  # tqdm's "train:  45%|"
+        shown = [line for line, after in zip(lines, [*lines[1:], ""]) if not (bar.match(line) and bar.match(after))]
+        return shown[-count:]
 
     def output_text(self) -> str:
         try:

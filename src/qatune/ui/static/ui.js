@@ -428,6 +428,7 @@ function renderProgress(p) {
     stat("elapsed", duration(p.elapsed_s), "stat-elapsed"),
     stat("time left", running ? duration(p.remaining_s) : "–", "stat-left"));
   $("train-stats").dataset.status = p.status || "";
+  $("train-stats").dataset.step = String(p.step);
   $("train-stats").dataset.running = running ? "yes" : "no";
   drawCurve(p);
   $("train-log").textContent = job ? job.log.join("\n") : "";
@@ -549,8 +550,8 @@ function renderCompare(job) {
     el("th", {}, "question"), el("th", {}, "gold"), el("th", {}, "tuned"), el("th", {}, "base / other")), rows);
   const more = job.result.rows_total > job.result.rows.length
     ? el("p", { class: "muted" }, "the first " + job.result.rows.length + " of " + job.result.rows_total + " rows; the csv has them all") : null;
-  $("compare-result").replaceChildren(table, summary, el("h3", {}, "The rows, those that changed first"), list, more,
-    el("button", { class: "next", onclick: () => show("try") }, "Next: try it"));
+  $("compare-result").replaceChildren(...[table, summary, el("h3", {}, "The rows, those that changed first"), list, more,
+    el("button", { class: "next", onclick: () => show("try") }, "Next: try it")].filter((node) => node !== null));
 }
 
 // 5. Try and take

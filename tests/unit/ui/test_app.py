@@ -1,0 +1,97 @@
+"""qatune ui's routes, in process: every error a request can cause is a 4xx with its message (never a 500), nothing
+outside the workspace is reached, and a key guards everything but the page itself."""
+
+import pytest
+
+from tests.conftest import ROOT
+
+fastapi = pytest.importorskip("fastapi")
+
+FAQ = (ROOT / "examples" / "data" / "faq.csv").read_bytes()
+
+
+@pytest.fixture
+def client(tmp_path):
+    from fastapi.testclient import TestClient
+
+    from qatune.ui.app import UiSettings, create_app
+    from qatune.ui.workspace import Workspace
+
+    with TestClient(create_app(Workspace(tmp_path / "ws"), UiSettings(max_upload_bytes=50_000))) as client:
+        yield client
+
+
+def message(response):
+    return response.json()["error"]["message"]
+
+
+def test_the_page_and_its_files_come_from_qatune(client):
+    page = client.get("/")
+    assert page.status_code == 200 and '<script src="/static/ui.js"></script>' in page.text
+    assert "http" not in page.text.split("<body>")[1]  # nothing loaded from elsewhere
+    assert client.get("/static/ui.js").headers["content-type"].startswith("text/javascript")
+    assert client.get("/static/ui.css").status_code == 200
+    assert client.get("/static/secret.py").status_code == 404
+    try_page = client.get("/try/")
+    assert "qatune serve" in try_page.text and "'/try' + path" in try_page.text
+    assert client.get("/try/v1/models").status_code == 409
+    assert message(client.get("/nowhere")) == "no route GET /nowhere"
+
+
+def test_a_sheet_from_upload_to_config(client):
+    described = client.post("/api/sheets?name=faq.csv", content=FAQ).json()
+    assert described["guesses"]["question"]["column"] == "question" and described["rows"] == 150
+    assert client.get("/api/state").json()["project"]["sheet"] == "faq.csv"
+    written = client.post("/api/configs", json={"sheet": "faq.csv", "question": "question", "answers": ["answer"],
+                                                "model": "scratch", "run": "faq"}).json()
+    assert written["config"] == "configs/faq.yaml"
+    assert client.get("/api/files/configs/faq.yaml").text == written["yaml"]
+    refused = client.post("/api/train", json={"config": "configs/faq.yaml"})
+    assert refused.status_code == 409 and "check configs/faq.yaml first" in message(refused)
+    edited = client.put("/api/configs/configs/faq.yaml", json={"yaml": written["yaml"] + "unknown_key: 1\n"})
+    assert edited.status_code == 400 and "unknown_key" in message(edited)
+    assert message(client.post("/api/configs", json={"sheet": "faq.csv"})).startswith("question: ")
+
+
+def test_sheets_that_cannot_be_read_give_their_message(client):
+    broken = client.post("/api/sheets?name=broken.csv", content=b"question,answer\nwhat?,this,and that\n")
+    assert broken.status_code == 400 and "line 2 has 3 cells but the header has 2" in message(broken)
+    not_a_workbook = client.post("/api/sheets?name=marks.xlsx", content=b"question,answer\nq,a\n")
+    assert not_a_workbook.status_code == 400 and "cannot be opened as an Excel workbook" in message(not_a_workbook)
+    damaged = client.post("/api/sheets?name=rows.parquet", content=b"PAR1 not really")
+    assert damaged.status_code == 400 and "rows.parquet" in message(damaged)
+    assert client.post("/api/sheets?name=notes.txt", content=b"x").status_code == 400
+    too_big = client.post("/api/sheets?name=big.csv", content=b"question,answer\n" + b"q,a\n" * 20_000)
+    assert too_big.status_code == 413 and "upload limit" in message(too_big)
+
+
+def test_nothing_outside_the_workspace(client, tmp_path):
+    (tmp_path / "secret.csv").write_text("question,answer\nwho knows?,the secret\n", encoding="utf-8")
+    for path in ("/api/files/..%2Fsecret.csv", "/api/sheets/..%2F..%2Fsecret.csv", "/api/runs/..%2F..%2F/progress"):
+        response = client.get(path)
+        assert response.status_code in (400, 404) and "the secret" not in response.text
+    client.post("/api/sheets?name=faq.csv", content=FAQ)
+    assert client.get("/api/files/.qatune-ui/x.log").status_code == 404
+    missing = client.get("/api/runs/faq/final.zip")
+    assert missing.status_code == 404 and "no run 'runs/faq'" in message(missing)
+
+
+def test_a_request_body_over_the_limit(client):
+    response = client.post("/api/configs", content=b"{" + b" " * 1_100_000 + b"}",
+                           headers={"content-type": "application/json"})
+    assert response.status_code == 413
+
+
+def test_the_api_key_guards_all_but_the_page(tmp_path):
+    from fastapi.testclient import TestClient
+
+    from qatune.ui.app import UiSettings, create_app
+    from qatune.ui.workspace import Workspace
+
+    with TestClient(create_app(Workspace(tmp_path), UiSettings(api_key="k3y"))) as client:
+        assert client.get("/").status_code == 200 and client.get("/static/ui.js").status_code == 200
+        assert client.get("/try/").status_code == 200
+        for path in ("/api/state", "/try/v1/models", "/api/files/configs/x.yaml"):
+            assert client.get(path).status_code == 401
+        assert client.get("/api/state", headers={"Authorization": "Bearer wrong"}).status_code == 401
+        assert client.get("/api/state", headers={"Authorization": "bearer k3y"}).status_code == 200
