@@ -139,12 +139,12 @@ class _Passage:
                     allowed.add(tokens)
             return
         passage_ids = ids[0]
-        passage_after = {end: n for n, (_, end) in enumerate(offsets[0], 1)}  # char -> tokens up to it
+        passage_after = _boundaries(offsets[0])
         whole: list[str] = []
         for (i, nxt, lead), head_ids, head_offsets in zip(self.heads, ids[1:], offsets[1:], strict=True):
             last = self._last(i)
             shift = self.starts[i] - len(self.prefix)  # head offsets -> passage offsets
-            after = {shift + end: n for n, (_, end) in enumerate(head_offsets, 1)}
+            after = {shift + end: n for end, n in _boundaries(head_offsets).items()}
             tokens = list(head_ids)
             if nxt <= last:
                 space = self.starts[nxt] - 1
@@ -170,6 +170,16 @@ class _Passage:
         for tokens in _tokenized(tokenizer, whole):
             if len(tokens) <= self.max_tokens:
                 allowed.add(tokens)
+
+
+def _boundaries(offsets: list[tuple[int, int]]) -> dict[int, int]:
+    """Character offset -> the number of tokens that end there, where a token boundary falls on it (tokens that
+    hold parts of one character's bytes all end after that character: only the last of them counts)."""
+    found = {}
+    for n, (_, end) in enumerate(offsets, 1):
+        if n == len(offsets) or offsets[n][0] >= end:
+            found[end] = n
+    return found
 
 
 def _case_variants(first: str) -> list[str]:
