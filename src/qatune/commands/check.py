@@ -11,6 +11,7 @@ from qatune.commands.check_fields import field_findings, fields_section, render_
 from qatune.config import Config, LoraSettings
 from qatune.data.generative import PromptEncoder, percentile
 from qatune.data.padding import IGNORE_INDEX
+from qatune.data.spans import PassageAnswers
 from qatune.data.spreadsheet import describe_validation, normalize_question
 from qatune.data.templates import PromptTemplate
 from qatune.data.validate import error, warning
@@ -42,6 +43,7 @@ def run_check(config: Config, overfit: int | None = None, overfit_steps: int = O
                                            "the evaluation data: evaluation scores will be too optimistic"))
     if config.task == "generative":
         report.update(_generative_section(prepared))
+        report["grounding"] = _grounding(prepared)
         if not report["supervision"]["eos_supervised"]:
             findings.append(error("eos-not-supervised", "the EOS after the answer is not a label: the model never "
                                                         "learns to stop"))
@@ -157,6 +159,16 @@ def _generative_section(prepared: Prepared) -> dict[str, Any]:
         "prompt_template": info.prompt_template,
         "examples": rendered,
     }
+
+
+def _grounding(prepared: Prepared) -> dict[str, Any] | None:
+    """How the training answers relate to their passages, what generate.grounded auto decides from it, and whether
+    the run's answers will be grounded (None for a run without passages or with answer fields)."""
+    answers = PassageAnswers.from_json(prepared.info.grounding)
+    if answers is None:
+        return None
+    setting = prepared.config.generate.grounded
+    return {**answers.to_json(), "setting": setting, "on": setting == "on" or (setting == "auto" and answers.auto)}
 
 
 def _extractive_section(prepared: Prepared) -> dict[str, Any]:
@@ -277,6 +289,11 @@ def render_report(report: dict[str, Any]) -> str:
         lines += ["    " + line for line in example.splitlines()] + [""]
     if "fields" in report:
         lines += [*render_fields(report["fields"]), ""]
+    if report.get("grounding"):
+        grounding = report["grounding"]
+        lines += ["Grounded answers", f"  {PassageAnswers.from_json(grounding).describe()}",
+                  f"  generate.grounded: {grounding['setting']}: eval, generate and serve answer "
+                  + ("with a span of the passage (or the no-answer text)" if grounding["on"] else "freely"), ""]
     memory = report["memory"]
     lines += ["Memory (estimated peak per process; batch of "
               f"{memory['batch'][0]} rows x {memory['batch'][1]} tokens)"]
