@@ -1,0 +1,130 @@
+"""Grounded decoding on the shipped configs/smollm2-qa.yaml run: held-out EM/F1 and generation time, off and on.
+
+1. Trains configs/smollm2-qa.yaml as shipped (or takes --run, a finished run of it).
+2. Answers the 200 held-out XQuAD rows of examples/data/xquad_eval.csv (other Wikipedia articles than training's)
+   with generate.grounded off and on, in one process and alternating (off, on, on, off, ...: neither arm always
+   runs first on a busy machine), with the run's own generate settings otherwise (greedy, its max_new_tokens and
+   precision). Each arm's time is its whole generation, the grounded arm's building of each row's allowed answers
+   included; the cost is the ratio of the two arms' times in each round.
+3. Records EM/F1 of each arm (as qatune eval computes them), the share of answers that are spans of their passage,
+   the rows grounding changed (right -> wrong, wrong -> right), and the load average around every arm: the machine
+   may be shared, and only the ratios of arms run side by side compare.
+
+Writes bench/results/<this machine>/grounded_qa.json.
+
+    python bench/grounded_qa.py                               # train, then 2 rounds (~25 min on 2 cores)
+    python bench/grounded_qa.py --run runs/smollm2-qa --rounds 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing here may come from a model hub
+
+from bench_machine import ROOT, alternating, describe_torch, headline, json_option, results_path, write_json
+
+STEM = "grounded_qa"
+CONFIG = ROOT / "configs" / "smollm2-qa.yaml"
+EVAL_FILE = ROOT / "examples" / "data" / "xquad_eval.csv"
+
+
+def load() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--run", type=Path, default=None, help="a finished run of configs/smollm2-qa.yaml")
+    parser.add_argument("--rounds", type=int, default=2, help="alternating rounds (each arm once per round)")
+    parser.add_argument("--rows", type=int, default=None, help="only the first ROWS held-out rows")
+    json_option(parser, STEM)
+    args = parser.parse_args()
+
+    import logging
+
+    from qatune.config import load_config
+    from qatune.data.spans import in_passage, passage_answers
+    from qatune.data.spreadsheet import load_from_config
+    from qatune.inference.generate import generate_answers
+    from qatune.inference.grounding import no_answer_text
+    from qatune.inference.metrics import best_scores, corpus_scores
+    from qatune.inference.run_model import load_run_model
+
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    result: dict[str, object] = {"cpu": {**describe_torch(), "load_average_at_start": load()}}
+    print(headline(result["cpu"]), flush=True)
+    run = args.run
+    if run is None:
+        from qatune.train import train
+
+        work = Path(tempfile.mkdtemp(prefix="grounded-qa-"))
+        start = time.perf_counter()
+        run = train(load_config(CONFIG, [f"output_dir={work / 'smollm2-qa'}"]), overwrite=True, progress=False)
+        result["train_wall_s"] = round(time.perf_counter() - start)
+    loaded = load_run_model(run)
+    records, _ = load_from_config(loaded.config.data, EVAL_FILE)
+    records = records[: args.rows] if args.rows else records
+    questions, contexts = [r.question for r in records], [r.context for r in records]
+    generate = loaded.config.generate
+    result["run"] = {"config": f"{CONFIG.relative_to(ROOT)} as shipped" if args.run is None else str(run),
+                     "grounding": loaded.info.grounding, "no_answer": no_answer_text(loaded.info),
+                     "generate": {"max_new_tokens": generate.max_new_tokens, "precision": generate.precision,
+                                  "grounded (the run's setting)": generate.grounded},
+                     "batch_size": loaded.config.train.eval_batch_size}
+    result["eval"] = {"file": str(EVAL_FILE.relative_to(ROOT)), "rows": len(records)}
+    trained, _ = load_from_config(loaded.config.data, ROOT / loaded.config.data.train_file)
+    result["training_answers"] = passage_answers(trained).to_json()  # what generate.grounded auto decides from
+
+    answers: dict[str, list[str]] = {}
+    times: dict[str, list[float]] = {"off": [], "on": []}
+    loads: list[dict[str, object]] = []
+    for number, arm in alternating(args.rounds, ["off", "on"]):
+        before = load()
+        start = time.perf_counter()
+        got = generate_answers(loaded.model, loaded.tokenizer, loaded.info, questions, contexts,
+                               generate.model_copy(update={"grounded": arm}), loaded.config.train.eval_batch_size,
+                               False)
+        seconds = time.perf_counter() - start
+        times[arm].append(round(seconds, 1))
+        loads.append({"round": number, "arm": arm, "before": before, "after": load(), "seconds": round(seconds, 1)})
+        if arm in answers and answers[arm] != got:
+            raise SystemExit(f"round {number}: the {arm} arm's answers differ from its first round's")
+        answers[arm] = got
+        print(f"round {number} grounded {arm}: {seconds:.1f} s (load {before} -> {load()})", flush=True)
+
+    golds = [r.answers for r in records]
+    no_answer = (no_answer_text(loaded.info) or "").casefold()
+    arms = {}
+    for arm, got in answers.items():
+        found = sum(in_passage(a, c or "") or (bool(a) and a.casefold() == no_answer) for a, c in zip(got, contexts))
+        arms[arm] = {**{k: round(v, 2) for k, v in corpus_scores(got, golds).items()},
+                     "in_passage": round(100 * found / len(got), 1), "empty": sum(not a for a in got),
+                     "generation_s": times[arm]}
+    ratios = [round(on / off, 3) for off, on in zip(times["off"], times["on"])]
+    changed = [(r, best_scores(off, r.answers)[0], best_scores(on, r.answers)[0], off, on)
+               for r, off, on in zip(records, answers["off"], answers["on"]) if off != on]
+    result["arms"] = arms
+    result["grounding_gain"] = {"exact_match": round(arms["on"]["exact_match"] - arms["off"]["exact_match"], 2),
+                                "f1": round(arms["on"]["f1"] - arms["off"]["f1"], 2)}
+    result["cost"] = {"time_ratio_on_over_off": ratios, "median": statistics.median(ratios),
+                      "required": "at most 1.2"}
+    result["changed_rows"] = {
+        "count": len(changed), "wrong_to_right": sum(on > off for _, off, on, _, _ in changed),
+        "right_to_wrong": sum(off > on for _, off, on, _, _ in changed),
+        "examples": [{"question": r.question, "gold": r.answers[0], "off": a, "on": b}
+                     for r, _, _, a, b in changed[:12]]}
+    result["load_average"] = loads
+    print(f"off: {arms['off']}\non:  {arms['on']}\ntime on/off: {ratios}", flush=True)
+    write_json(args.json or results_path(STEM), result)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
