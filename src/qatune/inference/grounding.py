@@ -75,18 +75,18 @@ def allowed_answers(tokenizer: Any, passages: Sequence[str | None], prefix: str,
     spans are tokenized whole."""
     rows = [_Passage(text, prefix, max_tokens) if text and text.strip() else None for text in passages]
     fast = getattr(tokenizer, "is_fast", False)
-    texts = [text for row in rows if row is not None for text in row.texts(fast)]
-    encoded = tokenizer(texts, add_special_tokens=False, return_offsets_mapping=fast) if texts else None
+    texts = [row.texts(fast) if row is not None else [] for row in rows]
+    flat = [text for row_texts in texts for text in row_texts]
+    encoded = tokenizer(flat, add_special_tokens=False, return_offsets_mapping=fast) if flat else {}
     extra = _tokenized(tokenizer, [prefix + no_answer] if no_answer else [])
     found: list[AllowedAnswers | None] = []
     at = 0
-    for row in rows:
+    for row, row_texts in zip(rows, texts, strict=True):
         if row is None:
             found.append(None)
             continue
         allowed = AllowedAnswers(stop_ids)
-        n = len(row.texts(fast))
-        assert encoded is not None
+        n = len(row_texts)
         where = encoded["offset_mapping"][at : at + n] if fast else [None] * n
         row.fill(allowed, tokenizer, encoded["input_ids"][at : at + n], where)
         at += n
@@ -214,17 +214,21 @@ class GroundedLogits:
 def ground_scores(scores: torch.Tensor, allowed: Sequence[list[int] | None]) -> torch.Tensor:
     """``scores`` (rows x vocabulary) with -inf outside each row's allowed tokens (None: the row is left as is),
     changed in place: the allowed scores kept aside, the rows filled, the kept scores put back."""
-    constrained = [row for row, tokens in enumerate(allowed) if tokens is not None]
+    constrained, rows, columns = [], [], []
+    for row, tokens in enumerate(allowed):
+        if tokens is not None:
+            constrained.append(row)
+            rows += [row] * len(tokens)
+            columns += tokens
     if not constrained:
         return scores
-    rows = torch.tensor([row for row in constrained for _ in allowed[row]], device=scores.device)  # type: ignore[union-attr]
-    columns = torch.tensor([token for row in constrained for token in allowed[row]], device=scores.device)  # type: ignore[union-attr]
-    kept = scores[rows, columns]
+    where = torch.tensor(rows, device=scores.device), torch.tensor(columns, device=scores.device)
+    kept = scores[where]
     if len(constrained) == len(scores):
         scores.fill_(float("-inf"))
     else:
         scores.index_fill_(0, torch.tensor(constrained, device=scores.device), float("-inf"))
-    scores[rows, columns] = kept
+    scores[where] = kept
     return scores
 
 
