@@ -27,13 +27,15 @@ NEEDED = {
     "gguf": ("0.16", "ReaderField.contents() (model/gguf_file.py: reading a file's metadata)"),
     "peft": ("0.18", "imports beside transformers 5 (0.17 imports its removed HybridCache); LoRA layers with "
                      "lora_variant and lora_bias (0.16, speedups/fused_lora.py)"),
-    "accelerate": ("1.0", "Accelerator and its MLflowTracker; TrackioTracker (train.report_to trackio) needs 1.9"),
+    "accelerate": ("1.9", "transformers loads a GGUF file only beside accelerate 1.1+; a tracker's start() (1.8, "
+                          "train/logs.py); DataLoaderShard resuming mid-epoch (1.9; 1.8 raises UnboundLocalError)"),
     "click": ("8.1", "the command line; the tests read CliRunner's stderr apart, which needs 8.2"),
 }
 """The least version of each package whose calls qatune makes, and the call that sets it."""
 
-EXTRA_NEEDED = {("trackio", "accelerate"): "1.9", ("test", "click"): "8.2"}
-"""Floors an extra needs above the package's own: accelerate's TrackioTracker, CliRunner's separate stderr."""
+EXTRA_NEEDED = {("trackio", "accelerate"): "1.14", ("test", "click"): "8.2"}
+"""Floors an extra needs above the package's own: accelerate's TrackioTracker logging each step as given (1.14),
+CliRunner's separate stderr (8.2)."""
 
 
 def requirements() -> list[tuple[str, Requirement]]:
