@@ -137,7 +137,7 @@ class Page:
             return
         self.browser.execute_script("window.scrollTo(0, 0)")
         height = self.browser.execute_script("return document.documentElement.scrollHeight")
-        self.browser.set_window_size(1280, min(max(height, 700), 2400))
+        self.browser.set_window_size(1280, min(max(height + 200, 700), 2400))
         Path(folder).mkdir(parents=True, exist_ok=True)
         assert self.browser.save_screenshot(str(Path(folder) / f"{name}.png"))
         self.browser.set_window_size(1280, 900)
