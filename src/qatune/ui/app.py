@@ -228,6 +228,12 @@ def create_app(workspace: Workspace, settings: UiSettings = UiSettings()) -> Fas
         found = training_progress(run_dir, job.log_lines(50) if job else [])
         return {**found, "run": f"{RUNS}/{name}", "job": job_json(job) if job else None}
 
+    @app.post("/api/runs/{name}/open")
+    async def open_run(name: str) -> dict[str, Any]:
+        """Work on a run of the workspace (one trained before this qatune ui started, say)."""
+        project.run = f"{RUNS}/{workspace.run(name).name}"
+        return {"run": project.run}
+
     @app.post("/api/compare")
     async def compare(body: CompareBody) -> dict[str, Any]:
         run = f"{RUNS}/{workspace.run(body.run.removeprefix(f'{RUNS}/')).name}"

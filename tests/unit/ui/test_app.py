@@ -74,6 +74,10 @@ def test_nothing_outside_the_workspace(client, tmp_path):
     assert client.get("/api/files/.qatune-ui/x.log").status_code == 404
     missing = client.get("/api/runs/faq/final.zip")
     assert missing.status_code == 404 and "no run 'runs/faq'" in message(missing)
+    assert client.post("/api/runs/faq/open").status_code == 404
+    (tmp_path / "ws" / "runs" / "older").mkdir(parents=True)
+    assert client.post("/api/runs/older/open").json() == {"run": "runs/older"}
+    assert client.get("/api/state").json()["project"]["run"] == "runs/older"
 
 
 def test_a_request_body_over_the_limit(client):

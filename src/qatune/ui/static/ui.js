@@ -316,7 +316,8 @@ function renderReport(r) {
     rows.push(el("li", {}, name + ": " + file.file + ": " + file.rows_read + " rows read, " + file.kept + " kept, " +
                  file.duplicates + " duplicates"));
     for (const [reason, dropped] of Object.entries(file.dropped)) {
-      rows.push(el("li", { class: "warning" }, "dropped " + dropped.length + " (" + reason + "): rows " + rowList(dropped)));
+      rows.push(el("li", { class: "warning" },
+                   "dropped " + dropped.length + " (" + reason + "): rows " + rowList(dropped)));
     }
   }
   const validation = r.files.validation || {};
@@ -329,8 +330,12 @@ function renderReport(r) {
   parts.push(el("h3", {}, "Tokens"));
   const tokens = [el("li", {}, l.what + ": min " + l.min + ", median " + l.median + ", p95 " + l.p95 + ", max " + l.max),
                   el("li", {}, "max_length: " + r.max_length)];
-  if (r.truncated_rows) tokens.push(el("li", {}, "rows cut to fit: " + (r.truncated_rows.length ? rowList(r.truncated_rows) : "none")));
-  if (r.dropped_rows && r.dropped_rows.length) tokens.push(el("li", { class: "warning" }, "dropped, too long: rows " + rowList(r.dropped_rows)));
+  if (r.truncated_rows) {
+    tokens.push(el("li", {}, "rows cut to fit: " + (r.truncated_rows.length ? rowList(r.truncated_rows) : "none")));
+  }
+  if (r.dropped_rows && r.dropped_rows.length) {
+    tokens.push(el("li", { class: "warning" }, "dropped, too long: rows " + rowList(r.dropped_rows)));
+  }
   parts.push(el("ul", {}, tokens));
   parts.push(el("h3", {}, "What is trained (the trained tokens marked)"));
   if (r.supervision) {
@@ -360,7 +365,8 @@ function renderReport(r) {
 }
 
 function renderFields(fields) {
-  const parts = [el("h3", {}, "Answer fields"), el("p", {}, "answer template: ", el("code", {}, JSON.stringify(fields.template)))];
+  const parts = [el("h3", {}, "Answer fields"),
+                 el("p", {}, "answer template: ", el("code", {}, JSON.stringify(fields.template)))];
   const rows = Object.entries(fields.columns).map(([name, f]) => el("tr", {}, el("td", {}, name),
     el("td", {}, f.kind + " (" + f.kind_from + ")"),
     el("td", {}, f.counts ? Object.entries(f.counts).map(([v, n]) => v + ": " + n).join(", ") : f.distinct + " distinct"),
@@ -476,16 +482,18 @@ function drawCurve(p) {
   }
   children.push(node("text", { x: left, y: h - 8 }, "step 0"));
   children.push(node("text", { x: w - right - 50, y: h - 8 }, "step " + maxStep));
-  const line = (points, cls) => node("polyline", { class: cls, points: points.map((q) => x(q[0]) + "," + y(q[1])).join(" ") });
+  const line = (points, cls) => node("polyline", {
+    class: cls, points: points.map((q) => x(q[0]) + "," + y(q[1])).join(" "),
+  });
   children.push(line(train, "train"));
   if (valid.length) {
     children.push(line(valid, "valid"));
     for (const q of valid) children.push(node("circle", { cx: x(q[0]), cy: y(q[1]), r: 3 }));
   }
-  children.push(node("line", { x1: w - right + 14, x2: w - right + 34, y1: 24, y2: 24, class: "train", style: "stroke: var(--train); stroke-width: 2" }));
-  children.push(node("text", { x: w - right + 40, y: 28 }, "train loss"));
-  children.push(node("line", { x1: w - right + 14, x2: w - right + 34, y1: 44, y2: 44, style: "stroke: var(--valid); stroke-width: 2; stroke-dasharray: 5 3" }));
-  children.push(node("text", { x: w - right + 40, y: 48 }, "validation loss"));
+  for (const [cls, label, top] of [["train", "train loss", 24], ["valid", "validation loss", 44]]) { // the legend
+    children.push(node("polyline", { class: cls, points: (w - right + 14) + "," + top + " " + (w - right + 34) + "," + top }));
+    children.push(node("text", { x: w - right + 40, y: top + 4 }, label));
+  }
   svg.replaceChildren(...children);
 }
 
@@ -493,7 +501,8 @@ function drawCurve(p) {
 
 function fillCompareChoices() {
   if (!state || !run) return;
-  const others = state.runs.filter((r) => r.final && "runs/" + r.name !== run).map((r) => ["runs/" + r.name, "runs/" + r.name]);
+  const others = state.runs.filter((r) => r.final && "runs/" + r.name !== run)
+    .map((r) => ["runs/" + r.name, "runs/" + r.name]);
   const keep = $("compare-other").value;
   options($("compare-other"), [["base", "the model before fine-tuning (base)"], ...others], keep || "base");
   const keepSheet = $("compare-sheet").value;
@@ -516,7 +525,8 @@ function renderCompare(job) {
   $("compare-status").dataset.state = job.state;
   $("run-compare").disabled = job.state === "running";
   if (job.state === "running") {
-    setStatus("compare-status", "both models are answering the rows of " + job.data + " … " + (job.log.slice(-1)[0] || ""));
+    setStatus("compare-status",
+              "both models are answering the rows of " + job.data + " … " + (job.log.slice(-1)[0] || ""));
     return;
   }
   if (job.state !== "done" || !job.result) {
@@ -540,7 +550,8 @@ function renderCompare(job) {
     for (const [metric, d] of Object.entries(metrics)) row(field + ": " + metric, d, metric);
   }
   const table = el("table", { id: "compare-metrics" },
-    el("tr", {}, el("th", {}, "metric"), el("th", {}, "base / other"), el("th", {}, "tuned"), el("th", {}, "change")), deltas);
+    el("tr", {}, el("th", {}, "metric"), el("th", {}, "base / other"), el("th", {}, "tuned"), el("th", {}, "change")),
+    deltas);
   const summary = el("p", { id: "compare-counts" }, "right: tuned " + counts.right.run + " of " + counts.rows + ", other " +
     counts.right.other + "; right → wrong " + counts.right_to_wrong + ", wrong → right " + counts.wrong_to_right);
   const rows = job.result.rows.map((r) => el("tr", { class: "change-" + r.change.replace("->", "-") },
@@ -549,7 +560,9 @@ function renderCompare(job) {
   const list = el("table", { id: "compare-rows" }, el("tr", {}, el("th", {}, "change"), el("th", {}, "row"),
     el("th", {}, "question"), el("th", {}, "gold"), el("th", {}, "tuned"), el("th", {}, "base / other")), rows);
   const more = job.result.rows_total > job.result.rows.length
-    ? el("p", { class: "muted" }, "the first " + job.result.rows.length + " of " + job.result.rows_total + " rows; the csv has them all") : null;
+    ? el("p", { class: "muted" }, "the first " + job.result.rows.length + " of " + job.result.rows_total +
+         " rows; the csv has them all")
+    : null;
   $("compare-result").replaceChildren(...[table, summary, el("h3", {}, "The rows, those that changed first"), list, more,
     el("button", { class: "next", onclick: () => show("try") }, "Next: try it")].filter((node) => node !== null));
 }
@@ -612,7 +625,8 @@ function renderExport(job) {
   $("export-status").dataset.state = job.state;
   $("export-run").disabled = job.state === "running";
   const result = job.result || {};
-  const check = result.check ? "check on " + result.check.rows + " rows of " + result.check.rows_from + ": " + result.check.line : "";
+  const check = result.check
+    ? "check on " + result.check.rows + " rows of " + result.check.rows_from + ": " + result.check.line : "";
   if (job.state === "running") setStatus("export-status", "writing the file and checking it against the run …");
   else if (job.state === "done") {
     setStatus("export-status", check + "\n", "good");
@@ -628,6 +642,9 @@ async function refreshState() {
   $("workspace").textContent = "workspace " + state.workspace;
   options($("sheet-list"), [["", "…"], ...state.sheets.map((s) => [s, s])], "");
   $("sheet-list-box").classList.toggle("hidden", !state.sheets.length);
+  const runs = state.runs.map((r) => [r.name, "runs/" + r.name + " (" + (r.status || "?") + ")"]);
+  options($("run-list"), [["", "…"], ...runs], "");
+  $("run-list-box").classList.toggle("hidden", !state.runs.length);
   updateNav();
   return state;
 }
@@ -654,8 +671,12 @@ async function restore() {
   show(training ? "train" : sessionStorage.getItem("qatune-step") || (run ? "train" : written ? "check" : "sheet"));
 }
 
-for (const button of document.querySelectorAll("nav button")) button.addEventListener("click", () => show(button.dataset.step));
-for (const button of document.querySelectorAll("button[data-goto]")) button.addEventListener("click", () => show(button.dataset.goto));
+for (const button of document.querySelectorAll("nav button")) {
+  button.addEventListener("click", () => show(button.dataset.step));
+}
+for (const button of document.querySelectorAll("button[data-goto]")) {
+  button.addEventListener("click", () => show(button.dataset.goto));
+}
 $("file").addEventListener("change", () => { if ($("file").files[0]) takeSheet($("file").files[0]); });
 const drop = $("drop");
 drop.addEventListener("dragover", (event) => { event.preventDefault(); drop.classList.add("over"); });
@@ -668,6 +689,16 @@ drop.addEventListener("drop", (event) => {
 $("sheet-list").addEventListener("change", () => { if ($("sheet-list").value) openSheet($("sheet-list").value); });
 $("sheet-picker").addEventListener("change", () => openSheet(described.sheet, $("sheet-picker").value));
 $("model").addEventListener("change", modelChanged);
+$("run-list").addEventListener("change", async () => {
+  if (!$("run-list").value) return;
+  try {
+    run = (await post("/api/runs/" + encodeURIComponent($("run-list").value) + "/open", {})).run;
+    updateNav();
+    watchProgress();
+  } catch (e) {
+    $("train-error").textContent = e.message;
+  }
+});
 $("sheet-form").addEventListener("submit", writeConfig);
 $("save-config").addEventListener("click", saveConfig);
 $("run-check").addEventListener("click", runCheck);
