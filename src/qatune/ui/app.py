@@ -75,6 +75,8 @@ class TrainBody(BaseModel):
     config: str | None = None
     resume: str | None = None
     """A stopped run to continue (``qatune train --resume RUN``)."""
+    overwrite: bool = False
+    """Replace the config's run directory (``--overwrite``): train it again from the start."""
 
 
 class RunBody(BaseModel):
@@ -201,13 +203,13 @@ def create_app(workspace: Workspace, settings: UiSettings = UiSettings()) -> Fas
     async def train(body: TrainBody) -> dict[str, Any]:
         if body.resume is not None:
             run = f"{RUNS}/{workspace.run(body.resume.removeprefix(f'{RUNS}/')).name}"
-            job = jobs.start("train", steps.train_args(None, run), run)
+            job = jobs.start("train", steps.train_args(None, run, False), run)
         else:
             if body.config is None:
                 raise PageError("pass the config to train, or a run to resume")
             _require_passed_check(jobs, workspace, body.config)
             run = await run_in_threadpool(steps.config_run, workspace, body.config)
-            job = jobs.start("train", steps.train_args(body.config, None), run)
+            job = jobs.start("train", steps.train_args(body.config, None, body.overwrite), run)
         project.run = run
         return job_json(job)
 

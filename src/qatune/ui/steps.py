@@ -48,9 +48,12 @@ def check_result(job: Job) -> dict[str, Any] | None:
     return report if isinstance(report, dict) else {"ok": False, "error": "qatune check printed no report"}
 
 
-def train_args(config: str | None, run: str | None) -> list[str]:
-    """``train --config X``, or ``train --resume RUN`` (its own saved config) to continue a stopped run."""
-    return ["train", "--resume", run] if run is not None else ["train", "--config", config]
+def train_args(config: str | None, run: str | None, overwrite: bool) -> list[str]:
+    """``train --config X`` (``--overwrite``: replacing its run), or ``train --resume RUN`` (its own saved config) to
+    continue a stopped run."""
+    if run is not None:
+        return ["train", "--resume", run]
+    return ["train", "--config", config, *(["--overwrite"] if overwrite else [])]
 
 
 def config_run(workspace: Workspace, config: str) -> str:

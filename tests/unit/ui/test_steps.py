@@ -13,7 +13,7 @@ from qatune.config import load_config
 from qatune.data.spreadsheet import load_from_config, split_validation
 from qatune.ui import PageError
 from qatune.ui.sheet import Choices, write_page_config
-from qatune.ui.steps import compare_args, compare_result, export_result, zip_final
+from qatune.ui.steps import compare_args, compare_result, export_result, train_args, zip_final
 from qatune.ui.workspace import Workspace
 from tests.conftest import ROOT
 
@@ -36,6 +36,12 @@ def a_run(workspace, **changes):
     config = load_config(workspace.root / written["config"])
     (run_dir / "config.yaml").write_text(config.to_yaml(), encoding="utf-8")
     return run_dir, config
+
+
+def test_train_from_a_config_again_or_resumed():
+    assert train_args("configs/faq.yaml", None, False) == ["train", "--config", "configs/faq.yaml"]
+    assert train_args("configs/faq.yaml", None, True) == ["train", "--config", "configs/faq.yaml", "--overwrite"]
+    assert train_args(None, "runs/faq", False) == ["train", "--resume", "runs/faq"]
 
 
 def test_compare_on_the_rows_validation_held_out(workspace, monkeypatch):

@@ -378,10 +378,11 @@ function renderFields(fields) {
 
 // 3. Train
 
-async function startTraining(resume) {
+async function startTraining(how) { // "start", "resume" (a stopped run), or "again" (replacing the run)
   $("train-error").textContent = "";
   try {
-    const job = await post("/api/train", resume ? { resume: run } : { config: written.config });
+    const job = await post("/api/train", how === "resume" ? { resume: run }
+                                         : { config: written.config, overwrite: how === "again" });
     run = job.target;
     await refreshState();
     watchProgress();
@@ -423,8 +424,10 @@ function duration(seconds) {
 function renderProgress(p) {
   const job = p.job;
   const running = job && job.state === "running";
+  // run.json says running of a training that ended before it wrote its end (stopped while loading, killed)
+  const recorded = job && !running && p.status === "running" ? job.state : p.status;
   const status = running ? (job.stopping ? "stopping: finishing the step, saving a checkpoint" : "training")
-                         : (p.status || (job ? job.state : "not started"));
+                         : (recorded || (job ? job.state : "not started"));
   const stat = (label, value, id) => el("div", { id }, el("span", {}, label), el("b", {}, value));
   $("train-stats").replaceChildren(
     stat("status", status, "stat-status"),
@@ -444,6 +447,7 @@ function renderProgress(p) {
   if (job) command("train-command", job.command);
   $("train-run").textContent = p.run;
   $("train-start").classList.toggle("hidden", !!p.status);
+  $("train-again").classList.toggle("hidden", running || !p.status || !written || written.run !== p.run);
   $("train-stop").disabled = !running || job.stopping;
   $("train-resume").classList.toggle("hidden", running || p.status !== "stopped");
   $("train-next").classList.toggle("hidden", p.status !== "complete");
@@ -702,8 +706,9 @@ $("run-list").addEventListener("change", async () => {
 $("sheet-form").addEventListener("submit", writeConfig);
 $("save-config").addEventListener("click", saveConfig);
 $("run-check").addEventListener("click", runCheck);
-$("train-start").addEventListener("click", () => startTraining(false));
-$("train-resume").addEventListener("click", () => startTraining(true));
+$("train-start").addEventListener("click", () => startTraining("start"));
+$("train-resume").addEventListener("click", () => startTraining("resume"));
+$("train-again").addEventListener("click", () => startTraining("again"));
 $("train-stop").addEventListener("click", stopTraining);
 $("run-compare").addEventListener("click", runCompare);
 $("answer-run").addEventListener("click", runAnswer);
