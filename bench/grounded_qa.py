@@ -2,17 +2,18 @@
 
 1. Trains configs/smollm2-qa.yaml as shipped (or takes --run, a finished run of it).
 2. Answers the 200 held-out XQuAD rows of examples/data/xquad_eval.csv (other Wikipedia articles than training's)
-   with generate.grounded off and on, in one process and alternating (off, on, on, off, ...: neither arm always
-   runs first on a busy machine), with the run's own generate settings otherwise (greedy, its max_new_tokens and
-   precision). Each arm's time is its whole generation, the grounded arm's building of each row's allowed answers
-   included; the cost is the ratio of the two arms' times in each round.
+   with generate.grounded off and on, in one process, batch by batch: the rows in the batches qatune eval makes
+   (sorted by prompt length), each batch answered by both arms back to back, which arm first alternating from
+   batch to batch, so that both see the same machine (it may be shared with other work). The run's own generate
+   settings otherwise (greedy, its max_new_tokens and precision). The grounded arm's time includes building each
+   row's allowed answers; the cost is the ratio of the arms' summed times (wall and CPU), with each batch's.
 3. Records EM/F1 of each arm (as qatune eval computes them), the share of answers that are spans of their passage,
-   the rows grounding changed (right -> wrong, wrong -> right), and the load average around every arm: the machine
-   may be shared, and only the ratios of arms run side by side compare.
+   the rows grounding changed (right -> wrong, wrong -> right), and the load average at the start and end of each
+   round.
 
 Writes bench/results/<this machine>/grounded_qa.json.
 
-    python bench/grounded_qa.py                               # train, then 2 rounds (~25 min on 2 cores)
+    python bench/grounded_qa.py                               # train, then 2 rounds (~35 min on 2 cores)
     python bench/grounded_qa.py --run runs/smollm2-qa --rounds 3
 """
 
@@ -28,7 +29,7 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing here may come from a model hub
 
-from bench_machine import ROOT, alternating, describe_torch, headline, json_option, results_path, write_json
+from bench_machine import ROOT, describe_torch, headline, json_option, results_path, write_json
 
 STEM = "grounded_qa"
 CONFIG = ROOT / "configs" / "smollm2-qa.yaml"
@@ -50,12 +51,15 @@ def main() -> int:
     import logging
 
     from qatune.config import load_config
+    from qatune.data.generative import PromptEncoder
     from qatune.data.spans import in_passage, passage_answers
     from qatune.data.spreadsheet import load_from_config
-    from qatune.inference.generate import generate_answers
+    from qatune.data.templates import PromptTemplate
+    from qatune.inference.generate import generate_answers, prompt_budget
     from qatune.inference.grounding import no_answer_text
     from qatune.inference.metrics import best_scores, corpus_scores
     from qatune.inference.run_model import load_run_model
+    from qatune.model.sources import model_max_positions
 
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     result: dict[str, object] = {"cpu": {**describe_torch(), "load_average_at_start": load()}}
@@ -82,22 +86,44 @@ def main() -> int:
     trained, _ = load_from_config(loaded.config.data, ROOT / loaded.config.data.train_file)
     result["training_answers"] = passage_answers(trained).to_json()  # what generate.grounded auto decides from
 
+    template = PromptTemplate(loaded.info.prompt_template, loaded.info.answer_prefix)
+    encoder = PromptEncoder(loaded.tokenizer, template)
+    budget = prompt_budget(model_max_positions(loaded.model.config, loaded.tokenizer), generate.max_new_tokens)
+    lengths = [len(encoder.prompt_ids(q, c, budget) or []) for q, c in zip(questions, contexts)]
+    order = sorted(range(len(records)), key=lambda i: lengths[i])  # as qatune eval batches them
+    size = loaded.config.train.eval_batch_size
+    batches = [order[i : i + size] for i in range(0, len(order), size)]
     answers: dict[str, list[str]] = {}
-    times: dict[str, list[float]] = {"off": [], "on": []}
-    loads: list[dict[str, object]] = []
-    for number, arm in alternating(args.rounds, ["off", "on"]):
+    wall: dict[str, list[float]] = {"off": [], "on": []}
+    cpu: dict[str, list[float]] = {"off": [], "on": []}
+    rounds = []
+    generate_answers(loaded.model, loaded.tokenizer, loaded.info, questions[:2], contexts[:2], generate, size, False)
+    for number in range(args.rounds):  # after one untimed call: the first timed one pays no warm-up
+        got: dict[str, list[str]] = {"off": [""] * len(records), "on": [""] * len(records)}
+        seconds: dict[str, list[float]] = {"off": [], "on": []}
+        cpu_seconds: dict[str, list[float]] = {"off": [], "on": []}
         before = load()
-        start = time.perf_counter()
-        got = generate_answers(loaded.model, loaded.tokenizer, loaded.info, questions, contexts,
-                               generate.model_copy(update={"grounded": arm}), loaded.config.train.eval_batch_size,
-                               False)
-        seconds = time.perf_counter() - start
-        times[arm].append(round(seconds, 1))
-        loads.append({"round": number, "arm": arm, "before": before, "after": load(), "seconds": round(seconds, 1)})
-        if arm in answers and answers[arm] != got:
-            raise SystemExit(f"round {number}: the {arm} arm's answers differ from its first round's")
-        answers[arm] = got
-        print(f"round {number} grounded {arm}: {seconds:.1f} s (load {before} -> {load()})", flush=True)
+        for index, batch in enumerate(batches):
+            for arm in ("off", "on") if (index + number) % 2 == 0 else ("on", "off"):
+                start, start_cpu = time.perf_counter(), time.process_time()
+                out = generate_answers(loaded.model, loaded.tokenizer, loaded.info, [questions[i] for i in batch],
+                                       [contexts[i] for i in batch], generate.model_copy(update={"grounded": arm}),
+                                       size, False)
+                seconds[arm].append(round(time.perf_counter() - start, 2))
+                cpu_seconds[arm].append(round(time.process_time() - start_cpu, 2))
+                for i, answer in zip(batch, out):
+                    got[arm][i] = answer
+        for arm in ("off", "on"):
+            if arm in answers and answers[arm] != got[arm]:
+                raise SystemExit(f"round {number}: the {arm} arm's answers differ from its first round's")
+            answers[arm] = got[arm]
+            wall[arm].append(round(sum(seconds[arm]), 1))
+            cpu[arm].append(round(sum(cpu_seconds[arm]), 1))
+        rounds.append({"round": number, "load_before": before, "load_after": load(), "batch_wall_s": seconds,
+                       "batch_cpu_s": cpu_seconds,
+                       "batch_ratios": [round(b / a, 3) for a, b in zip(seconds["off"], seconds["on"])]})
+        print(f"round {number}: off {wall['off'][-1]} s, on {wall['on'][-1]} s (load {before} -> {load()})",
+              flush=True)
 
     golds = [r.answers for r in records]
     no_answer = (no_answer_text(loaded.info) or "").casefold()
@@ -106,21 +132,23 @@ def main() -> int:
         found = sum(in_passage(a, c or "") or (bool(a) and a.casefold() == no_answer) for a, c in zip(got, contexts))
         arms[arm] = {**{k: round(v, 2) for k, v in corpus_scores(got, golds).items()},
                      "in_passage": round(100 * found / len(got), 1), "empty": sum(not a for a in got),
-                     "generation_s": times[arm]}
-    ratios = [round(on / off, 3) for off, on in zip(times["off"], times["on"])]
+                     "generation_s": wall[arm], "generation_cpu_s": cpu[arm]}
+    ratios = [round(on / off, 3) for off, on in zip(wall["off"], wall["on"])]
     changed = [(r, best_scores(off, r.answers)[0], best_scores(on, r.answers)[0], off, on)
                for r, off, on in zip(records, answers["off"], answers["on"]) if off != on]
     result["arms"] = arms
     result["grounding_gain"] = {"exact_match": round(arms["on"]["exact_match"] - arms["off"]["exact_match"], 2),
                                 "f1": round(arms["on"]["f1"] - arms["off"]["f1"], 2)}
     result["cost"] = {"time_ratio_on_over_off": ratios, "median": statistics.median(ratios),
+                      "cpu_time_ratio_on_over_off": [round(on / off, 3) for off, on in zip(cpu["off"], cpu["on"])],
+                      "median_batch_ratio": statistics.median(r for one in rounds for r in one["batch_ratios"]),
                       "required": "at most 1.2"}
     result["changed_rows"] = {
         "count": len(changed), "wrong_to_right": sum(on > off for _, off, on, _, _ in changed),
         "right_to_wrong": sum(off > on for _, off, on, _, _ in changed),
         "examples": [{"question": r.question, "gold": r.answers[0], "off": a, "on": b}
                      for r, _, _, a, b in changed[:12]]}
-    result["load_average"] = loads
+    result["rounds"] = rounds
     print(f"off: {arms['off']}\non:  {arms['on']}\ntime on/off: {ratios}", flush=True)
     write_json(args.json or results_path(STEM), result)
     return 0

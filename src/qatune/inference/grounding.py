@@ -76,24 +76,28 @@ def allowed_answers(tokenizer: Any, passages: Sequence[str | None], prefix: str,
     rows = [_Passage(text, prefix, max_tokens) if text and text.strip() else None for text in passages]
     fast = getattr(tokenizer, "is_fast", False)
     texts = [row.texts(fast) if row is not None else [] for row in rows]
-    flat = [text for row_texts in texts for text in row_texts]
-    encoded = tokenizer(flat, add_special_tokens=False, return_offsets_mapping=fast) if flat else {}
+    unique = list(dict.fromkeys(text for row_texts in texts for text in row_texts))  # words recur: each once
+    encoded = tokenizer(unique, add_special_tokens=False, return_offsets_mapping=fast) if unique else {}
+    where = {text: n for n, text in enumerate(unique)}
     extra = _tokenized(tokenizer, [prefix + no_answer] if no_answer else [])
     found: list[AllowedAnswers | None] = []
-    at = 0
     for row, row_texts in zip(rows, texts, strict=True):
         if row is None:
             found.append(None)
             continue
         allowed = AllowedAnswers(stop_ids)
-        n = len(row_texts)
-        where = encoded["offset_mapping"][at : at + n] if fast else [None] * n
-        row.fill(allowed, tokenizer, encoded["input_ids"][at : at + n], where)
-        at += n
+        at = [where[text] for text in row_texts]
+        row.fill(allowed, tokenizer, [encoded["input_ids"][n] for n in at],
+                 [encoded["offset_mapping"][n] for n in at] if fast else [None] * len(at))
         for tokens in extra:
             allowed.add(tokens[:max_tokens])
         found.append(allowed)
     return found
+
+
+SPLIT_CHARS = 8
+"""A span's first word is also allowed as one token of its first 1 to SPLIT_CHARS characters, then the tokens of the
+rest: a model that copies "MPEG-2" from " MPEG-2" may start it with "M" where the tokenizer writes "MP"."""
 
 
 class _Passage:
@@ -118,6 +122,9 @@ class _Passage:
             self.heads += [(i, after_space, prefix + first) for first in _case_variants(text[self.starts[i]])]
             if parts[i].spaced:
                 after_space = i
+        self.splits = [(h, k) for h, (i, nxt, _) in enumerate(self.heads)
+                       for k in range(1, min(SPLIT_CHARS, self.ends[nxt - 1] - self.starts[i] - 1) + 1)]
+        """(head, k): the head's first word group written as its first k characters, then the rest"""
 
     def span(self, first: int, last: int, lead: str) -> str:
         """The answer text of pieces ``first`` to ``last``, starting with ``lead`` (the prefix and first letter)."""
@@ -127,10 +134,13 @@ class _Passage:
         return min(len(self.ends), first + self.max_tokens) - 1  # a piece is at least one token
 
     def texts(self, fast: bool) -> list[str]:
-        """What to tokenize: the passage and each span's first words (fast), or every span (slow)."""
-        if fast:
-            return [self.text] + [self.span(i, nxt - 1, lead) for i, nxt, lead in self.heads]
-        return [self.span(i, j, lead) for i, _, lead in self.heads for j in range(i, self._last(i) + 1)]
+        """What to tokenize: the passage, each span's first word group and its splits (fast), or every span (slow)."""
+        if not fast:
+            return [self.span(i, j, lead) for i, _, lead in self.heads for j in range(i, self._last(i) + 1)]
+        heads = [self.span(i, nxt - 1, lead) for i, nxt, lead in self.heads]
+        cut = len(self.prefix)
+        splits = [text for h, k in self.splits for text in (heads[h][: cut + k], heads[h][cut + k :])]
+        return [self.text, *heads, *splits]
 
     def fill(self, allowed: AllowedAnswers, tokenizer: Any, ids: list[list[int]], offsets: list[Any]) -> None:
         if offsets[0] is None:  # a slow tokenizer: every span tokenized whole
@@ -138,38 +148,55 @@ class _Passage:
                 if len(tokens) <= self.max_tokens:
                     allowed.add(tokens)
             return
-        passage_ids = ids[0]
-        passage_after = _boundaries(offsets[0])
+        passage = ids[0], _boundaries(offsets[0]), offsets[0]
         whole: list[str] = []
-        for (i, nxt, lead), head_ids, head_offsets in zip(self.heads, ids[1:], offsets[1:], strict=True):
-            last = self._last(i)
+        n = len(self.heads)
+        for (i, nxt, lead), head_ids, head_offsets in zip(self.heads, ids[1 : n + 1], offsets[1 : n + 1], strict=True):
             shift = self.starts[i] - len(self.prefix)  # head offsets -> passage offsets
-            after = {shift + end: n for end, n in _boundaries(head_offsets).items()}
-            tokens = list(head_ids)
-            if nxt <= last:
-                space = self.starts[nxt] - 1
-                joint = passage_after.get(space)
-                if joint is None or joint >= len(passage_ids) or offsets[0][joint][0] not in (space, space + 1):
-                    # the passage's tokens do not break at the space: every span from here tokenized whole
-                    whole += [self.span(i, j, lead) for j in range(i, last + 1)]
-                    continue
-                tokens += passage_ids[joint : joint + self.max_tokens]
-                for end in self.ends[nxt : last + 1]:
-                    n = passage_after.get(end)
-                    if n is not None:
-                        after[end] = len(head_ids) + n - joint
-            tokens = tokens[: self.max_tokens]
-            ends = []
-            for j in range(i, last + 1):
-                n = after.get(self.ends[j])
-                if n is None:  # the span ends inside a token of the longer one
-                    whole.append(self.span(i, j, lead))
-                elif n <= self.max_tokens:
-                    ends.append(n)
-            allowed.add(tokens, ends)
+            after = {shift + end: count for end, count in _boundaries(head_offsets).items()}
+            spans = [self.span(i, j, lead) for j in range(i, self._last(i) + 1)]
+            if not self._add(allowed, i, nxt, list(head_ids), after, passage,
+                             lambda j, i=i, spans=spans: whole.append(spans[j - i])):
+                whole.extend(spans)  # the passage's tokens do not break at the space: every span tokenized whole
+        for index, (h, k) in enumerate(self.splits):
+            first, rest = ids[n + 1 + 2 * index], ids[n + 2 + 2 * index]
+            if len(first) != 1:
+                continue
+            i, nxt, _ = self.heads[h]
+            at = self.starts[i] + k
+            after = {at: 1, **{at + end: 1 + count for end, count in _boundaries(offsets[n + 2 + 2 * index]).items()}}
+            self._add(allowed, i, nxt, first + rest, after, passage, lambda j: None)
         for tokens in _tokenized(tokenizer, whole):
             if len(tokens) <= self.max_tokens:
                 allowed.add(tokens)
+
+    def _add(self, allowed: AllowedAnswers, i: int, nxt: int, tokens: list[int], after: dict[int, int],
+             passage: tuple[list[int], dict[int, int], list[Any]], inside: Any) -> bool:
+        """The path of the spans from piece ``i`` that start with ``tokens`` (the first word group, ``after``: its
+        token counts by passage offset) and go on with the passage's own tokens; ``inside(j)`` for the span to
+        piece j that ends inside a token. False where the passage's tokens do not break at the next space."""
+        passage_ids, passage_after, passage_offsets = passage
+        last = self._last(i)
+        if nxt <= last:
+            space = self.starts[nxt] - 1
+            joint = passage_after.get(space)
+            if joint is None or joint >= len(passage_ids) or passage_offsets[joint][0] not in (space, space + 1):
+                return False
+            head = len(tokens)
+            tokens = tokens + passage_ids[joint : joint + self.max_tokens]
+            for end in self.ends[nxt : last + 1]:
+                count = passage_after.get(end)
+                if count is not None:
+                    after[end] = head + count - joint
+        ends = []
+        for j in range(i, last + 1):
+            count = after.get(self.ends[j])
+            if count is None:
+                inside(j)
+            elif count <= self.max_tokens:
+                ends.append(count)
+        allowed.add(tokens[: self.max_tokens], ends)
+        return True
 
 
 def _boundaries(offsets: list[tuple[int, int]]) -> dict[int, int]:
