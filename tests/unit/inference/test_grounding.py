@@ -1,6 +1,7 @@
 """Grounded decoding: the answers a passage allows, token by token; the logits processor in model.generate (greedy
 and beam search); a trained run answering with a span of the passage; the setting, and where it is refused."""
 
+import csv
 import json
 
 import pytest
@@ -180,6 +181,11 @@ def test_generate_and_eval_take_grounded(span_run, tmp_path):
         lines = (span_run / "predictions-held.csv").read_text(encoding="utf-8").splitlines()
         assert lines[0].endswith(",grounded,in_passage")
         assert lines[1].endswith(",true,true" if on else ",false,false")  # the row whose passage is elsewhere
+        out = tmp_path / f"answers-{flag}.csv"
+        cli_ok("generate", span_run, "--file", data, "--out", out, "--grounded", flag)
+        with open(out, encoding="utf-8", newline="") as f:
+            first = next(csv.DictReader(f))
+        assert in_passage(first["answer"], ELSEWHERE) is on
 
 
 def test_grounded_on_is_refused_where_there_is_no_passage_to_take():
