@@ -15,6 +15,8 @@ Writes bench/results/<this machine>/grounded_qa.json.
 
     python bench/grounded_qa.py                               # train, then 2 rounds (~35 min on 2 cores)
     python bench/grounded_qa.py --run runs/smollm2-qa --rounds 3
+    python bench/grounded_qa.py --config configs/smollm2-demo.yaml --eval-file examples/data/xquad_demo.csv \
+        --rounds 1 --json bench/results/<this machine>/grounded_qa_demo.json       # make demo's run and rows
 """
 
 from __future__ import annotations
@@ -42,7 +44,9 @@ def load() -> list[float]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--run", type=Path, default=None, help="a finished run of configs/smollm2-qa.yaml")
+    parser.add_argument("--run", type=Path, default=None, help="a finished run of --config")
+    parser.add_argument("--config", type=Path, default=CONFIG, help="the config to train (default: smollm2-qa.yaml)")
+    parser.add_argument("--eval-file", type=Path, default=EVAL_FILE, help="the held-out rows (default: xquad_eval.csv)")
     parser.add_argument("--rounds", type=int, default=2, help="alternating rounds (each arm once per round)")
     parser.add_argument("--rows", type=int, default=None, help="only the first ROWS held-out rows")
     json_option(parser, STEM)
@@ -70,19 +74,20 @@ def main() -> int:
 
         work = Path(tempfile.mkdtemp(prefix="grounded-qa-"))
         start = time.perf_counter()
-        run = train(load_config(CONFIG, [f"output_dir={work / 'smollm2-qa'}"]), overwrite=True, progress=False)
+        run = train(load_config(args.config, [f"output_dir={work / 'run'}"]), overwrite=True, progress=False)
         result["train_wall_s"] = round(time.perf_counter() - start)
     loaded = load_run_model(run)
-    records, _ = load_from_config(loaded.config.data, EVAL_FILE)
+    records, _ = load_from_config(loaded.config.data, args.eval_file)
     records = records[: args.rows] if args.rows else records
     questions, contexts = [r.question for r in records], [r.context for r in records]
     generate = loaded.config.generate
-    result["run"] = {"config": f"{CONFIG.relative_to(ROOT)} as shipped" if args.run is None else str(run),
+    shipped = f"{args.config.resolve().relative_to(ROOT)} as shipped"
+    result["run"] = {"config": shipped if args.run is None else str(run),
                      "grounding": loaded.info.grounding, "no_answer": no_answer_text(loaded.info),
                      "generate": {"max_new_tokens": generate.max_new_tokens, "precision": generate.precision,
                                   "grounded (the run's setting)": generate.grounded},
                      "batch_size": loaded.config.train.eval_batch_size}
-    result["eval"] = {"file": str(EVAL_FILE.relative_to(ROOT)), "rows": len(records)}
+    result["eval"] = {"file": str(args.eval_file.resolve().relative_to(ROOT)), "rows": len(records)}
     trained, _ = load_from_config(loaded.config.data, ROOT / loaded.config.data.train_file)
     result["training_answers"] = passage_answers(trained).to_json()  # what generate.grounded auto decides from
 
