@@ -169,8 +169,9 @@ def check_file(loaded: LoadedModel, path: Path, quant: str, records: list[QAReco
 
 
 def _answers(loaded: LoadedModel, records: list[QARecord]) -> list[str]:
-    """Greedy answers in fp32, as long as the run's generate.max_new_tokens allows."""
-    generate = GenerateConfig(max_new_tokens=loaded.config.generate.max_new_tokens, temperature=0.0)
+    """Greedy answers in fp32, free (not grounded), as long as the run's generate.max_new_tokens allows."""
+    generate = GenerateConfig(max_new_tokens=loaded.config.generate.max_new_tokens, temperature=0.0,
+                              grounded="off")  # the two models compared, not their decoding
     return answer_questions(loaded.model, loaded.tokenizer, loaded.info, [r.question for r in records],
                             [r.context for r in records], generate, fields=[r.fields for r in records])
 
