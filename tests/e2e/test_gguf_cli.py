@@ -5,6 +5,7 @@ scored through its own chat template."""
 import csv
 import importlib.util
 import json
+import re
 
 import pytest
 
@@ -31,13 +32,14 @@ def test_smollm2_lora_run_exports_with_its_own_pre_tokenizer(faq8, tmp_path):
     cli_ok("train", "--config", ROOT / "configs" / "smollm2-faq.yaml", "--output-dir", tmp_path / "run", "--quiet",
            "--set", f"data.train_file={faq8}", "--set", "data.eval_file=null", "--set", "train.epochs=1",
            "--set", "train.batch_size=4", "--set", "train.precision=fp32", "--set", "generate.max_new_tokens=8")
-    done = cli_ok("export", tmp_path / "run", "--gguf", tmp_path / "faq.gguf", "--quant", "q8_0", "--rows", "4")
+    done = cli_ok("export", tmp_path / "run", "--gguf", tmp_path / "faq.gguf", "--quant", "q8_0", "--rows", "4",
+                  "--answers", "2")
     assert done.stdout.strip() == str(tmp_path / "faq.gguf")
     assert f"check on 4 rows of {faq8} (the run's training rows: it holds none out): q8_0: " in done.stderr
-    assert "(100.0% with the run's weights rounded to q8_0)" in done.stderr
+    assert re.search(r"\(100\.0% with the run's weights rounded to q8_0\), [0-2]/2 answers identical", done.stderr)
     assert f"ollama create NAME -f {tmp_path / 'faq.Modelfile'}" in done.stderr
     saved = json.loads((tmp_path / "run" / "export-faq.json").read_text())
-    assert saved["passed"] and saved["prompts_identical"] == 4
+    assert saved["passed"] and saved["prompts_identical"] == 4 and saved["answer_rows"] == 2
     import gguf
 
     fields = gguf.GGUFReader(str(tmp_path / "faq.gguf")).fields
@@ -45,7 +47,9 @@ def test_smollm2_lora_run_exports_with_its_own_pre_tokenizer(faq8, tmp_path):
     assert fields["tokenizer.ggml.eos_token_id"].contents() == 2  # <|im_end|>
     assert 140e6 < (tmp_path / "faq.gguf").stat().st_size < 150e6  # 8.5 bits a weight for 135M weights
     modelfile = (tmp_path / "faq.Modelfile").read_text()
-    assert 'TEMPLATE """<|im_start|>system\n' in modelfile and 'PARAMETER stop "<|im_end|>"' in modelfile
+    # The TEMPLATE finds the last user message, then writes SmolLM2's prompt around it.
+    assert 'TEMPLATE """{{ $question := "" }}{{ range .Messages }}' in modelfile
+    assert '{{ end }}<|im_start|>system\n' in modelfile and 'PARAMETER stop "<|im_end|>"' in modelfile
 
 
 def test_a_gguf_file_qatune_did_not_write_is_asked_through_its_chat_template(tmp_path):
