@@ -119,35 +119,47 @@ def test_written_file_reads_back_and_answers_as_the_run(kind, quant, serve_run, 
         assert "tokenizer.ggml.eot_token_id" not in value
 
 
-def test_modelfile_and_chat_template_render_the_training_prompt(llama_run, serve_run, tmp_path, hf_jinja,
-                                                                ollama_go):
-    """The file's chat template (read by transformers, and by @huggingface/jinja) and Ollama's TEMPLATE (Go's
-    text/template) render byte for byte the text qatune trains with: a chat run with a context, and a
-    plain-template run, whose prompt a chat client's own system prompt does not change."""
-    import gguf
-
-    from qatune.model.gguf_file import load_gguf_run
-
+def exported_prompts(llama_run, serve_run, tmp_path):
+    """Per run (a chat run with a context, a plain-template run): its exported file, Modelfile text, the
+    conversations a client sends for a few rows (a client's own system prompt to the run without a passage) and
+    the prompts qatune trained with for them."""
     for name, run, rows in (("chat", llama_run, CONTEXT_ROWS[:3]),
                             ("plain", serve_run, [{"question": "who wrote it?", "context": None, "answer": "me"}])):
         path, _ = export_gguf(run, tmp_path / f"{name}.gguf", "f32", rows=3, answer_rows=1)
         info = load_model_folder(run).info
         template = PromptTemplate(info.prompt_template, info.answer_prefix)
-        text = path.with_suffix(".Modelfile").read_text()
-        assert text.startswith(f"FROM ./{name}.gguf\n")
-        reread = load_gguf_run(path, device="cpu")
-        embedded = gguf.GGUFReader(str(path)).fields["tokenizer.chat_template"].contents()
         conversations = [[*([{"role": "system", "content": row["context"]}] if row["context"] else
                             [{"role": "system", "content": "You are a helpful assistant."}]),
                           {"role": "user", "content": row["question"]}] for row in rows]
-        trained = [template.render(row["question"], row["context"]) for row in rows]
-        assert ollama_go(text, conversations) == trained
-        assert hf_jinja(embedded, conversations) == trained
+        yield name, path, path.with_suffix(".Modelfile").read_text(), conversations, [
+            template.render(row["question"], row["context"]) for row in rows]
+
+
+def test_modelfile_and_chat_template_render_the_training_prompt(llama_run, serve_run, tmp_path):
+    """The file's chat template, read back by transformers, renders byte for byte the text qatune trains with;
+    a chat client's own system prompt does not change the prompt of a run without a passage."""
+    from qatune.model.gguf_file import load_gguf_run
+
+    for name, path, modelfile, conversations, trained in exported_prompts(llama_run, serve_run, tmp_path):
+        assert modelfile.startswith(f"FROM ./{name}.gguf\n")
+        reread = load_gguf_run(path, device="cpu")
         assert [reread.tokenizer.apply_chat_template(m, tokenize=False, add_generation_prompt=True)
                 for m in conversations] == trained
-        stops = [line for line in text.splitlines() if line.startswith("PARAMETER stop")]
+        stops = [line for line in modelfile.splitlines() if line.startswith("PARAMETER stop")]
         assert stops == (['PARAMETER stop "<|im_end|>"'] if name == "chat" else ['PARAMETER stop "<|endoftext|>"'])
-        assert "PARAMETER temperature 0" in text
+        assert "PARAMETER temperature 0" in modelfile
+
+
+def test_the_files_template_renders_the_training_prompt_in_other_engines(llama_run, serve_run, tmp_path, hf_jinja,
+                                                                          ollama_go):
+    """The chat template read from the file, rendered by @huggingface/jinja, and the Modelfile's TEMPLATE, run by
+    Go's text/template as Ollama runs it: byte for byte the text qatune trains with."""
+    import gguf
+
+    for _, path, modelfile, conversations, trained in exported_prompts(llama_run, serve_run, tmp_path):
+        embedded = gguf.GGUFReader(str(path)).fields["tokenizer.chat_template"].contents()
+        assert hf_jinja(embedded, conversations) == trained
+        assert ollama_go(modelfile, conversations) == trained
 
 
 def test_the_file_holds_names_not_the_users_paths(llama_run, tmp_path):
