@@ -108,11 +108,11 @@ def test_an_edited_config_is_validated_and_kept_inside_the_workspace(workspace):
     text = (workspace.root / name).read_text(encoding="utf-8")
     saved = save_edited_config(workspace, name, text.replace("epochs: 40", "epochs: 2"))
     assert load_config(workspace.root / name).train.epochs == 2 and saved["yaml"].startswith("# Written by qatune ui")
-    with pytest.raises(PageError, match="data.train_file '/etc/passwd' is not a path inside the workspace"):
+    with pytest.raises(PageError, match=r"data\.train_file '/etc/passwd' is not a path inside the workspace"):
         save_edited_config(workspace, name, text.replace("train_file: sheets/faq.csv", "train_file: /etc/passwd"))
     with pytest.raises(PageError, match="the page trains into runs/NAME"):
         save_edited_config(workspace, name, text.replace("output_dir: runs/faq", "output_dir: elsewhere"))
-    with pytest.raises(ConfigError, match="train.epoch"):
+    with pytest.raises(ConfigError, match=r"train\.epoch"):
         save_edited_config(workspace, name, text.replace("epochs: 40", "epoch: 2"))
     with pytest.raises(PageError, match="not valid YAML"):
         save_edited_config(workspace, name, "train: [")

@@ -46,7 +46,7 @@ def test_train_from_a_config_again_or_resumed():
 
 def test_compare_on_the_rows_validation_held_out(workspace, monkeypatch):
     run_dir, config = a_run(workspace, held_out=0.2)
-    args, data = compare_args(workspace, "runs/faq", "base", None)
+    args, _ = compare_args(workspace, "runs/faq", "base", None)
     assert args == ["eval", "runs/faq", "--data", "runs/faq/held-out.csv", "--compare", "base", "--json"]
     monkeypatch.chdir(workspace.root)
     records, _ = load_from_config(config.data, config.data.train_file)

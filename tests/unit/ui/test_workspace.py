@@ -36,7 +36,7 @@ def test_upload_names_keep_the_last_part_and_safe_characters():
     assert upload_name("../../etc/faq.CSV") == "faq.csv"
     with pytest.raises(PageError, match=r"\.xls: open it and save it as \.xlsx"):
         upload_name("old.xls")
-    with pytest.raises(PageError, match="the page takes .csv"):
+    with pytest.raises(PageError, match=r"the page takes \.csv"):
         upload_name("model.bin")
 
 

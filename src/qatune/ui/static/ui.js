@@ -545,7 +545,8 @@ function renderCompare(job) {
   const row = (label, d, metric) => {
     const sign = metric === "loss" || metric === "mae" ? -1 : 1;
     const cls = d.delta === null ? "" : d.delta * sign > 0 ? "delta-up" : d.delta * sign < 0 ? "delta-down" : "";
-    const number = (v) => (v === null || v === undefined ? "n/a" : Math.abs(v) < 10 ? v.toFixed(3) : v.toFixed(1));
+    const number = (v) => (v === null || v === undefined ? "n/a" : Number.isInteger(v) ? String(v)
+                                                                   : Math.abs(v) < 10 ? v.toFixed(3) : v.toFixed(1));
     deltas.push(el("tr", {}, el("td", {}, label), el("td", {}, number(d.other)), el("td", {}, number(d.run)),
                     el("td", { class: cls }, d.delta === null ? "n/a" : (d.delta > 0 ? "+" : "") + number(d.delta))));
   };
