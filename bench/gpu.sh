@@ -37,6 +37,13 @@ log "python: $PY ($("$PY" -c 'import torch; print("torch", torch.__version__, "o
 
 # qatune and what the tests and the anchors need; each try bounded, the last resort needs no index at all.
 pip_install() { timeout 150 "$PY" -m pip install --quiet --retries 1 --timeout 15 "$@"; }
+# A machine without a package index installs what it lacks from ./shared/wheels when the copy brings one
+# (made where there is an index: pip download --only-binary=:all: --no-deps --python-version X.Y ... -d shared/wheels).
+if [ -d shared/wheels ] && ls shared/wheels/*.whl >/dev/null 2>&1; then
+  pip_install --no-index --no-deps shared/wheels/*.whl &&
+    log "installed $(ls shared/wheels/*.whl | wc -l) wheels from shared/wheels" ||
+    log "the wheels of shared/wheels did not install"
+fi
 if pip_install -e '.[test,bench]'; then
   log "installed qatune with its test and bench extras"
 elif pip_install --no-deps --no-build-isolation -e .; then
