@@ -170,7 +170,7 @@ class Speedups:
             import peft
 
             self._off("lora_one_pass", f"peft {peft.__version__} is older than this path reads (its LoRA layers lack "
-                                       f"{', '.join(missing)}); pip install 'peft>=0.16'")
+                                       f"{', '.join(missing)}); pip install 'peft>=0.18'")
             return
         fused_lora.install(model)
 

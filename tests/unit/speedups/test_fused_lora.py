@@ -186,7 +186,7 @@ def test_an_older_peft_whose_layers_lack_what_the_path_reads_keeps_peft_s_forwar
     speedups = Speedups("auto", "fp32", "cpu")
     speedups.attach(model, "generative")
     assert speedups.reasons["lora_one_pass"] == ("peft 0.15.2 is older than this path reads (its LoRA layers lack "
-                                                 "lora_variant); pip install 'peft>=0.16'")
+                                                 "lora_variant); pip install 'peft>=0.18'")
     assert lean_lora.remove(model) == 0  # no layer was given the one-pass forward
 
 
@@ -197,7 +197,9 @@ def test_the_lora_extra_asks_for_a_peft_whose_layers_the_path_reads():
 
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     for extra in ("lora", "test", "bench"):
-        assert "peft>=0.16" in extras[extra], extra
+        (pin,) = [requirement for requirement in extras[extra] if requirement.startswith("peft>=")]
+        floor = tuple(int(part) for part in pin.removeprefix("peft>=").split("."))
+        assert floor >= (0, 16), (extra, pin)
 
 
 def test_gpt2_conv1d_layers_take_the_one_pass_product():
