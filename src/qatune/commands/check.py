@@ -111,7 +111,7 @@ def _memory(prepared: Prepared, processes: int | None) -> tuple[dict[str, Any], 
         options.append((setups(rows, checkpointed)[index], "train.activation_checkpointing: true"))
     if len(table) > 2 and index != 2:
         options.append((table[2], f"train.distributed fsdp on {shown} processes"))
-    if config.model.lora is None:
+    if config.model.lora is None and config.task != "scoring":  # a scorer trains all its weights
         lora = config.model_copy(update={"model": config.model.model_copy(update={"lora": LoraSettings()})})
         with_lora = setups(rows, lora, meta_model(lora, prepared.tokenizer, prepared.info.seq2seq))
         options.append((with_lora[min(index, len(with_lora) - 1)], "LoRA adapters (model.lora: {r: 16})"))

@@ -93,7 +93,8 @@ def estimate(model: torch.nn.Module, config: Config, precision: str, batch_token
     if config.train.activation_checkpointing:  # each block's input, and one block recomputed at a time
         activations = dims["layers"] * rows * width * dims["hidden"] * 2 * per_value + layer
     logit_rows = rows * (supervised if config.task == "generative" and config.train.speedups != "off" else width)
-    logits = logit_rows * dims["vocab"] * 4 * 2
+    # a scoring model's outputs are a few per position (a decoder's) or per row, not a vocabulary's
+    logits = 0 if config.task == "scoring" else logit_rows * dims["vocab"] * 4 * 2
     work = {"activations": activations, "logits": logits}
     one = Estimate("1 process", 1, {"baseline": baseline, "weights": weights, "gradients": grads,
                                     "optimizer": moments, **work})
