@@ -50,10 +50,13 @@ SKIPPED = {
     "qatune train --config configs/smollm2-grading.yaml": "fine-tunes SmolLM2 on long grading prompts for minutes; "
                                                            "tests/e2e/test_grading.py runs these steps on a scratch "
                                                            "model; parsed here",
-    "qatune eval runs/smollm2-grading --data examples/grading/eval.csv --compare base": "needs the grading run; "
-                                                                                          "parsed here",
-    "qatune generate runs/smollm2-grading --file examples/grading/answers.xlsx --out graded.xlsx": "needs the grading "
-                                                                                                  "run; parsed here",
+    "qatune train --config configs/minilm-scoring.yaml": "trains MiniLM for three epochs of long grading prompts; "
+                                                          "tests/e2e/test_scoring_cli.py trains and uses scorers; "
+                                                          "parsed here",
+    "qatune eval runs/minilm-scoring --data examples/grading/eval.csv": "needs the scoring run; parsed here",
+    "qatune generate runs/minilm-scoring --file examples/grading/answers.xlsx --out graded.xlsx --with "
+    "runs/smollm2-grading": "needs both grading runs (tests/e2e/test_scoring_cli.py writes a sheet with --with); "
+                            "parsed here",
     "make test": "runs the whole test suite",
     "make test-fast": "runs the test suite",
 }
