@@ -9,8 +9,11 @@ from qatune.ui import PageError
 from qatune.ui.jobs import Jobs
 from qatune.ui.workspace import Workspace
 
-WAITS = "import signal, sys, time\nprint('started', flush=True)\ntime.sleep(60)"
-"""A stand-in for a long qatune command (Ctrl-C ends it with KeyboardInterrupt, exit code 1)."""
+WAITS = ("import signal, sys, time\nsignal.signal(signal.SIGINT, signal.default_int_handler)\n"
+         "print('started', flush=True)\ntime.sleep(60)")
+"""A stand-in for a long qatune command (Ctrl-C ends it with KeyboardInterrupt, exit code 1). It takes SIGINT
+itself, as qatune train does (train/signals.py): a process started in the background of a script inherits SIGINT
+ignored."""
 
 
 def fake_qatune(monkeypatch, code):
@@ -45,8 +48,11 @@ def test_one_training_at_a_time_and_stop_asks_it_to_stop(tmp_path, monkeypatch):
     jobs.stop(job)
     wait_for(lambda: job.state != "running")
     assert job.state == "stopped" and job.as_json()["stopping"]
-    assert jobs.start("train", ["train", "--resume", "runs/a"], "runs/a").state == "running"  # the next may start
+    again = jobs.start("train", ["train", "--resume", "runs/a"], "runs/a")
+    assert again.state == "running"  # the next may start
+    wait_for(lambda: "started" in again.output_text())
     jobs.shutdown(wait_s=30)
+    assert again.state == "stopped"
     assert not jobs.running()
 
 
