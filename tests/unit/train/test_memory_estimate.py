@@ -39,6 +39,23 @@ def test_parts_follow_the_model(tmp_path):
     assert with_lora.parts["optimizer"] < one.parts["optimizer"] / 5  # only the adapters are trained
 
 
+
+def test_a_scorer_holds_no_vocabulary_logits(tmp_path):
+    """A generative run's logits are the supervised positions' vocabulary scores, in fp32 and their gradient; a
+    scoring model's outputs are a few values per row, counted as nothing."""
+    config = tiny_config(tmp_path, ROWS, "model.scratch.n_layer=2")
+    from qatune.train import prepare
+
+    prepared = prepare(config, with_model=False)
+    model = memory_estimate.meta_model(config, prepared.tokenizer, False)
+    vocab = model.config.vocab_size
+    generative = memory_estimate.estimate(model, config, "fp32", (4, 30), 5, processes=1, baseline=0)[0]
+    assert generative.parts["logits"] == 4 * 5 * vocab * 4 * 2  # 4 rows x 5 supervised positions
+    scoring = config.model_copy(update={"task": "scoring"})
+    scored = memory_estimate.estimate(model, scoring, "fp32", (4, 30), 5, processes=1, baseline=0)[0]
+    assert scored.parts["logits"] == 0
+    assert scored.total == generative.total - generative.parts["logits"]
+
 def test_a_setup_that_does_not_fit_is_a_warning_with_the_cheapest_change(tmp_path, monkeypatch):
     config = tiny_config(tmp_path, ROWS, "train.batch_size=8")
     monkeypatch.setattr("qatune.commands.check.resident_bytes", lambda: 0)  # the model's own needs alone
