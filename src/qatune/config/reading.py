@@ -202,6 +202,8 @@ def _cross_checks(config: Config) -> list[str]:
                         "or model.scratch (a small random model)")
     if model.name_or_path is not None and model.scratch is not None:
         problems.append("model: set only one of model.name_or_path and model.scratch (set the other to null)")
+    if model.scratch is not None and model.dropout is not None:
+        problems.append("model.dropout: a scratch model's dropout is model.scratch.dropout; set model.dropout to null")
     if model.scratch is not None and model.scratch.n_embd % model.scratch.n_head:
         problems.append(
             f"model.scratch.n_embd: {model.scratch.n_embd} is not divisible by n_head={model.scratch.n_head}; "

@@ -97,6 +97,11 @@ class ModelConfig(Section):
     *ForSequenceClassification: the first token through the pooler of a BERT-like encoder, the last token of a
     decoder), and final/ is a plain AutoModelForSequenceClassification folder; mean: the average of the last
     hidden states over the row's tokens."""
+    dropout: float | None = Field(None, ge=0.0, lt=1.0)
+    """Dropout while fine-tuning a pretrained model: one probability for every dropout its config names
+    (attention, hidden states, embeddings), saved with the model. null: the model's own (0.1 for BERT-like
+    encoders such as MiniLM, 0 for SmolLM2). On a CPU an encoder's attention runs torch's fused kernel only
+    without attention dropout."""
     gguf_file: str | None = None
     """A .gguf file inside the folder or hub repository name_or_path (loaded dequantized; needs pip install gguf).
     name_or_path may also be the path of a .gguf file itself."""

