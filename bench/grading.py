@@ -26,6 +26,7 @@ Writes bench/results/<this machine>/grading.json after every seed (an interrupte
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import statistics
@@ -144,6 +145,11 @@ def main() -> None:
                         help="a config change for every arm's training (recorded)")
     parser.add_argument("--train-rows", type=int, default=None, help="train on a sample of N training rows")
     parser.add_argument("--eval-rows", type=int, default=None, help="score the first N rows of each split")
+    parser.add_argument("--similar", type=int, default=0, metavar="K",
+                        help="add a column similar_graded to every split: the verdicts and scores of the row's K most "
+                             "similar training answers to its question (for a prompt_template that reads it)")
+    parser.add_argument("--similar-text", type=int, default=0, metavar="CHARS",
+                        help="with --similar, the nearest answer's text too, cut to CHARS characters")
     parser.add_argument("--base", action="store_true", help="also score the generative grader's base model zero-shot")
     json_option(parser, STEM)
     args = parser.parse_args()
@@ -159,6 +165,10 @@ def main() -> None:
         splits["train"] = splits["train"].sample(n=min(args.train_rows, len(splits["train"])), random_state=0)
     if args.eval_rows:
         splits = {k: (v.head(args.eval_rows) if k in SPLITS else v) for k, v in splits.items()}
+    if args.similar:
+        train = splits["train"]
+        splits = {name: frame.assign(similar_graded=grading_baselines.similar_graded(
+            train, frame, args.similar, args.similar_text)) for name, frame in splits.items()}
     rows = {k: len(v) for k, v in splits.items()}
     result = json.loads(path.read_text()) if path.is_file() else {}
     if result and result.get("rows") != rows:
@@ -179,10 +189,13 @@ def main() -> None:
                 split: evaluate(["--base", "--config", str(config), *sets], tmp / f"{split}.csv") for split in SPLITS}
             write_json(path, result)
         for arm in arms:
-            entry = result["arms"].setdefault(arm, {"config": ARMS[arm], "sets": args.set, "seeds": []})
-            if entry.get("sets") != args.set:
-                raise SystemExit(f"{path}: arm {arm} was measured with --set {entry.get('sets')}; this run has "
-                                 f"{args.set}: pass --json with a new file")
+            recipe = hashlib.sha256((ROOT / ARMS[arm]).read_bytes()).hexdigest()[:16]
+            entry = result["arms"].setdefault(arm, {"config": ARMS[arm], "config_sha256": recipe, "sets": args.set,
+                                                    "seeds": []})
+            if entry.get("sets") != args.set or entry.get("config_sha256", recipe) != recipe:
+                raise SystemExit(f"{path}: arm {arm} was measured with another {ARMS[arm]} or --set "
+                                 f"{entry.get('sets')} (this run: {args.set}); pass --json with a new file, or "
+                                 f"remove the arm from it")
             done = {seed["seed"] for seed in entry["seeds"]}
             for seed in range(args.first_seed, args.first_seed + args.seeds):
                 if seed in done:

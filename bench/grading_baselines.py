@@ -82,6 +82,30 @@ def nearest_feedback(train: pd.DataFrame, test: pd.DataFrame) -> list[Prediction
     return predictions
 
 
+def similar_graded(train: pd.DataFrame, test: pd.DataFrame, k: int, text_chars: int = 0) -> list[str]:
+    """Per test row, the verdicts and scores of its k most similar train answers to the same question (TF-IDF
+    cosine; a row of train itself is never its own neighbour), most similar first, as text a scorer can read:
+    "Correct 1; Partially correct 0.5; ..." ("none" for a question train lacks). With text_chars, the nearest
+    one's answer too, cut to that many characters."""
+    vectorizer = TfidfVectorizer(sublinear_tf=True).fit(train.student_answer)
+    similarity = (vectorizer.transform(test.student_answer) @ vectorizer.transform(train.student_answer).T).toarray()
+    train_questions = train.question_id.to_numpy()
+    test_ids = test.answer_id.to_numpy()
+    train_ids = train.answer_id.to_numpy()
+    out = []
+    for i, question in enumerate(test.question_id):
+        scores = np.where((train_questions == question) & (train_ids != test_ids[i]), similarity[i], -np.inf)
+        order = [j for j in np.argsort(-scores, kind="stable")[:k] if np.isfinite(scores[j])]
+        if not order:
+            out.append("none")
+            continue
+        text = "; ".join(f"{train.label.iloc[j]} {score_text(train.score.iloc[j])}" for j in order)
+        if text_chars:
+            text += f"\nNearest graded answer: {train.student_answer.iloc[order[0]][:text_chars]}"
+        out.append(text)
+    return out
+
+
 BASELINES = {
     "majority_label": majority_label,
     "question_majority_label": question_majority_label,
