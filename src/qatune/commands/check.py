@@ -100,24 +100,28 @@ def _memory(prepared: Prepared, processes: int | None) -> tuple[dict[str, Any], 
               "setups": table, "configured": configured["setup"]}
     if configured["fits"]:
         return memory, None
-    options = []
+    options = []  # (the set-up with the change, the change, what the change is called when none fits)
     if rows > 1:
         options.append((setups(rows // 2)[index], f"train.batch_size {rows // 2} with "
                                                   f"train.gradient_accumulation_steps "
-                                                  f"{2 * config.train.gradient_accumulation_steps} (the same updates)"))
+                                                  f"{2 * config.train.gradient_accumulation_steps} (the same updates)",
+                        "a smaller batch"))
     if not config.train.activation_checkpointing:
         checkpointed = config.model_copy(update={"train": config.train.model_copy(
             update={"activation_checkpointing": True})})
-        options.append((setups(rows, checkpointed)[index], "train.activation_checkpointing: true"))
+        options.append((setups(rows, checkpointed)[index], "train.activation_checkpointing: true",
+                        "activation checkpointing"))
     if len(table) > 2 and index != 2:
-        options.append((table[2], f"train.distributed fsdp on {shown} processes"))
-    if config.model.lora is None and config.task != "scoring":  # a scorer trains all its weights
+        options.append((table[2], f"train.distributed fsdp on {shown} processes", "fsdp"))
+    if config.model.lora is None and config.takes_lora:
         lora = config.model_copy(update={"model": config.model.model_copy(update={"lora": LoraSettings()})})
         with_lora = setups(rows, lora, meta_model(lora, prepared.tokenizer, prepared.info.seq2seq))
-        options.append((with_lora[min(index, len(with_lora) - 1)], "LoRA adapters (model.lora: {r: 16})"))
-    fitting = next((how for verdict, how in options if verdict["fits"]), None)
-    advice = (f"; {fitting} fits" if fitting
-              else "; none of a smaller batch, activation checkpointing, fsdp or LoRA fits either")
+        options.append((with_lora[min(index, len(with_lora) - 1)], "LoRA adapters (model.lora: {r: 16})", "LoRA"))
+    fitting = next((how for verdict, how, _ in options if verdict["fits"]), None)
+    tried = [name for _, _, name in options]
+    advice = (f"; {fitting} fits" if fitting else
+              f"; none of {', '.join(tried[:-1])} or {tried[-1]} fits either" if len(tried) > 1 else
+              f"; {tried[0]} does not fit either" if tried else "")
     each = (f" ({configured['processes']} processes of {configured['total_gib']:.1f} GiB each)"
             if shared and configured["processes"] > 1 else "")
     return memory, warning("memory", f"the {configured['setup']} set-up needs an estimated "

@@ -291,7 +291,7 @@ def _scoring_checks(config: Config) -> list[str]:
         problems.append(f"data.field_kinds: {text} are text; a scoring model predicts label and number columns "
                         "only: train a generative run for free text (generate --file ... --with RUN puts both in "
                         "one sheet)")
-    if config.model.lora is not None:
+    if config.model.lora is not None and not config.takes_lora:
         problems.append("model.lora: not for task scoring (a scoring model trains all its weights); remove it")
     return problems
 

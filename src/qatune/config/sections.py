@@ -374,6 +374,11 @@ class Config(Section):
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False, allow_unicode=True)
 
+    @property
+    def takes_lora(self) -> bool:
+        """Whether model.lora can apply: a scoring model trains all its weights (its heads are new)."""
+        return self.task != "scoring"
+
 
 def section_class(annotation: Any) -> type[Section] | None:
     """The section class an annotation holds (``LoraSettings | None`` -> LoraSettings), or None."""

@@ -136,3 +136,18 @@ def test_estimate_of_what_the_model_adds_is_within_30_percent_of_the_measured_pe
     assert figures["parameters"] > 50e6 and figures["steps"] == 2
     estimated, measured = figures["estimated"], figures["measured"]
     assert 0.7 * measured <= estimated <= 1.3 * measured, (estimated / 2**30, measured / 2**30)
+
+
+def test_a_scorer_that_fits_nowhere_is_not_advised_lora(tmp_path, monkeypatch):
+    """A scoring model trains all its weights (model.lora is refused for it): check's advice leaves LoRA out,
+    for a generative run it is the last thing tried."""
+    rows = [(f"is item {i} good?", "yes" if i % 2 else "no") for i in range(20)]
+    monkeypatch.setattr("qatune.commands.check.resident_bytes", lambda: 0)
+    monkeypatch.setattr("qatune.commands.check.available_bytes", lambda: (1024, "RAM available"))
+    scorer = tiny_config(tmp_path, rows, "task=scoring", "data.answer_columns=[answer]",
+                         "data.field_kinds={answer: label}", "train.batch_size=8")
+    warning = next(f for f in run_check(scorer)["findings"] if f["code"] == "memory")
+    assert warning["message"].endswith("; none of a smaller batch, activation checkpointing or fsdp fits either")
+    generative = tiny_config(tmp_path, ROWS, "train.batch_size=8", "train.activation_checkpointing=true")
+    warning = next(f for f in run_check(generative)["findings"] if f["code"] == "memory")
+    assert warning["message"].endswith("; none of a smaller batch, fsdp or LoRA fits either")
