@@ -132,6 +132,14 @@ def train_and_score(arm: str, seed: int, tmp: Path, sets: list[str]) -> dict:
     return result
 
 
+def recipe_hash(config: Path) -> str:
+    """What a config says, hashed: its comments and layout do not count."""
+    import yaml
+
+    settings = json.dumps(yaml.safe_load(config.read_text(encoding="utf-8")), sort_keys=True)
+    return hashlib.sha256(settings.encode()).hexdigest()[:16]
+
+
 def shown(figures: dict) -> dict:
     return {k: (round(v, 3) if isinstance(v, float) else v) for k, v in figures.items() if k != "full"}
 
@@ -189,7 +197,7 @@ def main() -> None:
                 split: evaluate(["--base", "--config", str(config), *sets], tmp / f"{split}.csv") for split in SPLITS}
             write_json(path, result)
         for arm in arms:
-            recipe = hashlib.sha256((ROOT / ARMS[arm]).read_bytes()).hexdigest()[:16]
+            recipe = recipe_hash(ROOT / ARMS[arm])
             entry = result["arms"].setdefault(arm, {"config": ARMS[arm], "config_sha256": recipe, "sets": args.set,
                                                     "seeds": []})
             if entry.get("sets") != args.set or entry.get("config_sha256", recipe) != recipe:
