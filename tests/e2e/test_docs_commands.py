@@ -50,7 +50,7 @@ SKIPPED = {
     "qatune train --config configs/smollm2-grading.yaml": "fine-tunes SmolLM2 on long grading prompts for minutes; "
                                                            "tests/e2e/test_grading.py runs these steps on a scratch "
                                                            "model; parsed here",
-    "qatune train --config configs/minilm-scoring.yaml": "trains MiniLM for three epochs of long grading prompts; "
+    "qatune train --config configs/minilm-scoring.yaml": "trains MiniLM for five epochs of long grading prompts; "
                                                           "tests/e2e/test_scoring_cli.py trains and uses scorers; "
                                                           "parsed here",
     "qatune eval runs/minilm-scoring --data examples/grading/eval.csv": "needs the scoring run; parsed here",
