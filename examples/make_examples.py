@@ -14,6 +14,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = ROOT.parent / "shared" / "data"
+QA_ROWS = 1000  # configs/smollm2-qa.yaml's training rows
 DEMO_TRAIN_ROWS = 160
 DEMO_EVAL_ROWS = 80
 
@@ -79,7 +80,7 @@ def main() -> int:
     write(data / "xquad_eval.csv", read("xquad_en/xquad_en.csv")[:200],
           ["question", "context", "answer", "answer_start"])
     squad = "squadshifts_new_wiki/squadshifts_new_wiki"
-    qa = majority_answers(read(f"{squad}.csv")[:400], read(f"{squad}_all_answers.csv")[:400])
+    qa = majority_answers(read(f"{squad}.csv")[:QA_ROWS], read(f"{squad}_all_answers.csv")[:QA_ROWS])
     write(data / "squadshifts_qa.csv", qa, ["question", "context", "answer"])
     # make demo (configs/smollm2-demo.yaml): the first rows of the two files above, few enough for a few minutes
     # on 2 CPU cores, training and both evaluations included.
