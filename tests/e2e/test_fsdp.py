@@ -76,7 +76,9 @@ def assert_same_steps(a, b, rel=1e-5, weights=True):
         if x["event"] == "eval":
             assert (x["exact_match"], x["f1"], x["num_examples"]) == (y["exact_match"], y["f1"], y["num_examples"])
         else:
-            assert abs(x["grad_norm"] - y["grad_norm"]) <= rel * x["grad_norm"]  # the global norm, not a shard's
+            # The global norm, not a shard's (one of two shards holds about 0.7 of it): summed over ranks in an
+            # order gloo picks, it has been seen 9e-5 apart from one process's where the losses agree to 1e-5.
+            assert abs(x["grad_norm"] - y["grad_norm"]) <= max(rel, 1e-3) * x["grad_norm"], (x, y)
     if weights:
         for name in ("model.safetensors", "adapter_model.safetensors"):
             if (a / "final" / name).is_file():
