@@ -68,10 +68,15 @@ def question_median_score(train: pd.DataFrame, test: pd.DataFrame) -> list[Predi
             for prediction, question in zip(question_majority_label(train, test), test.question_id)]
 
 
-def nearest_feedback(train: pd.DataFrame, test: pd.DataFrame) -> list[Prediction]:
+def answer_similarity(train: pd.DataFrame, test: pd.DataFrame) -> np.ndarray:
+    """TF-IDF cosine of each test answer to each train answer: (test rows, train rows)."""
     vectorizer = TfidfVectorizer(sublinear_tf=True).fit(train.student_answer)
-    # rows are L2-normalised, so the dot product is the cosine: (test rows, train rows)
-    similarity = (vectorizer.transform(test.student_answer) @ vectorizer.transform(train.student_answer).T).toarray()
+    # rows are L2-normalised, so the dot product is the cosine
+    return (vectorizer.transform(test.student_answer) @ vectorizer.transform(train.student_answer).T).toarray()
+
+
+def nearest_feedback(train: pd.DataFrame, test: pd.DataFrame) -> list[Prediction]:
+    similarity = answer_similarity(train, test)
     train_questions = train.question_id.to_numpy()
     predictions = []
     for i, question in enumerate(test.question_id):
@@ -87,8 +92,7 @@ def similar_graded(train: pd.DataFrame, test: pd.DataFrame, k: int, text_chars: 
     cosine; a row of train itself is never its own neighbour), most similar first, as text a scorer can read:
     "Correct 1; Partially correct 0.5; ..." ("none" for a question train lacks). With text_chars, the nearest
     one's answer too, cut to that many characters."""
-    vectorizer = TfidfVectorizer(sublinear_tf=True).fit(train.student_answer)
-    similarity = (vectorizer.transform(test.student_answer) @ vectorizer.transform(train.student_answer).T).toarray()
+    similarity = answer_similarity(train, test)
     train_questions = train.question_id.to_numpy()
     test_ids = test.answer_id.to_numpy()
     train_ids = train.answer_id.to_numpy()
