@@ -2,10 +2,11 @@
 # The MiniLM scorer's recipe varied on one GPU: bench/grading.py --arms minilm-scoring --seeds N, once per
 # variant, every variant at once (accuracy only: the runs share the machine, so their times mean nothing).
 # Each variant's JSON and log go to $OUT (default /tmp/grading-recipes). bench/results/h200/grading_recipes.json
-# holds what the first grid measured on an H200, grading_recipes_dropout.json the second.
+# holds what the first grid measured on an H200, grading_recipes_dropout.json the second, grading_recipes_heads.json
+# the third (model.number_head and data.class_weights on the shipped recipe, and shorter trainings).
 #
-#   bash bench/grading_recipes.sh [first|dropout]   # MODEL=folder for a local copy of the MiniLM, LIMIT=seconds,
-#                                                   # SEEDS=N (default 2 for first, 3 for dropout)
+#   bash bench/grading_recipes.sh [first|dropout|heads]  # MODEL=folder for a local copy of the MiniLM,
+#                                                        # LIMIT=seconds, SEEDS=N (2 for first, else 3)
 cd "$(dirname "$0")/.."
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false OMP_NUM_THREADS=2
 OUT=${OUT:-/tmp/grading-recipes}
@@ -49,7 +50,19 @@ case $GRID in
     go dropout0-similar3-text --similar 3 --similar-text 300 --set "$SIM" --set model.dropout=0.0
     go dropout0-similar5 --similar 5 --set "$SIM" --set model.dropout=0.0
     ;;
-  *) echo "grading_recipes.sh: unknown grid $GRID (first or dropout)" >&2; exit 2 ;;
+  heads)
+    SEEDS=${SEEDS:-3}
+    V='model.number_head=values'
+    go values --set "$V"
+    go sqrt --set data.class_weights=sqrt
+    go balanced --set data.class_weights=balanced
+    go values-sqrt --set "$V" --set data.class_weights=sqrt
+    go values-balanced --set "$V" --set data.class_weights=balanced
+    go values-sqrt-ep3 --set "$V" --set data.class_weights=sqrt --set train.epochs=3 --set train.learning_rate=1e-4
+    go values-sqrt-len256 --set "$V" --set data.class_weights=sqrt --set data.max_length=256
+    go values-sqrt-ep4 --set "$V" --set data.class_weights=sqrt --set train.epochs=4
+    ;;
+  *) echo "grading_recipes.sh: unknown grid $GRID (first, dropout or heads)" >&2; exit 2 ;;
 esac
 wait
 grep -h "mean\|worst" "$OUT"/*.log

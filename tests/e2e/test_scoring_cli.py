@@ -67,10 +67,10 @@ def data(tmp_path_factory):
     return write(folder / "train.csv", rows(90, 1)), write(folder / "held.csv", rows(30, 2))
 
 
-def train(folder, data, columns):
+def train(folder, data, columns, *sets):
     config = folder / "scoring.yaml"
     config.write_text(CONFIG.format(train=data[0], held=data[1], columns=columns), encoding="utf-8")
-    cli_ok("train", "--config", config, "--output-dir", folder / "run", "--quiet")
+    cli_ok("train", "--config", config, "--output-dir", folder / "run", "--quiet", *[a for s in sets for a in ("--set", s)])
     return config, folder / "run"
 
 
@@ -94,6 +94,17 @@ def test_a_scorer_learns_a_rule_it_can_see_and_grades_held_out_rows_by_it(scorer
                                   "score (predicted)"]
     assert {row[8] for row in predictions[1:]} <= {"Correct", "Partly", "Incorrect"}
     assert {row[10] for row in predictions[1:]} <= {"0", "0,5", "1"}  # scores as training wrote them
+
+
+def test_a_scorer_choosing_scores_among_values_with_balanced_classes_learns_the_rule_too(tmp_path, data):
+    _, run = train(tmp_path, data, "[verdict, score]", "model.number_head=values",
+                   "data.class_weights=balanced", "train.epochs=60")  # the toy needs longer without the ordered target
+    heads = json.loads((run / "final" / "qatune.json").read_text())["scoring_heads"]
+    assert [(h["name"], h["by_values"], h["width"]) for h in heads] == [("verdict", False, 3), ("score", True, 3)]
+    assert heads[0]["class_weights"] == [1.0, 1.0, 1.0]  # 30 rows of each verdict: balanced is even
+    metrics = json.loads(cli_ok("eval", run, "--data", data[1], "--json").stdout)
+    verdict, score = metrics["fields"]["verdict"], metrics["fields"]["score"]
+    assert verdict["accuracy"] >= 90.0 and score["mae"] <= 0.1 and score["exact"] >= 90.0
 
 
 def test_check_shows_what_the_scorer_reads_and_its_heads(scorer):

@@ -224,6 +224,12 @@ def _cross_checks(config: Config) -> list[str]:
     problems += _answer_field_checks(config.task, data)
     if config.task == "scoring":
         problems += _scoring_checks(config)
+    else:
+        if model.number_head != "regression":
+            problems.append("model.number_head: only for task scoring (how its number heads predict); remove it")
+        if data.class_weights != "none":
+            problems.append("data.class_weights: only for task scoring (how its label heads weigh their classes); "
+                            "remove it")
     if data.eval_file is not None and data.validation_fraction > 0:
         problems.append("data.validation_fraction: set it to 0 when data.eval_file is given (use one or the other)")
     return problems

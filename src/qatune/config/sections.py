@@ -97,6 +97,10 @@ class ModelConfig(Section):
     *ForSequenceClassification: the first token through the pooler of a BERT-like encoder, the last token of a
     decoder), and final/ is a plain AutoModelForSequenceClassification folder; mean: the average of the last
     hidden states over the row's tokens."""
+    number_head: Literal["regression", "values"] = "regression"
+    """Scoring: how a number column is predicted. regression: one output on the column's scale, trained on the
+    absolute error; values: one of the values training saw, from a softmax over them (the median of its
+    distribution, the value with the least expected error), which keeps each question's own marks apart."""
     dropout: float | None = Field(None, ge=0.0, lt=1.0)
     """Dropout while fine-tuning a pretrained model: one probability for every dropout its config names
     (attention, hidden states, embeddings), saved with the model. null: the model's own (0.1 for BERT-like
@@ -134,6 +138,10 @@ class DataConfig(Section):
     """With answer_columns: how much each column's loss counts, e.g. {verdict: 2.0, feedback: 0.5} (a column left
     out: 1). Scoring: each head's loss; generative: the loss of each column's tokens, so a one-token verdict is
     not drowned by forty tokens of feedback."""
+    class_weights: Literal["none", "sqrt", "balanced"] = "none"
+    """Scoring: how much each label weighs in its column's loss. none: every row alike; balanced: inversely to the
+    label's training rows (a rare "Incorrect" weighs as much in total as a common "Correct"); sqrt: between the two,
+    inversely to the square root of its rows."""
     merge_label_spellings: bool = False
     """With answer_columns: train the spellings of one label that differ only in case, spacing or punctuation
     ("correct." beside "Correct") as its most frequent spelling; off, each spelling is a label of its own (qatune

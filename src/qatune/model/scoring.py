@@ -8,10 +8,13 @@ encoder's pooler for BERT-like encoders, the last token for decoders), so ``fina
 class, and with a single label column ``transformers.pipeline("text-classification")`` reads it as it is; with
 ``mean``, :class:`MeanPooledScorer` averages the encoder's last hidden states over the row's tokens.
 
-A number column is trained on its own scale: its training range mapped to -1..1 (:meth:`HeadLayout.scaled`), with
-an absolute-error loss (its best guess is the middle of what it could be, as the error is measured), and predicted
-back on the column's scale, clamped to the range, as the nearest of the values training saw. A label column is
-trained with cross-entropy.
+A number column's head is one of two kinds (``model.number_head``). ``regression``: one output trained on the
+column's own scale, its training range mapped to -1..1 (:meth:`HeadLayout.scaled`), with an absolute-error loss
+(its best guess is the middle of what it could be, as the error is measured), and predicted back on the column's
+scale, clamped to the range, as the nearest of the values training saw. ``values``: a softmax over the values
+training saw, trained with cross-entropy (a value training never saw counts as its nearest), and predicted as the
+median of that distribution: the value whose expected absolute error is least. A label column is trained with
+cross-entropy, each class weighed as ``data.class_weights`` says (:func:`class_weights`).
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ from qatune.data.padding import IGNORE_INDEX
 
 SCORED_KINDS = ("label", "number")
 POOLING = ("auto", "mean")
+NUMBER_HEADS = ("regression", "values")
+CLASS_WEIGHTS = ("none", "sqrt", "balanced")
 MEAN_POOLED_FILE = "scoring.json"
 """Beside the weights of a mean-pooled scorer: its backbone's class and the width of its output layer."""
 
@@ -47,10 +52,34 @@ class Head:
     low: float = 0.0
     high: float = 0.0
     decimal: str = "."
+    by_values: bool = False
+    """A number head that chooses among the values training saw (a softmax over ``classes``), not a regression."""
+    class_weights: tuple[float, ...] = ()
+    """A label head's loss weight for each class (empty: 1 for each)."""
 
     @property
     def stop(self) -> int:
         return self.start + self.width
+
+    @property
+    def is_softmax(self) -> bool:
+        return self.kind == "label" or self.by_values
+
+    def numbers(self) -> list[float]:
+        """A number head's training values as numbers (ascending, as ``classes`` holds them)."""
+        return [parse_number(value, self.decimal) for value in self.classes]
+
+
+def class_weights(counts: tuple[int, ...], rule: str) -> tuple[float, ...]:
+    """Each class's loss weight from its training rows: ``none`` 1 for each; ``balanced`` inversely to its count
+    (every class weighs as much in total); ``sqrt`` inversely to the square root of its count. Scaled so that the
+    training rows' mean weight is 1, so that the loss keeps its size and the learning rate its meaning."""
+    if rule == "none" or not counts:
+        return ()
+    power = 1.0 if rule == "balanced" else 0.5
+    raw = [count ** -power if count else 0.0 for count in counts]
+    mean = sum(r * c for r, c in zip(raw, counts)) / sum(counts)
+    return tuple(round(r / mean, 6) for r in raw)
 
 
 @dataclass(frozen=True)
@@ -60,14 +89,18 @@ class HeadLayout:
     heads: tuple[Head, ...]
 
     @classmethod
-    def from_specs(cls, specs: dict[str, FieldSpec]) -> HeadLayout:
+    def from_specs(cls, specs: dict[str, FieldSpec], number_head: str = "regression",
+                   weights: str = "none") -> HeadLayout:
+        """The heads of ``specs``' columns; ``number_head``: model.number_head, ``weights``: data.class_weights."""
         heads, start = [], 0
         for name, spec in specs.items():
             if spec.kind == "label":
-                head = Head(name, "label", start, len(spec.values), spec.values)
+                head = Head(name, "label", start, len(spec.values), spec.values,
+                            class_weights=class_weights(spec.counts, weights))
             else:
-                head = Head(name, "number", start, 1, spec.values, low=spec.low or 0.0, high=spec.high or 0.0,
-                            decimal=spec.decimal)
+                by_values = number_head == "values" and len(spec.values) > 1
+                head = Head(name, "number", start, len(spec.values) if by_values else 1, spec.values,
+                            low=spec.low or 0.0, high=spec.high or 0.0, decimal=spec.decimal, by_values=by_values)
             heads.append(head)
             start += head.width
         return cls(tuple(heads))
@@ -83,7 +116,9 @@ class HeadLayout:
         names = {}
         for head in self.heads:
             for index in range(head.width):
-                if head.kind == "number":
+                if head.by_values:
+                    names[head.start + index] = f"{head.name}={head.classes[index]}"
+                elif head.kind == "number":
                     names[head.start] = head.name
                 elif len(self.heads) == 1:
                     names[head.start + index] = head.classes[index]
@@ -93,15 +128,19 @@ class HeadLayout:
 
     def targets(self, values: dict[str, str], specs: dict[str, FieldSpec]) -> list[float]:
         """One row's targets, a float per head: a label's class index (IGNORE_INDEX for a label training never
-        had, or none), a number on the trained scale (NaN for none)."""
+        had, or none), a number on the trained scale (NaN for none), or for a head choosing among values, the index
+        of the training value nearest the number (IGNORE_INDEX for none)."""
         out = []
         for head in self.heads:
             text = values.get(head.name)
             if head.kind == "label":
                 label = specs[head.name].label(text)
                 out.append(float(head.classes.index(label)) if label in head.classes else float(IGNORE_INDEX))
+                continue
+            number = specs[head.name].number(text)
+            if head.by_values:
+                out.append(float(IGNORE_INDEX) if number is None else float(_nearest(head.numbers(), number)))
             else:
-                number = specs[head.name].number(text)
                 out.append(self.scaled(head, number) if number is not None else math.nan)
         return out
 
@@ -120,19 +159,26 @@ class HeadLayout:
     def values(self, outputs: torch.Tensor) -> list[dict[str, str]]:
         """Each row's predicted values as text, from the output layer's (rows, width) outputs: a label column's
         most likely label; a number column's training value nearest the head's output (as written in training: a
-        grade on the sheet's own scale), or the output itself, rounded, for a column trained without values."""
+        grade on the sheet's own scale), or the output itself, rounded, for a column trained without values; for a
+        head choosing among values, the median of its distribution over them."""
         outputs = outputs.float().cpu()
         rows: list[dict[str, str]] = [{} for _ in range(outputs.shape[0])]
         for head in self.heads:
             part = outputs[:, head.start:head.stop]
-            numbers = [parse_number(value, head.decimal) for value in head.classes]
-            for row, scores in zip(rows, part):
+            numbers = head.numbers()
+            if head.by_values:
+                below = torch.softmax(part, dim=-1).cumsum(dim=-1)
+                chosen = (below < 0.5).sum(dim=-1).clamp(max=head.width - 1)  # the first value with half below it
+            for index, (row, scores) in enumerate(zip(rows, part)):
                 if head.kind == "label":
                     row[head.name] = head.classes[int(scores.argmax())]
                     continue
+                if head.by_values:
+                    row[head.name] = head.classes[int(chosen[index])]
+                    continue
                 value = self.unscaled(head, float(scores[0]))
                 if numbers:
-                    row[head.name] = head.classes[min(range(len(numbers)), key=lambda i: abs(numbers[i] - value))]
+                    row[head.name] = head.classes[_nearest(numbers, value)]
                 else:
                     text = format_value(round(value, 4))
                     row[head.name] = text.replace(".", ",") if head.decimal == "," else text
@@ -140,26 +186,34 @@ class HeadLayout:
 
     def to_json(self) -> list[dict[str, Any]]:
         return [{"name": h.name, "kind": h.kind, "start": h.start, "width": h.width, "classes": list(h.classes),
-                 "low": h.low, "high": h.high, "decimal": h.decimal} for h in self.heads]
+                 "low": h.low, "high": h.high, "decimal": h.decimal, "by_values": h.by_values,
+                 "class_weights": list(h.class_weights)} for h in self.heads]
 
     @classmethod
     def from_json(cls, data: list[dict[str, Any]]) -> HeadLayout:
         return cls(tuple(Head(d["name"], d["kind"], d["start"], d["width"], tuple(d["classes"]), d["low"], d["high"],
-                              d["decimal"]) for d in data))
+                              d["decimal"], d.get("by_values", False), tuple(d.get("class_weights", ())))
+                         for d in data))
+
+
+def _nearest(numbers: list[float], value: float) -> int:
+    return min(range(len(numbers)), key=lambda i: abs(numbers[i] - value))
 
 
 def scoring_loss(outputs: torch.Tensor, targets: torch.Tensor, layout: HeadLayout,
                  weights: dict[str, float] | None = None) -> torch.Tensor:
     """Summed over rows: each row's heads' losses, weighted (``weights``, 1 when missing). A label head's is the
-    cross-entropy of its class (none for a label training never had), a number head's the absolute error on its
-    trained scale (none without a number)."""
+    cross-entropy of its class (none for a label training never had), times its class's weight; a number head's
+    the absolute error on its trained scale (none without a number), or the cross-entropy of its nearest training
+    value for a head choosing among values."""
     weights = weights or {}
     total = outputs.new_zeros((), dtype=torch.float32)
     for index, head in enumerate(layout.heads):
         part = outputs[:, head.start:head.stop].float()
         target = targets[:, index]
-        if head.kind == "label":
-            loss = F.cross_entropy(part, target.long(), ignore_index=IGNORE_INDEX, reduction="sum")
+        if head.is_softmax:
+            per_class = part.new_tensor(head.class_weights) if head.class_weights else None
+            loss = F.cross_entropy(part, target.long(), weight=per_class, ignore_index=IGNORE_INDEX, reduction="sum")
         else:
             known = ~torch.isnan(target)
             loss = (part[known, 0] - target[known]).abs().sum()

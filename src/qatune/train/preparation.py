@@ -177,7 +177,7 @@ def _setup_model(config: Config, train_records: list[QARecord], with_model: bool
                  settled: SettledFields | None = None) -> _Model:
     """Tokenizer and model: trained on the rows and randomly initialised (scratch), or pretrained."""
     task, model = config.task, None
-    layout = HeadLayout.from_specs(settled.specs) if task == "scoring" and settled else None
+    layout = scoring_layout(config, settled) if task == "scoring" and settled else None
     if config.model.scratch is not None:
         shape = config.model.scratch
         if task == "scoring":  # a scratch scorer is a BERT (WordPiece) or a GPT-2 (byte-level BPE)
@@ -270,7 +270,7 @@ def _encode_scoring(config: Config, built: _Model, records: list[QARecord], trai
     """A row's text as the model reads it, and a target per head."""
     template = scoring_template(config.data)
     encoder = ScoringEncoder(built.tokenizer, template)
-    layout = HeadLayout.from_specs(settled.specs)
+    layout = scoring_layout(config, settled)
     lengths = [len(ids) for ids in encoder.ids(records)]
     max_length = choose_max_length(lengths, config.data.max_length, built.limit)
     targets = [layout.targets(r.answer_fields, settled.specs) for r in records]
@@ -413,3 +413,8 @@ def fingerprint(prepared: Prepared) -> str:
     for item in prepared.dataset.items:
         digest.update(json.dumps(item.input_ids).encode())
     return digest.hexdigest()[:16]
+
+
+def scoring_layout(config: Config, settled: SettledFields) -> HeadLayout:
+    """The heads of a scoring run's answer columns, as model.number_head and data.class_weights say."""
+    return HeadLayout.from_specs(settled.specs, config.model.number_head, config.data.class_weights)

@@ -10,7 +10,8 @@ import torch
 from qatune.data.grading_fields import FieldSpec, field_spec
 from qatune.data.padding import IGNORE_INDEX
 from qatune.inference.field_metrics import grading_metrics
-from qatune.model.scoring import HeadLayout, MeanPooledScorer, ScoringObjective, classification_config, scoring_loss
+from qatune.model.scoring import (HeadLayout, MeanPooledScorer, ScoringObjective, class_weights, classification_config,
+                                  scoring_loss)
 
 SPECS = {"verdict": field_spec("label", ["Correct", "Incorrect", "Correct", "Partly"]),
          "score": field_spec("number", ["0", "1", "2", "0,5"])}  # decimal comma: 0, 0.5, 1, 2
@@ -101,3 +102,57 @@ def test_mean_pooling_averages_the_rows_own_tokens_and_saves_and_loads(tmp_path)
     assert torch.equal(loaded(input_ids=ids, attention_mask=mask).logits, scorer(input_ids=ids, attention_mask=mask)
                        .logits)
     assert FieldSpec.from_json(SPECS["score"].to_json()) == SPECS["score"]
+
+
+def test_class_weights_by_hand_keep_the_rows_mean_weight_at_one():
+    # counts 6, 3, 1: balanced 1/6, 1/3, 1 over a row mean of 0.3; sqrt 1/sqrt(count) over its own row mean
+    assert class_weights((6, 3, 1), "balanced") == pytest.approx((5 / 9, 10 / 9, 10 / 3), abs=1e-6)
+    raw = [6 ** -0.5, 3 ** -0.5, 1.0]
+    mean = (6 * raw[0] + 3 * raw[1] + raw[2]) / 10
+    assert class_weights((6, 3, 1), "sqrt") == pytest.approx(tuple(r / mean for r in raw), abs=1e-6)
+    assert class_weights((6, 3, 1), "none") == ()
+    layout = HeadLayout.from_specs(SPECS, weights="balanced")  # verdict counts: Correct 2, Incorrect 1, Partly 1
+    assert layout.heads[0].class_weights == pytest.approx((2 / 3, 4 / 3, 4 / 3), abs=1e-6)
+    assert layout.heads[1].class_weights == ()  # a number head has no classes to weigh
+    outputs = torch.tensor([[2.0, 0.0, 0.0, 0.25], [0.0, 1.0, 0.0, -1.0]])
+    targets = torch.tensor([[0.0, 0.5], [1.0, -1.0]])
+    ce = [-math.log(math.exp(2) / (math.exp(2) + 2)), -math.log(math.exp(1) / (math.exp(1) + 2))]
+    assert scoring_loss(outputs, targets, layout).item() == pytest.approx(2 / 3 * ce[0] + 4 / 3 * ce[1] + 0.25,
+                                                                          rel=1e-6)
+
+
+VALUES = HeadLayout.from_specs(SPECS, number_head="values")
+
+
+def test_a_number_head_choosing_among_values_is_a_softmax_over_the_training_values():
+    verdict, score = VALUES.heads
+    assert (score.kind, score.by_values, score.start, score.width) == ("number", True, 3, 4)
+    assert VALUES.labels() == {0: "verdict=Correct", 1: "verdict=Incorrect", 2: "verdict=Partly", 3: "score=0",
+                               4: "score=0,5", 5: "score=1", 6: "score=2"}
+    assert HeadLayout.from_json(VALUES.to_json()) == VALUES
+    # a score is the index of its nearest training value (0,4 -> 0,5; 1,9 -> 2); none is not learned from
+    assert VALUES.targets({"verdict": "Correct", "score": "0,4"}, SPECS) == [0.0, 1.0]
+    assert VALUES.targets({"verdict": "Correct", "score": "1,9"}, SPECS) == [0.0, 3.0]
+    assert VALUES.targets({"verdict": "Correct", "score": "n/a"}, SPECS) == [0.0, float(IGNORE_INDEX)]
+    outputs = torch.tensor([[2.0, 0.0, 0.0, 0.0, 3.0, 0.0, 0.0]])
+    ce_score = -math.log(math.exp(3) / (math.exp(3) + 3))
+    ce_verdict = -math.log(math.exp(2) / (math.exp(2) + 2))
+    assert scoring_loss(outputs, torch.tensor([[0.0, 1.0]]), VALUES).item() == pytest.approx(ce_verdict + ce_score,
+                                                                                              rel=1e-6)
+    # a single training value leaves nothing to choose: a regression head, as without the setting
+    alone = HeadLayout.from_specs({"score": field_spec("number", ["3", "3"])}, number_head="values")
+    assert (alone.heads[0].by_values, alone.heads[0].width) == (False, 1)
+
+
+def test_a_head_choosing_among_values_predicts_the_median_of_its_distribution_not_the_most_likely_value():
+    # probabilities 0.45, 0, 0.1, 0.45 over 0, 0,5, 1, 2: the most likely is 0 or 2, the median (least expected
+    # absolute error) is 1
+    probabilities = torch.tensor([[0.45, 1e-9, 0.1, 0.45], [0.1, 0.2, 0.1, 0.6], [0.7, 0.1, 0.1, 0.1]])
+    outputs = torch.cat([torch.zeros(3, 3), probabilities.log()], dim=1)
+    assert [row["score"] for row in VALUES.values(outputs)] == ["1", "2", "0"]
+
+
+def test_old_layouts_without_the_new_keys_still_load():
+    saved = [{k: v for k, v in head.items() if k not in ("by_values", "class_weights")}
+             for head in HeadLayout.from_specs(SPECS).to_json()]
+    assert HeadLayout.from_json(saved) == HeadLayout.from_specs(SPECS)
