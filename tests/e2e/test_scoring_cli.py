@@ -70,7 +70,8 @@ def data(tmp_path_factory):
 def train(folder, data, columns, *sets):
     config = folder / "scoring.yaml"
     config.write_text(CONFIG.format(train=data[0], held=data[1], columns=columns), encoding="utf-8")
-    cli_ok("train", "--config", config, "--output-dir", folder / "run", "--quiet", *[a for s in sets for a in ("--set", s)])
+    overrides = [part for pair in sets for part in ("--set", pair)]
+    cli_ok("train", "--config", config, "--output-dir", folder / "run", "--quiet", *overrides)
     return config, folder / "run"
 
 
@@ -113,6 +114,13 @@ def test_check_shows_what_the_scorer_reads_and_its_heads(scorer):
     assert "qatune check: scoring QA" in text and "What the model reads" in text
     assert "  verdict: label (inferred), 3 distinct values" in text
     assert "    read with a decimal comma (as in '0,5'); right within 0.125 of the gold value" in text
+    assert "    head: a softmax over its 3 labels\n" in text
+    assert "    head: one output on its training range, written as the nearest training value" in text
+    text = cli_ok("check", "--config", config, "--set", "model.number_head=values", "--set",
+                  "data.class_weights=sqrt").stdout
+    assert ("    head: a softmax over its 3 labels: loss weights 'Correct' 1.00, 'Incorrect' 1.00, 'Partly' 1.00"
+            in text)
+    assert "    head: a softmax over its 3 training values, writing their median (model.number_head: values)" in text
     report = json.loads(cli_ok("check", "--config", config, "--json").stdout)
     assert report["fields"]["answer_tokens"] is None and report["lengths"]["max"] <= 64
 

@@ -10,7 +10,9 @@ from qatune.data.generative import percentile
 from qatune.data.grading_fields import format_value, label_key
 from qatune.data.validate import warning
 from qatune.errors import row_list
+from qatune.model.scoring import Head
 from qatune.train import Prepared
+from qatune.train.preparation import scoring_layout
 
 RARE_CLASS_ROWS = 10
 """A label with fewer training rows than this is too rare for a model to learn: check warns."""
@@ -48,6 +50,8 @@ def fields_section(prepared: Prepared) -> dict[str, Any]:
                          not_numbers=[{"row": row, "cell": cell} for row, cell in settled.not_numbers.get(name, [])])
         columns[name] = entry
     if prepared.config.task == "scoring":  # heads predict the columns: no answer is written
+        for head in scoring_layout(prepared.config, settled).heads:
+            columns[head.name]["head"] = _describe_head(head)
         return {"template": prepared.info.answer_template, "columns": columns, "answer_tokens": None}
     answers = [prepared.info.answer_prefix + r.answer for r in prepared.train_records]
     lengths = [len(ids) for ids in prepared.tokenizer(answers, add_special_tokens=False)["input_ids"]] \
@@ -55,6 +59,17 @@ def fields_section(prepared: Prepared) -> dict[str, Any]:
     return {"template": prepared.info.answer_template, "columns": columns,
             "answer_tokens": {"min": min(lengths, default=0), "median": percentile(lengths, 50),
                               "max": max(lengths, default=0)}}
+
+
+def _describe_head(head: Head) -> str:
+    """A scoring head as check shows it: its outputs, and the label weights of data.class_weights."""
+    if head.kind == "label":
+        weights = (": loss weights " + ", ".join(f"{label!r} {weight:.2f}" for label, weight in
+                                                 zip(head.classes, head.class_weights))) if head.class_weights else ""
+        return f"a softmax over its {head.width} labels{weights}"
+    if head.by_values:
+        return f"a softmax over its {head.width} training values, writing their median (model.number_head: values)"
+    return "one output on its training range, written as the nearest training value (model.number_head: regression)"
 
 
 def field_findings(fields: dict[str, Any], config: Config) -> list[Any]:
@@ -117,6 +132,8 @@ def render_fields(fields: dict[str, Any]) -> list[str]:
         for group in entry.get("likely_same", []):
             verb = "merged into" if entry["merged"] else "likely the same as"
             lines.append(f"    {', '.join(map(repr, group[1:]))} {verb} {group[0]!r}")
+        if entry.get("head"):
+            lines.append(f"    head: {entry['head']}")
         if entry["eval_only"]:
             lines.append(f"    in the evaluation rows only: {', '.join(map(repr, entry['eval_only']))}")
     return lines

@@ -10,8 +10,8 @@ import torch
 from qatune.data.grading_fields import FieldSpec, field_spec
 from qatune.data.padding import IGNORE_INDEX
 from qatune.inference.field_metrics import grading_metrics
-from qatune.model.scoring import (HeadLayout, MeanPooledScorer, ScoringObjective, class_weights, classification_config,
-                                  scoring_loss)
+from qatune.model.scoring import HeadLayout, MeanPooledScorer, ScoringObjective, classification_config, scoring_loss
+from qatune.model.scoring import class_weights as weights_of
 
 SPECS = {"verdict": field_spec("label", ["Correct", "Incorrect", "Correct", "Partly"]),
          "score": field_spec("number", ["0", "1", "2", "0,5"])}  # decimal comma: 0, 0.5, 1, 2
@@ -106,11 +106,11 @@ def test_mean_pooling_averages_the_rows_own_tokens_and_saves_and_loads(tmp_path)
 
 def test_class_weights_by_hand_keep_the_rows_mean_weight_at_one():
     # counts 6, 3, 1: balanced 1/6, 1/3, 1 over a row mean of 0.3; sqrt 1/sqrt(count) over its own row mean
-    assert class_weights((6, 3, 1), "balanced") == pytest.approx((5 / 9, 10 / 9, 10 / 3), abs=1e-6)
+    assert weights_of((6, 3, 1), "balanced") == pytest.approx((5 / 9, 10 / 9, 10 / 3), abs=1e-6)
     raw = [6 ** -0.5, 3 ** -0.5, 1.0]
     mean = (6 * raw[0] + 3 * raw[1] + raw[2]) / 10
-    assert class_weights((6, 3, 1), "sqrt") == pytest.approx(tuple(r / mean for r in raw), abs=1e-6)
-    assert class_weights((6, 3, 1), "none") == ()
+    assert weights_of((6, 3, 1), "sqrt") == pytest.approx(tuple(r / mean for r in raw), abs=1e-6)
+    assert weights_of((6, 3, 1), "none") == ()
     layout = HeadLayout.from_specs(SPECS, weights="balanced")  # verdict counts: Correct 2, Incorrect 1, Partly 1
     assert layout.heads[0].class_weights == pytest.approx((2 / 3, 4 / 3, 4 / 3), abs=1e-6)
     assert layout.heads[1].class_weights == ()  # a number head has no classes to weigh
@@ -125,7 +125,7 @@ VALUES = HeadLayout.from_specs(SPECS, number_head="values")
 
 
 def test_a_number_head_choosing_among_values_is_a_softmax_over_the_training_values():
-    verdict, score = VALUES.heads
+    score = VALUES.heads[1]
     assert (score.kind, score.by_values, score.start, score.width) == ("number", True, 3, 4)
     assert VALUES.labels() == {0: "verdict=Correct", 1: "verdict=Incorrect", 2: "verdict=Partly", 3: "score=0",
                                4: "score=0,5", 5: "score=1", 6: "score=2"}
