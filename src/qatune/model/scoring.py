@@ -36,8 +36,6 @@ from qatune.data.padding import IGNORE_INDEX
 
 SCORED_KINDS = ("label", "number")
 POOLING = ("auto", "mean")
-NUMBER_HEADS = ("regression", "values")
-CLASS_WEIGHTS = ("none", "sqrt", "balanced")
 MEAN_POOLED_FILE = "scoring.json"
 """Beside the weights of a mean-pooled scorer: its backbone's class and the width of its output layer."""
 
@@ -167,8 +165,9 @@ class HeadLayout:
             part = outputs[:, head.start:head.stop]
             numbers = head.numbers()
             if head.by_values:
+                # the median: the first value at which the cumulative probability reaches one half
                 below = torch.softmax(part, dim=-1).cumsum(dim=-1)
-                chosen = (below < 0.5).sum(dim=-1).clamp(max=head.width - 1)  # the first value with half below it
+                chosen = (below < 0.5).sum(dim=-1).clamp(max=head.width - 1)
             for index, (row, scores) in enumerate(zip(rows, part)):
                 if head.kind == "label":
                     row[head.name] = head.classes[int(scores.argmax())]
