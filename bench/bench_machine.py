@@ -116,6 +116,14 @@ def json_option(parser: argparse.ArgumentParser, stem: str) -> None:
                         help=f"where to write the results (default: bench/results/<this machine>/{stem}.json)")
 
 
+def probe_parser(doc: str | None, stem: str, rounds: int) -> argparse.ArgumentParser:
+    """The options every probe takes: ``--rounds`` (each variant once per round) and ``--json``."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=rounds, help="rounds (each variant once per round)")
+    json_option(parser, stem)
+    return parser
+
+
 def comparison_parser(doc: str | None, stem: str, rows: int, rounds: int) -> argparse.ArgumentParser:
     """The options of a side-by-side training comparison (qatune's arms against an anchor's): rows, rounds, seed,
     both arms' precision, one qatune arm per ``train.speedups`` setting, where to write, and the hidden ones a

@@ -12,7 +12,6 @@ bench/results/<this machine>/cpu_attention.json with the CPU it ran on.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import time
@@ -21,7 +20,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
-from bench_machine import describe, headline, json_option, results_path, write_json
+from bench_machine import describe, headline, probe_parser, results_path, write_json
 
 STEM = "cpu_attention"
 SHAPES = [(16, 32), (8, 128), (4, 256)]  # (rows, tokens): same tokens per step at W1's batch size, wider rows
@@ -54,10 +53,7 @@ def ms_per_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, ids: t
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rounds", type=int, default=3, help="rounds (every variant once per round)")
-    json_option(parser, STEM)
-    args = parser.parse_args()
+    args = probe_parser(__doc__, STEM, rounds=3).parse_args()
     info = {**describe(), "torch_threads": torch.get_num_threads(), "torch": torch.__version__}
     print(headline(info), flush=True)
     models = {variant: build(*variant) for variant in VARIANTS}

@@ -11,7 +11,6 @@ bench/results/<this machine>/encoder_dropout.json with the CPU it ran on.
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import sys
@@ -21,7 +20,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
-from bench_machine import describe, headline, json_option, results_path, write_json
+from bench_machine import describe, headline, probe_parser, results_path, write_json
 
 STEM = "encoder_dropout"
 VARIANTS = [("sdpa", 0.1), ("eager", 0.1), ("sdpa", 0.0), ("eager", 0.0)]  # (attention, dropout)
@@ -46,10 +45,7 @@ def step_seconds(model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor) 
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rounds", type=int, default=5)
-    json_option(parser, STEM)
-    args = parser.parse_args()
+    args = probe_parser(__doc__, STEM, rounds=5).parse_args()
     machine = describe()
     print(headline(machine), flush=True)
     torch.manual_seed(0)

@@ -16,7 +16,6 @@ The command: `qatune train` on the demo's 150 FAQ rows, a 1-layer scratch GPT-2,
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import subprocess
@@ -27,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench_machine import CHILD_ENV, ROOT, alternating, describe, headline, json_option, results_path, write_json
+from bench_machine import CHILD_ENV, ROOT, alternating, describe, headline, probe_parser, results_path, write_json
 
 STEM = "exit_time"
 COMMAND = ["train", "--config", "configs/tiny-gpt2.yaml", "--set", "train.epochs=1", "--set", "model.scratch.n_layer=1",
@@ -43,10 +42,7 @@ def wall(command: list[str]) -> float:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rounds", type=int, default=5)
-    json_option(parser, STEM)
-    args = parser.parse_args()
+    args = probe_parser(__doc__, STEM, rounds=5).parse_args()
     info = describe()
     print(headline(info), flush=True)
     runs: dict[str, list[float]] = {"frozen": [], "default": []}
