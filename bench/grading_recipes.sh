@@ -3,9 +3,11 @@
 # variant, every variant at once (accuracy only: the runs share the machine, so their times mean nothing).
 # Each variant's JSON and log go to $OUT (default /tmp/grading-recipes). bench/results/h200/grading_recipes.json
 # holds what the first grid measured on an H200, grading_recipes_dropout.json the second, grading_recipes_heads.json
-# the third (model.number_head and data.class_weights on the shipped recipe, and shorter trainings).
+# the third (model.number_head and data.class_weights on the shipped recipe, and shorter trainings),
+# grading_recipes_weights.json the fourth (the fields' loss weights, the learning rate and the length of training
+# around the shipped values-head recipe).
 #
-#   bash bench/grading_recipes.sh [first|dropout|heads]  # MODEL=folder for a local copy of the MiniLM,
+#   bash bench/grading_recipes.sh [first|dropout|heads|weights]  # MODEL=folder for a local copy of the MiniLM,
 #                                                        # LIMIT=seconds, SEEDS=N (2 for first, else 3)
 cd "$(dirname "$0")/.."
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false OMP_NUM_THREADS=2
@@ -62,7 +64,18 @@ case $GRID in
     go values-sqrt-len256 --set "$V" --set data.class_weights=sqrt --set data.max_length=256
     go values-sqrt-ep4 --set "$V" --set data.class_weights=sqrt --set train.epochs=4
     ;;
-  *) echo "grading_recipes.sh: unknown grid $GRID (first, dropout or heads)" >&2; exit 2 ;;
+  weights)
+    SEEDS=${SEEDS:-3}
+    go values
+    go score-half --set 'data.field_weights={label: 1, score: 0.5}'
+    go label-double --set 'data.field_weights={label: 2, score: 1}'
+    go lr8e5 --set train.learning_rate=8e-5
+    go lr8e5-ep4 --set train.learning_rate=8e-5 --set train.epochs=4
+    go ep6 --set train.epochs=6
+    go warmup60 --set train.warmup_steps=60
+    go len384 --set data.max_length=384
+    ;;
+  *) echo "grading_recipes.sh: unknown grid $GRID (first, dropout, heads or weights)" >&2; exit 2 ;;
 esac
 wait
 grep -h "mean\|worst" "$OUT"/*.log
