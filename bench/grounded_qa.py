@@ -8,8 +8,9 @@
    settings otherwise (greedy, its max_new_tokens and precision). The grounded arm's time includes building each
    row's allowed answers; the cost is the ratio of the arms' summed times (wall and CPU), with each batch's.
 3. Records EM/F1 of each arm (as qatune eval computes them), the share of answers that are spans of their passage,
-   the rows grounding changed (right -> wrong, wrong -> right), and the load average at the start and end of each
-   round.
+   the rows grounding changed (right -> wrong, wrong -> right), both arms' F1 on the rows whose free answer is in
+   its passage and on the rest (with the most grounding could gain), and the load average at the start and end of
+   each round.
 
 Writes bench/results/<this machine>/grounded_qa.json.
 
@@ -42,10 +43,42 @@ def load() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
 
 
+def by_free_answer(records: list, answers: dict[str, list[str]], contexts: list[str | None]) -> dict[str, object]:
+    """F1 of both arms on the rows whose free answer is a span of its passage and on the rest, and the ceiling.
+
+    Grounding changes only what the free model would have written outside the passage, so its gain is bounded by
+    those rows: ``ceiling_gain_f1`` is the gain if every one of them became the gold answer, and
+    ``gain_at_in_passage_f1`` the gain if they were answered as well as the free model answers the others.
+    """
+    from qatune.data.spans import in_passage
+    from qatune.inference.metrics import best_scores
+
+    rows = len(records)
+    groups: dict[str, list[int]] = {"in_passage": [], "outside": []}
+    for i, (answer, context) in enumerate(zip(answers["off"], contexts)):
+        groups["in_passage" if in_passage(answer, context or "") else "outside"].append(i)
+    f1 = {arm: [best_scores(got, r.answers)[1] for got, r in zip(answers[arm], records)] for arm in ("off", "on")}
+
+    def mean(arm: str, group: str) -> float | None:
+        picked = [f1[arm][i] for i in groups[group]]
+        return round(100 * sum(picked) / len(picked), 2) if picked else None
+
+    result: dict[str, object] = {
+        group: {"rows": len(indices), "f1_off": mean("off", group), "f1_on": mean("on", group)}
+        for group, indices in groups.items()}
+    outside = groups["outside"]
+    inside_f1 = sum(f1["off"][i] for i in groups["in_passage"]) / max(len(groups["in_passage"]), 1)
+    result["ceiling_gain_f1"] = round(100 * sum(1 - f1["off"][i] for i in outside) / rows, 2)
+    result["gain_at_in_passage_f1"] = round(100 * sum(inside_f1 - f1["off"][i] for i in outside) / rows, 2)
+    return result
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--run", type=Path, default=None, help="a finished run of --config")
     parser.add_argument("--config", type=Path, default=CONFIG, help="the config to train (default: smollm2-qa.yaml)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="a change to --config, as qatune train --set takes it (repeatable)")
     parser.add_argument("--eval-file", type=Path, default=EVAL_FILE, help="the held-out rows (default: xquad_eval.csv)")
     parser.add_argument("--rounds", type=int, default=2, help="alternating rounds (each arm once per round)")
     parser.add_argument("--rows", type=int, default=None, help="only the first ROWS held-out rows")
@@ -74,7 +107,7 @@ def main() -> int:
 
         work = Path(tempfile.mkdtemp(prefix="grounded-qa-"))
         start = time.perf_counter()
-        run = train(load_config(args.config, [f"output_dir={work / 'run'}"]), overwrite=True, progress=False)
+        run = train(load_config(args.config, [*args.set, f"output_dir={work / 'run'}"]), overwrite=True, progress=False)
         result["train_wall_s"] = round(time.perf_counter() - start)
     loaded = load_run_model(run)
     records, _ = load_from_config(loaded.config.data, args.eval_file)
@@ -82,6 +115,8 @@ def main() -> int:
     questions, contexts = [r.question for r in records], [r.context for r in records]
     generate = loaded.config.generate
     shipped = f"{args.config.resolve().relative_to(ROOT)} as shipped"
+    if args.set:
+        shipped = f"{args.config.resolve().relative_to(ROOT)} with --set {' --set '.join(args.set)}"
     result["run"] = {"config": shipped if args.run is None else str(run),
                      "grounding": loaded.info.grounding, "no_answer": no_answer_text(loaded.info),
                      "generate": {"max_new_tokens": generate.max_new_tokens, "precision": generate.precision,
@@ -153,6 +188,7 @@ def main() -> int:
         "right_to_wrong": sum(off > on for _, off, on, _, _ in changed),
         "examples": [{"question": r.question, "gold": r.answers[0], "off": a, "on": b}
                      for r, _, _, a, b in changed[:12]]}
+    result["where_grounding_can_help"] = by_free_answer(records, answers, contexts)
     result["rounds"] = rounds
     print(f"off: {arms['off']}\non:  {arms['on']}\ntime on/off: {ratios}", flush=True)
     write_json(args.json or results_path(STEM), result)
