@@ -87,7 +87,10 @@ else
   log "no GPU-marked tests found"
 fi
 
-speedups=(--speedups off auto all --rounds 1)
+# One round: the arms run in this order, Trainer last. `off` ran first on four fresh machines and was always the
+# slowest (x0.41-x0.66 of Trainer, where `auto`, the same code on a GPU, ran x0.97-x1.33): it now runs last, so
+# that the next rounds tell a first-run warm-up from a cost of `off` itself.
+speedups=(--speedups auto all off --rounds 1)
 run 120 "W1 loop vs Trainer" "$PY" bench/headline.py --only w1-loop "${speedups[@]}"
 run 170 "W2 SmolLM2 LoRA vs TRL" "$PY" bench/headline.py --only w2 "${speedups[@]}" --w2-rows 200
 run 120 "W1 whole process vs Trainer script" "$PY" bench/headline.py --only w1-process "${speedups[@]}"
