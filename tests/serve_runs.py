@@ -64,13 +64,14 @@ def train_run(kind: str, folder: Path, epochs: int | None = None) -> Path:
     return folder / kind
 
 
-class ServerProcess:
-    """``qatune serve RUN --port 0 ...`` in a child process; ``url`` once it listens, ``log`` its stderr lines."""
+class QatuneProcess:
+    """``qatune ARGS...`` (serve or ui, given ``--port 0``) in a child process; ``url`` once it listens and answers
+    GET /health, ``log`` its stderr lines."""
 
-    def __init__(self, run: Path, *args: str):
+    def __init__(self, *args: str):
         env = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-        self.process = subprocess.Popen([sys.executable, "-m", "qatune", "serve", str(run), "--port", "0", *args],
-                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        self.process = subprocess.Popen([sys.executable, "-m", "qatune", *args], stdout=subprocess.PIPE,
+                                        stderr=subprocess.PIPE, text=True, env=env)
         self.log: list[str] = []
         self.url = ""
         listening = threading.Event()
@@ -87,7 +88,7 @@ class ServerProcess:
         threading.Thread(target=read, daemon=True).start()
         if not listening.wait(120) or not self.url or not self._answers(60):
             self.process.kill()
-            raise AssertionError("qatune serve did not start:\n" + "".join(self.log))
+            raise AssertionError(f"qatune {args[0]} did not start:\n" + "".join(self.log))
 
     def _answers(self, timeout: float) -> bool:
         """Wait for an answer to GET /health: the start line comes before the event loop runs, and a Ctrl-C in between
@@ -112,3 +113,10 @@ class ServerProcess:
         except subprocess.TimeoutExpired:
             self.process.kill()
             raise
+
+
+class ServerProcess(QatuneProcess):
+    """``qatune serve RUN --port 0 ...`` in a child process, once it answers."""
+
+    def __init__(self, run: Path, *args: str):
+        super().__init__("serve", str(run), "--port", "0", *args)

@@ -11,56 +11,18 @@ import csv
 import json
 import os
 import re
-import signal
-import subprocess
-import sys
-import threading
 import zipfile
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import ROOT
+from tests.serve_runs import QatuneProcess
 
 pytestmark = pytest.mark.slow
 
 FAQ = ROOT / "examples" / "data" / "faq.csv"
 WAIT_S = 180
-
-
-class UiProcess:
-    """``qatune ui --workspace WS --port 0`` in a child process; ``url`` once it listens, ``log`` its stderr."""
-
-    def __init__(self, workspace: Path):
-        env = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-        self.process = subprocess.Popen([sys.executable, "-m", "qatune", "ui", "--workspace", str(workspace),
-                                         "--port", "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                        env=env)
-        self.log: list[str] = []
-        self.url = ""
-        listening = threading.Event()
-
-        def read() -> None:
-            for line in self.process.stderr:
-                self.log.append(line)
-                found = re.search(r"at (http://127\.0\.0\.1:\d+)/", line)
-                if found:
-                    self.url = found.group(1)
-                    listening.set()
-            listening.set()
-
-        threading.Thread(target=read, daemon=True).start()
-        if not listening.wait(120) or not self.url:
-            self.process.kill()
-            raise AssertionError("qatune ui did not start:\n" + "".join(self.log))
-
-    def stop(self) -> int:
-        self.process.send_signal(signal.SIGINT)
-        try:
-            return self.process.wait(120)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            raise
 
 
 def tiny_pretrained(folder: Path) -> Path:
@@ -85,9 +47,9 @@ def ui(tmp_path):
     pytest.importorskip("fastapi")
     workspace = tmp_path / "workspace"
     tiny_pretrained(workspace / "models" / "tiny-gpt2")
-    process = UiProcess(workspace)
+    process = QatuneProcess("ui", "--workspace", str(workspace), "--port", "0")
     yield process, workspace
-    assert process.stop() == 0, "".join(process.log)
+    assert process.stop(120) == 0, "".join(process.log)
 
 
 class Page:
