@@ -16,6 +16,7 @@ Writes bench/results/<this machine>/grounded_qa.json.
 
     python bench/grounded_qa.py                               # train, then 2 rounds (~35 min on 2 cores)
     python bench/grounded_qa.py --run runs/smollm2-qa --rounds 3
+    python bench/grounded_qa.py --set seed=44 --set data.eval_file=null --rounds 1 --json /tmp/seed44.json
     python bench/grounded_qa.py --config configs/smollm2-demo.yaml --eval-file examples/data/xquad_demo.csv \
         --rounds 1 --json bench/results/<this machine>/grounded_qa_demo.json       # make demo's run and rows
 """
@@ -84,6 +85,8 @@ def main() -> int:
     parser.add_argument("--rows", type=int, default=None, help="only the first ROWS held-out rows")
     json_option(parser, STEM)
     args = parser.parse_args()
+    if args.set and args.run is not None:
+        parser.error("--set changes the config this script trains; a finished --run is scored as it was trained")
 
     import logging
 
