@@ -321,6 +321,7 @@ def train_scratch_tokenizer(task: str, texts: list[str], vocab_size: int, archit
         trainer = trainers.UnigramTrainer(vocab_size=vocab_size, special_tokens=T5_SPECIALS, unk_token="<unk>",
                                           show_progress=False)
         tok.train_from_iterator(texts, trainer)
+        tok.model = _canonical_unigram(tok)
         eos = tok.token_to_id("</s>")
         tok.post_processor = processors.TemplateProcessing(single="$A </s>", pair="$A </s> $B </s>",
                                                            special_tokens=[("</s>", eos)])
@@ -339,8 +340,19 @@ def train_scratch_tokenizer(task: str, texts: list[str], vocab_size: int, archit
     tok.normalizer = normalizers.BertNormalizer(lowercase=True)
     tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     tok.decoder = decoders.WordPiece()
-    trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=BERT_SPECIALS, show_progress=False)
+    # The trainer numbers a word's inner pieces ('##a') in the order it meets the words, which changes from one
+    # process to the next, and breaks ties between equally frequent merges by those numbers: the same texts gave
+    # a different vocabulary each run. Numbering the pieces first, as special tokens, makes it one vocabulary; the
+    # model is then rebuilt from the vocabulary alone, so the pieces are ordinary tokens again.
+    alphabet = sorted({char for text in texts for char in tok.normalizer.normalize_str(text) if not char.isspace()})
+    pieces = [f"##{char}" for char in alphabet]
+    trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=BERT_SPECIALS + pieces,
+                                        initial_alphabet=alphabet, show_progress=False)
     tok.train_from_iterator(texts, trainer)
+    vocab = tok.get_vocab(with_added_tokens=False)
+    trained, tok = tok, Tokenizer(models.WordPiece(vocab=vocab, unk_token="[UNK]"))
+    tok.normalizer, tok.pre_tokenizer, tok.decoder = trained.normalizer, trained.pre_tokenizer, trained.decoder
+    tok.add_special_tokens(BERT_SPECIALS)
     cls_id, sep_id = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
     tok.post_processor = processors.TemplateProcessing(
         single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
@@ -349,6 +361,22 @@ def train_scratch_tokenizer(task: str, texts: list[str], vocab_size: int, archit
     return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", sep_token="[SEP]", pad_token="[PAD]",
                                    cls_token="[CLS]", mask_token="[MASK]",
                                    model_input_names=["input_ids", "token_type_ids", "attention_mask"])
+
+
+def _canonical_unigram(tok: Any) -> Any:
+    """The trained Unigram model with its pieces numbered the same way every run: the special tokens first, then
+    by score and text (the trainer numbers them in an order that changes from one process to the next, and its
+    scores differ in their last digits)."""
+    import json
+
+    from tokenizers import models
+
+    trained = json.loads(tok.to_str())["model"]
+    pieces = [(piece, round(score, 6)) for piece, score in trained["vocab"]]
+    specials = [piece for piece in pieces if piece[0] in T5_SPECIALS]
+    rest = sorted((piece for piece in pieces if piece[0] not in T5_SPECIALS), key=lambda p: (-p[1], p[0]))
+    ordered = specials + rest
+    return models.Unigram(ordered, unk_id=[piece for piece, _ in ordered].index("<unk>"), byte_fallback=False)
 
 
 def build_scratch(shape: ScratchModel, task: str, tokenizer: Any, scoring_config: Any = None) -> Any:

@@ -260,3 +260,28 @@ def test_real_smollm2_loads_plain_trains_a_step_and_saves_without_the_quantizati
     assert not list(Path(tmp_path / "final").glob("*.gguf"))
     # A plain transformers folder: read without gguf_file and without the gguf package's help.
     assert AutoConfig.from_pretrained(tmp_path / "final").architectures == ["LlamaForCausalLM"]
+
+
+SCRATCH_TOKENIZERS = """
+import json, sys
+from qatune.model.sources import train_scratch_tokenizer
+texts = ["Q: what is tcp? A: because the packets right", "Q: what is dns? A: the header wrong layer",
+         "Q: what is arp? A: unsure port flows window", "Grüße aus Köln, naïve café"] * 3
+for task, architecture in [("scoring", "auto"), ("extractive", "auto"), ("generative", "auto"), ("generative", "t5")]:
+    tokenizer = train_scratch_tokenizer(task, texts, 120, architecture)
+    print(json.dumps([task, architecture, json.loads(tokenizer.backend_tokenizer.to_str())["model"]]))
+"""
+
+
+def test_a_scratch_tokenizer_is_the_same_in_every_process():
+    """The tokenizers library's trainers number pieces in hash order, which changes per process: a seeded scratch
+    run must not get another vocabulary (and so another model) each time it runs."""
+    import subprocess
+    import sys
+
+    runs = [subprocess.run([sys.executable, "-c", SCRATCH_TOKENIZERS], capture_output=True, text=True, check=True,
+                           cwd=ROOT).stdout.splitlines() for _ in range(3)]
+    assert len(runs[0]) == 4 and runs[0] == runs[1] == runs[2]
+    bert = json.loads(runs[0][0])[2]["vocab"]
+    assert all(bert[token] == i for i, token in enumerate(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]))
+    assert "##q" in bert  # every character as an inner piece, though q only starts words here
