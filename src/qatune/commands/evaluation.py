@@ -48,7 +48,7 @@ def run_eval(run_dir: str | None, data_file: str | None, which: str, base: bool,
     if compare_with is None:
         return EvalResult(*evaluate_run(run_dir, data_file, which, batch_size, progress, reading=overrides,
                                         grounded=grounded))
-    from qatune.inference.compare import compare_run
+    from qatune.inference.compare_report import compare_run
 
     run, compared = compare_run(run_dir, data_file, compare_with, which, batch_size, progress=progress,
                                 reading=overrides, grounded=grounded)
@@ -57,7 +57,7 @@ def run_eval(run_dir: str | None, data_file: str | None, which: str, base: bool,
 
 def result_lines(result: EvalResult) -> list[str]:
     """What ``qatune eval`` prints without --json: the metrics, each field's, and the files written."""
-    from qatune.inference.compare import summary_lines
+    from qatune.inference.compare_report import summary_lines
     from qatune.inference.evaluate import field_summary
 
     metrics, paths = result.metrics, result.paths

@@ -15,10 +15,8 @@ from qatune.inference.compare import (
     choose_judge,
     compare,
     field_right,
-    render_csv,
-    render_markdown,
-    summary_lines,
 )
+from qatune.inference.compare_report import render_csv, render_markdown, summary_lines
 from qatune.inference.evaluate import metrics_from
 from qatune.inference.generate import run_answer_template
 from qatune.model.folder import ModelInfo
