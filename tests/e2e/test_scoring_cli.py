@@ -45,7 +45,7 @@ CONFIG = """
 task: scoring
 seed: 0
 model:
-  scratch: {{n_layer: 2, n_embd: 64, n_head: 4, vocab_size: 300, n_positions: 64}}  # learns the rule on every seed tried (0-5)
+  scratch: {{n_layer: 2, n_embd: 64, n_head: 4, vocab_size: 300, n_positions: 64}}  # learns the rule on seeds 0-5
 data:
   train_file: {train}
   eval_file: {held}
