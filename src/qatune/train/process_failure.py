@@ -9,8 +9,9 @@ So a failing process first publishes its message in the store that the run's pro
 of torchrun's rendezvous, at MASTER_ADDR:MASTER_PORT; the first failure is kept), and every process watches for it
 on a thread of its own (a main thread blocked in a collective, or busy, cannot be reached). A process told of
 another's failure records it in run.json (the main process), says it in one line (one process per machine), and
-ends at once with the failing process's exit code. The failing process waits until the others have ended (a few
-seconds at most), then ends with the same line.
+ends at once: with the failing process's exit code on another machine, with 0 on the failing process's own (whose
+exit code is the run's there). The failing process waits until the others have ended (a few seconds at most), then
+ends with the same line.
 """
 
 from __future__ import annotations
@@ -33,6 +34,9 @@ log = logging.getLogger("qatune")
 
 ENDED_WAIT = timedelta(seconds=10)
 """How long a failing process waits for the others to end before it ends too."""
+EXITED_WAIT = timedelta(seconds=2)
+"""How long a failing process then waits for the others on its machine to have exited: torchrun's agent, seeing
+the failing process end, sends SIGTERM to (and logs it for) every process of the machine still running."""
 _CONNECT = timedelta(seconds=30)
 _WATCH = timedelta(days=30)
 _FINISHED = "finished"
@@ -143,6 +147,8 @@ class FailureWatch:
                 self._store.set(self._key("wake", rank), "failed")
             if not lost:  # a process that lost contact has no one left to wait for
                 self._store.wait([self._key("ended", rank) for rank in others], ENDED_WAIT)
+                ended = [self._store.get(self._key("ended", rank)).decode().split() for rank in others]
+                _wait_for_exits([int(pid) for node, pid in ended if int(node) == self.node], EXITED_WAIT)
         except RuntimeError as store_error:  # a process that did not answer in time, or the store gone
             log.debug("not every process said it ended: %s", store_error)
         return ProcessFailed(kept)
@@ -171,7 +177,7 @@ class FailureWatch:
         if self.local_rank == 0 and failure.node != self.node:  # the failing process speaks for its own machine
             print(f"error: {failure.message}", file=sys.stderr)
         try:
-            store.set(self._key("ended", self.rank), "1")
+            store.set(self._key("ended", self.rank), f"{self.node} {os.getpid()}")
         except RuntimeError:
             pass
         for stream in (sys.stdout, sys.stderr):
@@ -179,7 +185,9 @@ class FailureWatch:
                 stream.flush()
             except (OSError, ValueError):
                 pass
-        os._exit(failure.exit_code)
+        # On the failing process's machine its own exit code is the run's there, and it ends after this one: a
+        # nonzero code here, first, would have torchrun's agent send it SIGTERM and log so under its one line.
+        os._exit(0 if failure.node == self.node else failure.exit_code)
 
     def _line(self, exc: BaseException, lost: bool) -> str:
         who = f"process {self.rank} of {self.world}"
@@ -192,6 +200,30 @@ class FailureWatch:
 
     def _key(self, *parts: object) -> str:
         return self.prefix + "/".join(map(str, parts))
+
+
+def _wait_for_exits(pids: list[int], limit: timedelta) -> None:
+    """Wait until the processes ``pids`` of this machine have exited (ended, or waiting for their parent to read
+    their exit code), ``limit`` at most."""
+    import time
+
+    deadline = time.monotonic() + limit.total_seconds()
+    while any(_running(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+            return f.read().rpartition(")")[2].split()[0] not in ("Z", "X")  # the state follows the name's ')'
+    except FileNotFoundError:
+        return False
+    except OSError:  # no /proc: whether the process exists at all
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        return True
 
 
 def _connect(host: str, port: int) -> Any:
