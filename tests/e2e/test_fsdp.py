@@ -6,6 +6,7 @@ one process ending both in one line, and the set-ups it cannot train refused in 
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -201,11 +202,11 @@ from qatune.train.sharding import shard
 dist.init_process_group("gloo")
 model = tiny_llama(chat_tokenizer())
 total = sum(p.numel() for p in model.parameters())
-print(shard(model, "fp32", torch.device("cpu")))
+print(shard(model, "fp32", torch.device("cpu")), flush=True)
 params = list(model.parameters())
 assert all(isinstance(p, DTensor) and p.placements == (Shard(0),) for p in params)
 local = sum(p.to_local().numel() for p in params)
-print(f"rank {dist.get_rank()}: {local} of {total}")
+print(f"rank {dist.get_rank()}: {local} of {total}", flush=True)  # one write each: the processes share the pipe
 assert model.lm_head.weight is model.model.embed_tokens.weight
 # bf16: the blocks hand each other bf16 activations; only the root casts its output (the logits) to fp32.
 low = tiny_llama(chat_tokenizer())
@@ -225,8 +226,8 @@ def test_parameters_are_dtensors_split_on_dim0_and_bf16_units_pass_bf16(tmp_path
                            str(script)], capture_output=True, text=True, cwd=ROOT, check=False,
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert done.returncode == 0, done.stdout + done.stderr
-    shares = [line.split(": ", 1)[1].split(" of ") for line in done.stdout.splitlines() if line.startswith("rank ")]
-    assert len(shares) == 2
+    shares = re.findall(r"rank \d: (\d+) of (\d+)", done.stdout)
+    assert len(shares) == 2, done.stdout
     assert sum(int(local) for local, _ in shares) == int(shares[0][1])
     assert all(0.4 < int(local) / int(total) < 0.6 for local, total in shares)
 
