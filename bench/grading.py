@@ -21,6 +21,7 @@ Writes bench/results/<this machine>/grading.json after every seed (an interrupte
     python bench/grading.py --arms minilm-scoring --seeds 3                    # ~30 min on 2 cores
     python bench/grading.py --arms smollm2-grading --seeds 2 --json bench/results/epyc-avx512-bf16/grading.json
     python bench/grading.py --arms minilm-scoring --seeds 1 --train-rows 300 --eval-rows 40 --json /tmp/g.json
+    python bench/grading.py --arms smollm2-grading --seeds 1 --json /tmp/g.json --keep /tmp/grading-runs
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import argparse
 import hashlib
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -159,6 +161,9 @@ def main() -> None:
     parser.add_argument("--similar-text", type=int, default=0, metavar="CHARS",
                         help="with --similar, the nearest answer's text too, cut to CHARS characters")
     parser.add_argument("--base", action="store_true", help="also score the generative grader's base model zero-shot")
+    parser.add_argument("--keep", type=Path, default=None, metavar="DIR",
+                        help="keep the splits' CSV files and each trained run (without its checkpoints) in DIR, to "
+                             "look into afterwards (by default they go with a temporary folder)")
     json_option(parser, STEM)
     args = parser.parse_args()
     arms = [arm.strip() for arm in args.arms.split(",") if arm.strip()]
@@ -209,6 +214,8 @@ def main() -> None:
                 if seed in done:
                     continue
                 measured = train_and_score(arm, seed, tmp, sets)
+                if args.keep:
+                    shutil.copytree(tmp, args.keep, ignore=shutil.ignore_patterns("checkpoints"), dirs_exist_ok=True)
                 entry["seeds"].append(measured)
                 entry["mean"], entry["worst"] = over_seeds(entry["seeds"])
                 write_json(path, result)
