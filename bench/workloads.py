@@ -148,7 +148,8 @@ def w1_build(rows: int, workdir: Path, seed: int = 42) -> dict:
 
     from qatune.config import ScratchModel
     from qatune.data.templates import PromptTemplate
-    from qatune.model.sources import build_scratch, train_scratch_tokenizer
+    from qatune.model.scratch_tokenizer import train_scratch_tokenizer
+    from qatune.model.sources import build_scratch
 
     data = write_nq_rows(rows, workdir / "data.csv")
     with open(data, encoding="utf-8", newline="") as f:

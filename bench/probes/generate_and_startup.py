@@ -60,7 +60,8 @@ def main() -> int:
     from qatune.data.templates import PromptTemplate
     from qatune.inference.generate import answer_questions
     from qatune.model.folder import ModelInfo
-    from qatune.model.sources import build_scratch, train_scratch_tokenizer
+    from qatune.model.scratch_tokenizer import train_scratch_tokenizer
+    from qatune.model.sources import build_scratch
 
     startup = startup_seconds()
     print(f"qatune --help: {statistics.median(startup):.3f} s (median of {len(startup)} fresh processes)", flush=True)

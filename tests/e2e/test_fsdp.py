@@ -163,7 +163,7 @@ def t5_folder(tmp_path_factory):
     """A tiny T5 without dropout (the processes draw other masks than one process) and its tokenizer, saved."""
     from transformers import T5Config, T5ForConditionalGeneration
 
-    from qatune.model.sources import train_scratch_tokenizer
+    from qatune.model.scratch_tokenizer import train_scratch_tokenizer
 
     folder = tmp_path_factory.mktemp("t5") / "tiny-t5"
     tokenizer = train_scratch_tokenizer("generative", [f"{q} {a}" for q, a in ROWS] * 3, 300, "t5")

@@ -30,7 +30,7 @@ def tiny_pretrained(folder: Path) -> Path:
     workspace', with a base model to compare against (a model from scratch has none)."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    from qatune.model.sources import train_scratch_tokenizer
+    from qatune.model.scratch_tokenizer import train_scratch_tokenizer
 
     with open(FAQ, encoding="utf-8") as f:
         texts = [f"Question: {row['question']}\nAnswer: {row['answer']}" for row in csv.DictReader(f)]

@@ -11,7 +11,8 @@ def scratch_gpt2():
     import torch
 
     from qatune.config import ScratchModel
-    from qatune.model.sources import build_scratch, train_scratch_tokenizer
+    from qatune.model.scratch_tokenizer import train_scratch_tokenizer
+    from qatune.model.sources import build_scratch
 
     torch.manual_seed(0)
     tokenizer = train_scratch_tokenizer("generative", ITEM_TEXTS, 400)

@@ -45,6 +45,7 @@ from qatune.model.folder import ModelInfo
 from qatune.model.gguf_file import resolve_prompt
 from qatune.model.precision import bf16_native, bf16_verdict, check_device, resolve_precision
 from qatune.model.scoring import HeadLayout, build_scoring_model
+from qatune.model.scratch_tokenizer import train_scratch_tokenizer
 from qatune.model.sources import (
     build_scratch,
     load_model_config,
@@ -52,7 +53,6 @@ from qatune.model.sources import (
     load_tokenizer,
     model_max_positions,
     quiet_transformers,
-    train_scratch_tokenizer,
 )
 from qatune.runs import layout
 from qatune.train.device import seed_everything

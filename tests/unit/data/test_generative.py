@@ -116,7 +116,7 @@ def test_missing_eos_is_refused():
 
 
 def test_real_bpe_tokenizer_trained_on_the_fly_keeps_answer_tokens_identical():
-    from qatune.model.sources import train_scratch_tokenizer
+    from qatune.model.scratch_tokenizer import train_scratch_tokenizer
 
     texts = ["Question: who wrote it?\nAnswer: Ada Lovelace"] * 5
     tokenizer = train_scratch_tokenizer("generative", texts, 300)

@@ -5,7 +5,7 @@ import torch
 
 from qatune.data.validate import raise_for_errors, validate_batch, validate_dataset, validate_loader, validate_settings
 from qatune.errors import DataError
-from qatune.model.sources import train_scratch_tokenizer
+from qatune.model.scratch_tokenizer import train_scratch_tokenizer
 from tests.conftest import wordpiece_tokenizer
 
 QA = [("What is the fee?", "Ten dollars"), ("Is there parking?", "Yes, behind the building"),

@@ -9,9 +9,9 @@ import torch
 
 from qatune.config import ScratchModel, load_config
 from qatune.model.folder import NO_WEIGHT_CONVERSIONS, ModelInfo, save_model
+from qatune.model.scratch_tokenizer import train_scratch_tokenizer
 from qatune.model.sources import (
     build_scratch,
-    train_scratch_tokenizer,
 )
 from qatune.runs.layout import find_model_folder
 from tests.conftest import ITEM_TEXTS

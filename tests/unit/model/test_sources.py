@@ -264,7 +264,7 @@ def test_real_smollm2_loads_plain_trains_a_step_and_saves_without_the_quantizati
 
 SCRATCH_TOKENIZERS = """
 import json, sys
-from qatune.model.sources import train_scratch_tokenizer
+from qatune.model.scratch_tokenizer import train_scratch_tokenizer
 texts = ["Q: what is tcp? A: because the packets right", "Q: what is dns? A: the header wrong layer",
          "Q: what is arp? A: unsure port flows window", "Grüße aus Köln, naïve café"] * 3
 for task, architecture in [("scoring", "auto"), ("extractive", "auto"), ("generative", "auto"), ("generative", "t5")]:
