@@ -21,6 +21,7 @@ from qatune.data.padding import right_pad
 from qatune.data.templates import PromptTemplate
 from qatune.inference.batches import inference_precision
 from qatune.model.folder import ModelInfo
+from qatune.model.kv_cache import cache_argument
 
 CHOSEN_KINDS = ("label", "number")
 
@@ -67,7 +68,7 @@ def _read_prompt(model: Any, prompt: list[int], device: torch.device, precision:
     """The prompt's keys and values, and the log-probabilities of the first answer token."""
     with inference_precision(precision, device):
         out = model(input_ids=torch.tensor([prompt], device=device), use_cache=True)
-    return out.past_key_values, torch.log_softmax(out.logits[0, -1].float(), -1)
+    return getattr(out, cache_argument(model)), torch.log_softmax(out.logits[0, -1].float(), -1)
 
 
 @torch.inference_mode()
@@ -85,7 +86,8 @@ def _most_likely(model: Any, encoder: PromptEncoder, read: tuple[Any, torch.Tens
     seen = cache.get_seq_length()
     mask = torch.cat([torch.ones((len(candidates), seen), dtype=attention_mask.dtype), attention_mask], 1)
     with inference_precision(precision, device):
-        logits = model(input_ids=input_ids.to(device), attention_mask=mask.to(device), past_key_values=cache).logits
+        logits = model(input_ids=input_ids.to(device), attention_mask=mask.to(device),
+                       **{cache_argument(model): cache}).logits
     logprobs = torch.log_softmax(logits.float(), -1)
     scores = []
     for k, ids in enumerate(candidates):

@@ -20,6 +20,7 @@ import torch
 
 from qatune.data.padding import left_pad, right_pad
 from qatune.inference.grounding import ground_scores
+from qatune.model.kv_cache import cache_argument
 
 log = logging.getLogger("qatune")
 
@@ -110,7 +111,7 @@ class Decoder:
         self.pad_id = tokenizer.pad_token_id
         self.seq2seq = seq2seq
         parameters = inspect.signature(model.forward).parameters
-        self.cache_name = "cache" if "cache" in parameters else "past_key_values"  # renamed in transformers 5
+        self.cache_name = cache_argument(model)
         self.extra: dict[str, Any] = {}
         if not seq2seq and "logits_to_keep" in parameters:
             self.extra["logits_to_keep"] = 1  # as model.generate does: same numbers, less work

@@ -31,8 +31,6 @@ while no dropout is active: with dropout each row must draw its own noise on its
 
 from __future__ import annotations
 
-import functools
-import inspect
 import logging
 from typing import Any
 
@@ -40,6 +38,7 @@ import torch
 from torch import nn
 
 from qatune.data.padding import IGNORE_INDEX
+from qatune.model.kv_cache import cache_argument
 from qatune.model.objectives import CausalLMObjective, absmax, weighted_cross_entropy
 from qatune.speedups import fewer_rows, gpt2, prefixes
 from qatune.speedups.attention import AttentionByWidth, each_attention
@@ -65,7 +64,7 @@ def supervised_hidden(model: nn.Module, input_ids: torch.Tensor, attention_mask:
         with fewer:
             hidden = net(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
     else:
-        name = _cache_argument(net)
+        name = cache_argument(net)
         first = net(input_ids=input_ids[:1, :prefix], attention_mask=attention_mask[:1, :prefix], use_cache=True)
         cache = getattr(first, name)
         cache.batch_repeat_interleave(input_ids.shape[0])
@@ -88,7 +87,7 @@ def _grouped(net: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tens
     mask = attention_mask.gather(1, columns) * inside
     chosen = selected.gather(1, columns) & inside
     index = chosen.reshape(-1).nonzero().squeeze(1)
-    name = _cache_argument(net)
+    name = cache_argument(net)
     with fewer_rows.hooks(net, prefix_mask, None, unpadded):
         first = net(input_ids=prefix_ids, attention_mask=prefix_mask, use_cache=True)
     cache = getattr(first, name)
@@ -117,17 +116,6 @@ def _select_rows(cache: Any, index: torch.Tensor) -> None:
         if layer.get_seq_length() > 0:
             layer.keys = layer.keys.index_select(0, index)
             layer.values = layer.values.index_select(0, index)
-
-
-@functools.cache
-def _cache_argument_of(forward: Any) -> str:
-    return "cache" if "cache" in inspect.signature(forward).parameters else "past_key_values"
-
-
-def _cache_argument(net: nn.Module) -> str:
-    """What the backbone calls its key/value cache, in its arguments and outputs: ``cache`` (transformers from
-    5.2x on) or ``past_key_values`` (before; later ones still take it, with a deprecation warning)."""
-    return _cache_argument_of(type(net).forward)
 
 
 def backbone(model: nn.Module) -> nn.Module:
