@@ -25,3 +25,26 @@ def test_every_package_of_qatune_is_a_layer():
     packages = {f"qatune.{p.name}" for p in (ROOT / "src" / "qatune").iterdir()
                 if (p / "__init__.py").is_file()}
     assert packages <= named, packages - named
+
+
+def test_every_module_is_in_the_architecture_tree():
+    """docs/architecture.md's tree names every module of src/qatune under its folder, so that a new module comes
+    with its line (the tree is where a reader looks a concern up)."""
+    import re
+
+    tree = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8").split("```")[1]
+    listed, folder = set(), ""
+    for line in tree.splitlines():
+        found = re.match(r"( *)(\S+)", line)
+        if not found:
+            continue
+        indent, name = len(found[1]), found[2]
+        if indent == 2 and name.endswith("/"):
+            folder = name
+        elif indent == 4 and name.endswith(".py"):
+            listed.add(folder + name)
+        elif indent == 2 and name.endswith(".py"):
+            listed.add(name)
+    source = ROOT / "src" / "qatune"
+    modules = {str(p.relative_to(source)) for p in source.rglob("*.py") if p.name != "__init__.py"}
+    assert modules <= listed, sorted(modules - listed)
