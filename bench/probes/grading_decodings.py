@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import copy
 import json
 import math
 import os
@@ -37,7 +36,6 @@ from bench_machine import describe, headline
 
 from qatune.data.generative import PromptEncoder
 from qatune.data.grading_fields import AnswerTemplate
-from qatune.data.padding import right_pad
 from qatune.data.scoring import ScoringCollator, ScoringEncoder
 from qatune.data.spreadsheet import load_from_config
 from qatune.data.templates import PromptTemplate
@@ -45,7 +43,6 @@ from qatune.inference import field_choice
 from qatune.inference import generate as generation
 from qatune.inference.batches import inference_precision
 from qatune.inference.run_model import load_run_model
-from qatune.model.kv_cache import cache_argument
 from qatune.model.scoring import HeadLayout
 
 SPLITS = ("unseen_answers", "unseen_questions")
@@ -136,20 +133,9 @@ def grader(run: Path, folder: Path) -> dict:
         assert names[0] == "label", names
         encoder = PromptEncoder(tokenizer, PromptTemplate(info.prompt_template, info.answer_prefix))
         for prompt in prompts:
-            cache, first = field_choice._read_prompt(model, prompt, device, generate.precision)
-            candidates = [encoder.answer_ids(literals[0] + value + literals[1])[:-1] for value in values]
-            cache = copy.deepcopy(cache)
-            cache.batch_repeat_interleave(len(candidates))
-            ids, mask = right_pad(candidates, tokenizer.pad_token_id)
-            mask = torch.cat([torch.ones((len(candidates), cache.get_seq_length()), dtype=mask.dtype), mask], 1)
-            with inference_precision(generate.precision, device):
-                logits = model(input_ids=ids, attention_mask=mask, **{cache_argument(model): cache}).logits
-            logprobs = torch.log_softmax(logits.float(), -1)
-            row = []
-            for k, candidate in enumerate(candidates):
-                targets = torch.tensor(candidate[1:])[:, None]
-                rest = float(logprobs[k, :len(candidate) - 1].gather(1, targets).sum())
-                row.append(float(first[candidate[0]]) + rest)
+            read = field_choice.read_prompt(model, prompt, device, generate.precision)
+            row = field_choice.value_scores(model, encoder, read, literals[0], values, literals[1], False, device,
+                                            generate.precision)
             total = math.log(sum(math.exp(s) for s in row))
             scores.append([s - total for s in row])
         return [""] * len(prompts)

@@ -54,7 +54,7 @@ def write_answers(model: Any, tokenizer: Any, info: ModelInfo, prompts: list[lis
         if spec.kind in CHOSEN_KINDS and spec.values:
             for row, prompt in enumerate(prompts):
                 if caches[row] is None:
-                    caches[row] = _read_prompt(model, prompt, device, generate.precision)
+                    caches[row] = read_prompt(model, prompt, device, generate.precision)
                 texts[row] += _most_likely(model, encoder, caches[row], texts[row], spec.values, following, last,
                                            device, generate.precision)
             continue
@@ -64,17 +64,26 @@ def write_answers(model: Any, tokenizer: Any, info: ModelInfo, prompts: list[lis
 
 
 @torch.inference_mode()
-def _read_prompt(model: Any, prompt: list[int], device: torch.device, precision: str) -> tuple[Any, torch.Tensor]:
+def read_prompt(model: Any, prompt: list[int], device: torch.device, precision: str) -> tuple[Any, torch.Tensor]:
     """The prompt's keys and values, and the log-probabilities of the first answer token."""
     with inference_precision(precision, device):
         out = model(input_ids=torch.tensor([prompt], device=device), use_cache=True)
     return getattr(out, cache_argument(model)), torch.log_softmax(out.logits[0, -1].float(), -1)
 
 
-@torch.inference_mode()
 def _most_likely(model: Any, encoder: PromptEncoder, read: tuple[Any, torch.Tensor], text: str,
                  values: tuple[str, ...], following: str, last: bool, device: torch.device, precision: str) -> str:
     """The value the model finds most likely after the prompt and the answer so far, with what follows it."""
+    scores = value_scores(model, encoder, read, text, values, following, last, device, precision)
+    return values[max(range(len(values)), key=scores.__getitem__)]
+
+
+@torch.inference_mode()
+def value_scores(model: Any, encoder: PromptEncoder, read: tuple[Any, torch.Tensor], text: str,
+                 values: tuple[str, ...], following: str, last: bool, device: torch.device,
+                 precision: str) -> list[float]:
+    """Each value's log-likelihood after the prompt (``read``: :func:`read_prompt`'s) and the answer so far
+    (``text``), with the template's text that follows it (the end token after the ``last`` field)."""
     cache, first = read
     candidates = []
     for value in values:
@@ -96,7 +105,7 @@ def _most_likely(model: Any, encoder: PromptEncoder, read: tuple[Any, torch.Tens
             targets = torch.tensor(ids[1:], device=logprobs.device)
             score += float(logprobs[k, : len(ids) - 1].gather(1, targets[:, None]).sum())
         scores.append(score)
-    return values[max(range(len(values)), key=scores.__getitem__)]
+    return scores
 
 
 def _until(value: str, following: str, last: bool) -> str:
