@@ -261,8 +261,13 @@ class MeanPooledScorer(nn.Module):
     def tie_weights(self) -> None:
         """Nothing is tied (what the loop calls on a transformers model after loading weights)."""
 
-    def gradient_checkpointing_enable(self, **kwargs: Any) -> None:
-        self.backbone.gradient_checkpointing_enable(**kwargs)
+    @property
+    def supports_gradient_checkpointing(self) -> bool:
+        return bool(getattr(self.backbone, "supports_gradient_checkpointing", False))
+
+    def activation_checkpointing_enable(self, **kwargs: Any) -> None:
+        """train.activation_checkpointing: the backbone's blocks recompute their activations in the backward pass."""
+        self.backbone.activation_checkpointing_enable(**kwargs)
 
     def save_pretrained(self, folder: str | Path, state_dict: dict[str, torch.Tensor] | None = None,
                         **_: Any) -> None:

@@ -104,6 +104,37 @@ def test_mean_pooling_averages_the_rows_own_tokens_and_saves_and_loads(tmp_path)
     assert FieldSpec.from_json(SPECS["score"].to_json()) == SPECS["score"]
 
 
+def test_a_mean_pooled_scorer_checkpoints_its_backbones_activations_with_the_same_gradients():
+    import warnings
+
+    from transformers import BertConfig, BertModel
+
+    from qatune.train.memory_estimate import checkpoint_activations
+
+    def loss_and_grads(checkpointed: bool) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        torch.manual_seed(0)
+        backbone = BertModel(BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                                        intermediate_size=32, hidden_dropout_prob=0.0,
+                                        attention_probs_dropout_prob=0.0))
+        scorer = MeanPooledScorer(backbone, 3).train()
+        if checkpointed:
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")  # no deprecated entry point on the way
+                checkpoint_activations(scorer)
+            assert backbone.is_activation_checkpointing
+        ids, mask = torch.tensor([[1, 5, 6, 0], [7, 8, 9, 4]]), torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1]])
+        loss = scorer(input_ids=ids, attention_mask=mask).logits.square().sum()
+        loss.backward()
+        return loss.detach(), {n: p.grad for n, p in scorer.named_parameters()}
+
+    plain_loss, plain = loss_and_grads(False)
+    loss, grads = loss_and_grads(True)
+    torch.testing.assert_close(loss, plain_loss)
+    assert grads.keys() == plain.keys()
+    for name, grad in grads.items():
+        torch.testing.assert_close(grad, plain[name], msg=name)
+
+
 def test_class_weights_by_hand_keep_the_rows_mean_weight_at_one():
     # counts 6, 3, 1: balanced 1/6, 1/3, 1 over a row mean of 0.3; sqrt 1/sqrt(count) over its own row mean
     assert weights_of((6, 3, 1), "balanced") == pytest.approx((5 / 9, 10 / 9, 10 / 3), abs=1e-6)
