@@ -3,11 +3,12 @@
 A checkpoint is a model folder (model.safetensors, tokenizer, config.yaml, qatune.json: eval and
 generate accept it) plus what an exact resume needs: optimizer.pt and scheduler.pt (tensors and
 numbers only, read back with ``torch.load(weights_only=True)``), rng.pt, and trainer_state.json
-(step, epoch, position in the epoch, best metrics). A run with train.distributed fsdp writes its weights and
-optimizer state in place of model.safetensors and optimizer.pt as sharded/, one file per process
-(torch.distributed.checkpoint). It is written with :func:`qatune.runs.atomic.write_folder`,
-so a process killed at any moment leaves either the new checkpoint or none, never a half-written one
-under a valid name.
+(step, epoch, position in the epoch, best metrics); with train.ema_decay, average.pt (the weights' moving
+average: the model folder holds the weights as trained, which a resume continues from). A run with
+train.distributed fsdp writes its weights and optimizer state in place of model.safetensors and optimizer.pt
+as sharded/, one file per process (torch.distributed.checkpoint). It is written with
+:func:`qatune.runs.atomic.write_folder`, so a process killed at any moment leaves either the new checkpoint or
+none, never a half-written one under a valid name.
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ import torch
 
 from qatune.errors import RunDirError
 from qatune.runs import atomic, layout
+from qatune.train import averaging
+from qatune.train.averaging import WeightAverage
 
 log = logging.getLogger("qatune")
 
@@ -81,10 +84,10 @@ def checkpoint_dir(run_dir: Path) -> Path:
 
 def save_checkpoint(run_dir: Path, state: TrainState, model: Any, tokenizer: Any, config: Any, info: Any,
                     optimizer: torch.optim.Optimizer, schedulers: dict[str, Any], keep: int,
-                    shards: Callable[[Path], None] | None = None) -> Path:
+                    shards: Callable[[Path], None] | None = None, average: WeightAverage | None = None) -> Path:
     """Write a checkpoint atomically, then prune all but the last ``keep`` (and the best). ``shards``: writes the
     weights and optimizer state of a sharded model into a folder (in place of model.safetensors and optimizer.pt),
-    every process taking part."""
+    every process taking part. ``average``: train.ema_decay's average, saved beside the trained weights."""
     from qatune.model.folder import write_model_files
 
     def fill(folder: Path) -> None:
@@ -96,6 +99,8 @@ def save_checkpoint(run_dir: Path, state: TrainState, model: Any, tokenizer: Any
                 shards(folder)
             torch.save({k: s.state_dict() for k, s in schedulers.items() if s is not None}, folder / "scheduler.pt")
             torch.save(_rng_state(), folder / "rng.pt")
+            if average is not None:
+                average.save(folder)
         # Written last: a folder without it is not a checkpoint.
         (folder / TRAINER_STATE).write_text(json.dumps(asdict(state), indent=2) + "\n", encoding="utf-8")
 
@@ -125,7 +130,7 @@ def model_folder_from(checkpoint: Path, folder: Path) -> Path:
     def fill(tmp: Path) -> None:
         for source in sorted(checkpoint.rglob("*")):
             relative = source.relative_to(checkpoint)
-            if not source.is_file() or relative.as_posix() in (*RESUME_FILES, atomic.MANIFEST) or \
+            if not source.is_file() or relative.as_posix() in (*RESUME_FILES, averaging.FILE, atomic.MANIFEST) or \
                     relative.parts[0] == layout.SHARDS:
                 continue
             target = tmp / relative

@@ -14,7 +14,7 @@ import math
 import sys
 import warnings
 from collections.abc import Callable, Iterator
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -29,6 +29,7 @@ from qatune.model.objectives import count_items, count_tokens, model_inputs
 from qatune.runs import layout
 from qatune.speedups import Speedups
 from qatune.train import sharding
+from qatune.train.averaging import WeightAverage
 from qatune.train.checkpoint import TrainState, model_folder_from, restore, save_checkpoint
 from qatune.train.device import check_same_setup, make_accelerator, peak_memory_mb
 from qatune.train.logs import LogWindow, MetricsLog
@@ -128,6 +129,8 @@ def train_step(loop: Loop, window: list[dict[str, torch.Tensor]]) -> dict[str, A
     optimizer.zero_grad(set_to_none=True)
     speedups.after_step()
     state.step += 1
+    if loop.average is not None:
+        loop.average.update(state.step)
     state.last_loss = loss
     if state.step == 1:
         state.first_loss = loss
@@ -151,6 +154,8 @@ class Loop:
     state: TrainState
     guard: NonFiniteGuard
     metrics_log: MetricsLog
+    average: WeightAverage | None = None
+    """train.ema_decay: the moving average of the weights that validation, best/ and final/ see."""
     logged: LogWindow = field(default_factory=LogWindow)
     last_checkpoint: Path | None = None
     checkpointed: int | None = None
@@ -172,6 +177,8 @@ class Loop:
                                           offload=train_cfg.cpu_offload))
         collator = speedups.collator(prepared.collator)
         optimizer = build_optimizer(speedups.parameters(objective), train_cfg.learning_rate, train_cfg.weight_decay)
+        average = (WeightAverage(speedups.parameters(objective), train_cfg.ema_decay)
+                   if train_cfg.ema_decay is not None else None)
         sampler = training_batches(prepared.dataset, config)
         _log_prefix_batches(sampler, config, speedups)
         # Its own generator: starting an epoch must not draw from the global RNG that dropout uses, so a
@@ -193,6 +200,8 @@ class Loop:
                 shards = (lambda folder: sharding.load_shards(prepared.model, _torch_optimizer(optimizer), folder)
                           ) if sharded else None
                 state = restore(resume_from, optimizer, schedulers, load_shards=shards)
+                if average is not None:
+                    average.load(resume_from)
                 metrics_log.truncate_after(state.step)
                 at = (f"epoch {state.epoch + 1} of {train_cfg.epochs}" if state.epoch < train_cfg.epochs
                       else f"after epoch {state.epoch} of {train_cfg.epochs}")
@@ -204,8 +213,11 @@ class Loop:
             if sharded:
                 clip = _whole(clip)
             log.info("%s", speedups.describe())
+            if average is not None:
+                log.info("validation, best/ and final/ use a moving average of the weights (train.ema_decay %g)",
+                         train_cfg.ema_decay)
             return cls(prepared, run_dir, accelerator, speedups, objective, optimizer, loader, sampler, clip,
-                       schedulers, state, guard, metrics_log, LogWindow.restored(state.log_window))
+                       schedulers, state, guard, metrics_log, average, LogWindow.restored(state.log_window))
 
     @property
     def main(self) -> bool:
@@ -240,6 +252,16 @@ class Loop:
     def full_precision(self) -> Any:
         """The model with its fp32 weights while this is entered (``bf16_master_weights`` trains bf16 ones)."""
         return self.speedups.full_precision()
+
+    def averaged(self) -> Any:
+        """The model with train.ema_decay's average of its weights while this is entered (as trained without it)."""
+        return self.average.swapped_in() if self.average is not None else nullcontext()
+
+    @contextmanager
+    def delivered(self) -> Iterator[None]:
+        """The model as validation and best/ see it while this is entered: its fp32 weights, averaged."""
+        with self.full_precision(), self.averaged():
+            yield
 
     def named_grads(self) -> Iterator[tuple[str, torch.Tensor]]:
         if self.sharded:
@@ -292,7 +314,7 @@ class Loop:
         self.state.epoch, self.state.consumed = self.state.epoch + 1, 0
         if self.prepared.eval_records:
             run_dir = self.run_dir if self.main else None
-            with self.full_precision():
+            with self.delivered():
                 improved = evaluate_epoch(self.prepared, self.model(), run_dir, self.state, self.metrics_log,
                                           self.accelerator, sharded=self.sharded)
                 if improved and self.run_dir is not None:
@@ -334,7 +356,7 @@ class Loop:
             if self.main:
                 self.last_checkpoint = save_checkpoint(
                     self.run_dir, self.state, self.model(), prepared.tokenizer, prepared.config, prepared.info,
-                    self.optimizer, self.schedulers, prepared.config.train.keep_checkpoints, shards)
+                    self.optimizer, self.schedulers, prepared.config.train.keep_checkpoints, shards, self.average)
         if self.sharded:
             self.accelerator.wait_for_everyone()  # the folder is in place (or the main process failed)
         return self.last_checkpoint if self.main else None
@@ -344,13 +366,15 @@ class Loop:
         self.speedups.finish()
         if self.run_dir is not None:
             prepared, final = self.prepared, self.run_dir / layout.FINAL
-            if self.checkpointed == self.state.step and not self.sharded:  # the same weights, just written
+            # the same weights, just written (a checkpoint holds the trained weights, not their average)
+            if self.checkpointed == self.state.step and not self.sharded and self.average is None:
                 if self.main:
                     model_folder_from(self.last_checkpoint, final)
             else:
                 weights = self.gathered()
                 if self.main:
-                    save_model(final, self.model(), prepared.tokenizer, prepared.config, prepared.info, weights)
+                    with self.averaged():  # the fp32 weights are the model's own once training is over
+                        save_model(final, self.model(), prepared.tokenizer, prepared.config, prepared.info, weights)
         self.accelerator.wait_for_everyone()
         state = self.state
         result = {"steps": state.step, "first_train_loss": state.first_loss, "final_train_loss": state.last_loss,

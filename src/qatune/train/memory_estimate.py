@@ -85,6 +85,7 @@ def estimate(model: torch.nn.Module, config: Config, precision: str, batch_token
     weights = 2 * total + 4 * trained if masters else 4 * total
     grads = (2 if masters else 4) * trained
     moments = 8 * trained
+    averaged = {"averaged weights": 4 * trained} if config.train.ema_decay is not None else {}  # fp32, as trained
     rows, width = batch_tokens
     dims = shape(model)
     per_value = 2 if precision == "fp32" else 1  # the formula counts 16-bit values
@@ -97,13 +98,13 @@ def estimate(model: torch.nn.Module, config: Config, precision: str, batch_token
     logits = 0 if config.task == "scoring" else logit_rows * dims["vocab"] * 4 * 2
     work = {"activations": activations, "logits": logits}
     one = Estimate("1 process", 1, {"baseline": baseline, "weights": weights, "gradients": grads,
-                                    "optimizer": moments, **work})
+                                    "optimizer": moments, **averaged, **work})
     estimates = [one]
     if processes > 1:
         plain_weights = 4 * total
         estimates.append(Estimate(f"ddp x {processes}", processes, {
             "baseline": baseline, "weights": plain_weights, "gradients": 4 * trained,
-            "ddp buckets": 4 * trained, "optimizer": moments, **work}))
+            "ddp buckets": 4 * trained, "optimizer": moments, **averaged, **work}))
         blocks = units(model)
         if blocks:
             block = max(sum(p.numel() for p in b.parameters()) for b in blocks)

@@ -106,6 +106,9 @@ def check_setup(config: Config) -> None:
     if config.train.precision == "fp16":
         raise ConfigError("train.precision fp16 is not supported with train.distributed fsdp (its loss scaling "
                           "is not sharded); use bf16 or fp32")
+    if config.train.ema_decay is not None:
+        raise ConfigError("train.ema_decay is not supported with train.distributed fsdp (the average is not "
+                          "sharded); set train.ema_decay: null, or train.distributed: ddp")
 
 
 def _true(value: str | None) -> bool:

@@ -37,6 +37,12 @@ def test_parts_follow_the_model(tmp_path):
     adapters = memory_estimate.meta_model(lora, prepared.tokenizer, False)
     with_lora = memory_estimate.estimate(adapters, lora, "fp32", (4, 30), 5, processes=1, baseline=0)[0]
     assert with_lora.parts["optimizer"] < one.parts["optimizer"] / 5  # only the adapters are trained
+    assert "averaged weights" not in one.parts
+    averaging = tiny_config(tmp_path, ROWS, "model.scratch.n_layer=2", "train.ema_decay=0.99")
+    one_averaged, ddp_averaged = memory_estimate.estimate(model, averaging, "fp32", (4, 30), 5, processes=2,
+                                                          baseline=0)[:2]
+    assert one_averaged.parts["averaged weights"] == ddp_averaged.parts["averaged weights"] == 4 * params
+    assert one_averaged.total == one.total + 4 * params
 
 
 

@@ -1,0 +1,112 @@
+"""train.ema_decay: the moving average by hand, swapped in and out exactly, saved in checkpoints; final/ holds it,
+the checkpoint the trained weights, and a resumed run averages exactly as an uninterrupted one."""
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from qatune.errors import RunDirError
+from qatune.train import TrainingInterrupted, train
+from qatune.train.averaging import FILE, WeightAverage, decay_at
+from qatune.train.checkpoint import find_checkpoint
+from tests.conftest import interrupt_at, resume_config
+
+
+def test_the_average_by_hand_with_the_lower_decay_of_the_first_steps():
+    weights = torch.zeros(2)
+    average = WeightAverage([weights], decay=0.5)
+    weights.fill_(1.0)
+    average.update(1)                                  # d = min(0.5, 2/11)
+    assert decay_at(0.5, 1) == pytest.approx(2 / 11)
+    torch.testing.assert_close(average.averages[0], torch.full((2,), 9 / 11))
+    weights.fill_(3.0)
+    average.update(2)                                  # d = min(0.5, 3/12) = 0.25
+    torch.testing.assert_close(average.averages[0], torch.full((2,), 0.25 * 9 / 11 + 0.75 * 3))
+    weights.fill_(5.0)
+    average.update(20)                                 # d = 0.5: the set decay from step 9 on
+    assert decay_at(0.5, 8) == 0.5 and decay_at(0.5, 7) < 0.5
+    torch.testing.assert_close(average.averages[0], torch.full((2,), 0.5 * (0.25 * 9 / 11 + 2.25) + 2.5))
+    assert torch.equal(weights, torch.full((2,), 5.0))  # the trained weights are not touched
+
+
+def test_swapped_in_then_out_exactly_even_when_the_work_inside_fails():
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(3, 2)
+    trained = [p.detach().clone() for p in layer.parameters()]
+    average = WeightAverage(list(layer.parameters()), decay=0.9)
+    with torch.no_grad():
+        for p in layer.parameters():
+            p.add_(1.0)
+    average.update(30)
+    moved = [p.detach().clone() for p in layer.parameters()]
+    with pytest.raises(ValueError), average.swapped_in():
+        for p, a, t in zip(layer.parameters(), average.averages, trained):
+            assert torch.equal(p, a) and not torch.equal(p, t)
+        raise ValueError("evaluation failed")
+    assert all(torch.equal(p, m) for p, m in zip(layer.parameters(), moved))
+
+
+def test_a_checkpoints_average_loads_back_and_a_wrong_one_is_refused(tmp_path):
+    weights = [torch.arange(4.0), torch.ones(2, 3)]
+    average = WeightAverage(weights, decay=0.9)
+    average.averages[0].fill_(7.0)
+    average.save(tmp_path)
+    other = WeightAverage([torch.zeros(4), torch.zeros(2, 3)], decay=0.9)
+    other.load(tmp_path)
+    assert torch.equal(other.averages[0], torch.full((4,), 7.0)) and torch.equal(other.averages[1], torch.ones(2, 3))
+    with pytest.raises(RunDirError, match="does not match this run's trainable weights"):
+        WeightAverage([torch.zeros(5)], decay=0.9).load(tmp_path)
+    (tmp_path / FILE).unlink()
+    with pytest.raises(RunDirError, match=f"holds no {FILE}.*resume it with the train.ema_decay it was trained with"):
+        other.load(tmp_path)
+
+
+def test_final_holds_the_average_the_checkpoint_the_trained_weights_and_resume_is_exact(tmp_path, monkeypatch):
+    config = resume_config(tmp_path, "train.ema_decay=0.8")
+    straight = train(config, output_dir=tmp_path / "straight", progress=False)
+    last = find_checkpoint(straight)
+    final = load_file(straight / "final" / "model.safetensors")
+    trained = load_file(last / "model.safetensors")
+    averaged = torch.load(last / FILE, weights_only=True)
+    assert len(averaged) == len(final)               # every weight of the scratch model is trained, and averaged
+    assert all(any(torch.equal(a, f) for f in final.values()) for a in averaged)
+    assert not (straight / "final" / FILE).exists()
+    differs = [name for name in final if not torch.equal(final[name], trained[name])]
+    assert len(differs) == len(final)                 # 9 steps at decay 0.8: no weight is its last step's
+    plain = train(resume_config(tmp_path), output_dir=tmp_path / "plain", progress=False)
+    assert all(torch.equal(trained[name], t) for name, t in load_file(plain / "final" / "model.safetensors").items())
+
+    interrupt_at(monkeypatch, 4)
+    with pytest.raises(TrainingInterrupted):
+        train(config, output_dir=tmp_path / "stopped", progress=False)
+    monkeypatch.undo()
+    resumed = train(config, output_dir=tmp_path / "stopped", resume="", progress=False)
+    again = load_file(resumed / "final" / "model.safetensors")
+    assert all(torch.equal(final[name], again[name]) for name in final)
+    assert json.loads((resumed / "run.json").read_text())["status"] == "complete"
+
+
+def test_fsdp_refuses_an_average_in_one_line(tmp_path, monkeypatch):
+    from qatune.errors import ConfigError
+    from qatune.train import sharding
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    sharding.check_setup(resume_config(tmp_path, "train.distributed=fsdp"))
+    with pytest.raises(ConfigError, match=r"^train.ema_decay is not supported with train.distributed fsdp .*"
+                                          r"set train.ema_decay: null, or train.distributed: ddp$"):
+        sharding.check_setup(resume_config(tmp_path, "train.distributed=fsdp", "train.ema_decay=0.99"))
+
+
+@pytest.mark.slow  # bf16 matrix products, emulated on a CPU without AVX512-BF16
+def test_under_bf16_master_weights_the_fp32_masters_are_averaged(tmp_path):
+    config = resume_config(tmp_path, "train.ema_decay=0.8", "train.precision=bf16",
+                           "train.speedups=[bf16_master_weights]", "train.device=cpu")
+    run = train(config, output_dir=tmp_path / "run", progress=False)
+    final = load_file(run / "final" / "model.safetensors")
+    averaged = torch.load(find_checkpoint(run) / FILE, weights_only=True)
+    assert {t.dtype for t in final.values()} == {t.dtype for t in averaged} == {torch.float32}
+    assert all(any(torch.equal(a, f) for f in final.values()) for a in averaged)
+    trained = load_file(find_checkpoint(run) / "model.safetensors")
+    assert trained.keys() == final.keys() and not any(torch.equal(trained[k], final[k]) for k in final)
