@@ -55,6 +55,9 @@ SPLITS = ("unseen_answers", "unseen_questions")
 BASELINES = ("majority_label", "question_majority_label", "question_mean_score", "question_median_score",
              "nearest_feedback")
 FIRST_SEED = 42
+RESUME_STATE = ("optimizer.pt", "scheduler.pt", "rng.pt")
+"""What --keep leaves out of a run's checkpoints: what only resuming needs (bench/probes/weight_averaging.py reads
+the weights of a run that saved a checkpoint every few steps)."""
 HIGHER_IS_BETTER = {"parse_rate": True, "verdict_accuracy": True, "verdict_macro_f1": True, "score_mae": False,
                     "score_within_tolerance": True, "feedback_token_f1": True, "feedback_rouge_l": True,
                     "feedback_bleu": True}
@@ -162,8 +165,9 @@ def main() -> None:
                         help="with --similar, the nearest answer's text too, cut to CHARS characters")
     parser.add_argument("--base", action="store_true", help="also score the generative grader's base model zero-shot")
     parser.add_argument("--keep", type=Path, default=None, metavar="DIR",
-                        help="keep the splits' CSV files and each trained run (without its checkpoints) in DIR, to "
-                             "look into afterwards (by default they go with a temporary folder)")
+                        help="keep the splits' CSV files and each trained run in DIR (its checkpoints' weights, not "
+                             "their optimizer state), to look into afterwards (by default they go with a temporary "
+                             "folder)")
     json_option(parser, STEM)
     args = parser.parse_args()
     arms = [arm.strip() for arm in args.arms.split(",") if arm.strip()]
@@ -215,7 +219,7 @@ def main() -> None:
                     continue
                 measured = train_and_score(arm, seed, tmp, sets)
                 if args.keep:
-                    shutil.copytree(tmp, args.keep, ignore=shutil.ignore_patterns("checkpoints"), dirs_exist_ok=True)
+                    shutil.copytree(tmp, args.keep, ignore=shutil.ignore_patterns(*RESUME_STATE), dirs_exist_ok=True)
                 entry["seeds"].append(measured)
                 entry["mean"], entry["worst"] = over_seeds(entry["seeds"])
                 write_json(path, result)
