@@ -72,6 +72,23 @@ def test_two_processes_match_one_with_accumulation(tmp_path):
     assert json.loads((tmp_path / "two" / "run.json").read_text())["status"] == "complete"
 
 
+def test_two_processes_average_the_weights_as_one_does(tmp_path):
+    config = write_config(tmp_path)
+    runs = {"two": ["--num-processes", "2"], "one": ["--set", "train.gradient_accumulation_steps=2"],
+            "plain": ["--num-processes", "2", "--set", "train.ema_decay=null"]}
+    for name, extra in runs.items():
+        done = CliRunner().invoke(cli, ["train", "--config", str(config), "--output-dir", str(tmp_path / name),
+                                        "--set", "train.ema_decay=0.9", *extra, "--quiet"])
+        assert done.exit_code == 0, done.output + done.stderr
+    a, b, plain = (load_file(tmp_path / name / "final" / "model.safetensors") for name in ("one", "two", "plain"))
+    assert all((a[k] - b[k]).abs().max() < 1e-4 for k in a)
+    assert all((plain[k] - b[k]).abs().max() > 1e-3 for k in b)       # the average, not the last weights
+    evals = [[json.loads(x) for x in (tmp_path / name / "metrics.jsonl").read_text().splitlines()] for name in runs]
+    one_eval, two_eval = ([(x["exact_match"], round(x["loss"], 4)) for x in lines if x["event"] == "eval"]
+                          for lines in evals[:2])
+    assert one_eval == two_eval and len(one_eval) == 2
+
+
 def test_a_failure_on_one_process_ends_both_in_one_line(tmp_path):
     """Process 1 fails as it starts evaluating, while process 0 is busy with its own share of the held-out rows
     (outside any collective, where it used to go on, take torchrun's SIGTERM for a stop asked for, and be killed

@@ -177,8 +177,6 @@ class Loop:
                                           offload=train_cfg.cpu_offload))
         collator = speedups.collator(prepared.collator)
         optimizer = build_optimizer(speedups.parameters(objective), train_cfg.learning_rate, train_cfg.weight_decay)
-        average = (WeightAverage(speedups.parameters(objective), train_cfg.ema_decay)
-                   if train_cfg.ema_decay is not None else None)
         sampler = training_batches(prepared.dataset, config)
         _log_prefix_batches(sampler, config, speedups)
         # Its own generator: starting an epoch must not draw from the global RNG that dropout uses, so a
@@ -190,6 +188,9 @@ class Loop:
         else:
             objective, optimizer, loader = accelerator.prepare(objective, optimizer, loader)
         warmup, decay = build_schedulers(optimizer, config)
+        # After prepare, which puts the weights on the device: the average is kept beside them.
+        average = (WeightAverage([p for group in _torch_optimizer(optimizer).param_groups for p in group["params"]],
+                                 train_cfg.ema_decay) if train_cfg.ema_decay is not None else None)
         schedulers = {"warmup": warmup, "decay": decay}
         main = accelerator.is_main_process
         metrics_log = MetricsLog(run_dir / layout.METRICS if run_dir and main else None, train_cfg.report_to, config,
