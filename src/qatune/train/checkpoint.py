@@ -107,6 +107,8 @@ def save_checkpoint(run_dir: Path, state: TrainState, model: Any, tokenizer: Any
     root = checkpoint_dir(run_dir)
     root.mkdir(parents=True, exist_ok=True)
     size = _state_bytes(model.state_dict()) + sum(_state_bytes(s) for s in optimizer.state.values())
+    if average is not None:
+        size += sum(t.numel() * t.element_size() for t in average.averages)
     path = atomic.write_folder(root / f"step-{state.step:07d}", fill, size_hint=size)
     _prune(root, keep, state.best_checkpoint)
     return path
