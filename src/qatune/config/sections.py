@@ -255,9 +255,9 @@ class TrainConfig(Section):
     """StepLR decay after warmup."""
     ema_decay: float | None = Field(None, gt=0.0, lt=1.0)
     """Validation, best/ and final/ take an exponential moving average of the weights, updated after every
-    optimizer step with this decay (0.99 weighs about the last 100 steps; over the first steps the decay is
-    lower, (1 + t) / (10 + t) at step t, so the average is not held back by the starting weights). null: the
-    weights of the last step. Not with train.distributed fsdp."""
+    optimizer step with this decay (0.99 weighs about the last 100 steps; normalised, as Adam corrects its
+    moments' bias, so the weights training started from do not count). null: the weights of the last step.
+    Not with train.distributed fsdp."""
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
     """Compute precision (mixed precision for bf16/fp16); auto: bf16 where the hardware does it natively
     (a CUDA GPU with bf16, a CPU with AVX512-BF16 or AMX), else fp32."""

@@ -1,8 +1,9 @@
 """``train.ema_decay``: an exponential moving average of the weights, the model that validation, best/ and final/ see.
 
-After every optimizer step each averaged tensor moves toward the trained one:
-``average = d * average + (1 - d) * weights``, with ``d = min(decay, (1 + t) / (10 + t))`` at step ``t`` (1-based),
-so the first steps, at a lower decay, are not outweighed by the weights training started from. What is averaged
+After optimizer step ``t`` (1-based) the average is that of the weights after each step ``s <= t`` weighed by
+``decay ** (t - s)``, normalised as Adam corrects its moments' bias: each update moves it
+``(1 - decay) / (1 - decay ** t)`` of the way to the new weights (all of the way after the first step), so the
+weights training started from do not count, however short the run. What is averaged
 is what the optimizer updates (the fp32 masters under ``bf16_master_weights``, only the adapters of a LoRA run).
 A checkpoint holds the trained weights (its model folder, which an exact resume continues from) and the average
 (average.pt).
@@ -23,8 +24,8 @@ FILE = "average.pt"
 
 
 def decay_at(decay: float, step: int) -> float:
-    """The decay of the update after optimizer step ``step`` (1-based)."""
-    return min(decay, (1 + step) / (10 + step))
+    """The decay of the update after optimizer step ``step`` (1-based): 0 after the first, toward ``decay``."""
+    return 1.0 - (1.0 - decay) / (1.0 - decay**step)
 
 
 class WeightAverage:
@@ -44,17 +45,25 @@ class WeightAverage:
     @contextmanager
     def swapped_in(self) -> Iterator[None]:
         """The parameters hold the averaged weights while this is entered, the trained ones again afterwards
-        (copied in place: a model that shares these tensors sees the average too)."""
+        (copied in place: a model that shares these tensors sees the average too). An fp32 parameter trades
+        values with its average through one tensor's room at a time; one of another dtype is kept aside."""
         with torch.no_grad():
-            trained = [p.detach().clone() for p in self.params]
-            for p, average in zip(self.params, self.averages):
-                p.copy_(average)
+            kept = [None if p.dtype == average.dtype else p.detach().clone()
+                    for p, average in zip(self.params, self.averages)]
+            for p, average, aside in zip(self.params, self.averages, kept):
+                if aside is None:
+                    _trade(p, average)
+                else:
+                    p.copy_(average)
         try:
             yield
         finally:
             with torch.no_grad():
-                for p, weights in zip(self.params, trained):
-                    p.copy_(weights)
+                for p, average, aside in zip(self.params, self.averages, kept):
+                    if aside is None:
+                        _trade(p, average)
+                    else:
+                        p.copy_(aside)
 
     def save(self, folder: Path) -> None:
         torch.save(self.averages, folder / FILE)
@@ -63,8 +72,8 @@ class WeightAverage:
         """The average a checkpoint saved (its shapes checked against this run's parameters)."""
         path = checkpoint / FILE
         if not path.is_file():
-            raise RunDirError(f"{checkpoint} holds no {FILE} (its run was trained without train.ema_decay); resume "
-                              "it with the train.ema_decay it was trained with")
+            raise RunDirError(f"{checkpoint} holds no {FILE}, the average of its weights that train.ema_decay "
+                              "keeps: the checkpoint is incomplete; resume from another one")
         saved = torch.load(path, weights_only=True, map_location="cpu")
         shapes = [tuple(p.shape) for p in self.params]
         if not isinstance(saved, list) or [tuple(t.shape) for t in saved] != shapes:
@@ -73,3 +82,10 @@ class WeightAverage:
         with torch.no_grad():
             for average, tensor in zip(self.averages, saved):
                 average.copy_(tensor)
+
+
+def _trade(a: torch.Tensor, b: torch.Tensor) -> None:
+    """Exchanges two same-dtype tensors' values in place."""
+    held = a.clone()
+    a.copy_(b)
+    b.copy_(held)

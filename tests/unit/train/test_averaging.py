@@ -10,42 +10,44 @@ from safetensors.torch import load_file
 from qatune.errors import RunDirError
 from qatune.train import TrainingInterrupted, train
 from qatune.train.averaging import FILE, WeightAverage, decay_at
-from qatune.train.checkpoint import find_checkpoint
+from qatune.train.checkpoint import TRAINER_STATE, find_checkpoint
 from tests.conftest import interrupt_at, resume_config
 
 
-def test_the_average_by_hand_with_the_lower_decay_of_the_first_steps():
+def test_the_average_by_hand_weighs_each_step_by_its_age_and_not_the_starting_weights():
     weights = torch.zeros(2)
     average = WeightAverage([weights], decay=0.5)
-    weights.fill_(1.0)
-    average.update(1)                                  # d = min(0.5, 2/11)
-    assert decay_at(0.5, 1) == pytest.approx(2 / 11)
-    torch.testing.assert_close(average.averages[0], torch.full((2,), 9 / 11))
-    weights.fill_(3.0)
-    average.update(2)                                  # d = min(0.5, 3/12) = 0.25
-    torch.testing.assert_close(average.averages[0], torch.full((2,), 0.25 * 9 / 11 + 0.75 * 3))
-    weights.fill_(5.0)
-    average.update(20)                                 # d = 0.5: the set decay from step 9 on
-    assert decay_at(0.5, 8) == 0.5 and decay_at(0.5, 7) < 0.5
-    torch.testing.assert_close(average.averages[0], torch.full((2,), 0.5 * (0.25 * 9 / 11 + 2.25) + 2.5))
-    assert torch.equal(weights, torch.full((2,), 5.0))  # the trained weights are not touched
+    seen = []
+    for step, value in enumerate([1.0, 3.0, 5.0, 4.0], start=1):
+        weights.fill_(value)
+        average.update(step)
+        seen.append(value)
+        ages = [0.5 ** (step - s) for s in range(1, step + 1)]          # the weights after step s, by their age
+        by_hand = sum(a * v for a, v in zip(ages, seen)) / sum(ages)
+        torch.testing.assert_close(average.averages[0], torch.full((2,), by_hand))
+    assert decay_at(0.5, 1) == 0.0 and decay_at(0.5, 2) == pytest.approx(1 / 3)
+    assert decay_at(0.99, 1000) == pytest.approx(0.99)
+    assert torch.equal(weights, torch.full((2,), 4.0))  # the trained weights are not touched
 
 
-def test_swapped_in_then_out_exactly_even_when_the_work_inside_fails():
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_swapped_in_then_out_exactly_even_when_the_work_inside_fails(dtype):
     torch.manual_seed(0)
-    layer = torch.nn.Linear(3, 2)
-    trained = [p.detach().clone() for p in layer.parameters()]
+    layer = torch.nn.Linear(3, 2).to(dtype)
     average = WeightAverage(list(layer.parameters()), decay=0.9)
-    with torch.no_grad():
-        for p in layer.parameters():
-            p.add_(1.0)
-    average.update(30)
+    for step in (1, 2):
+        with torch.no_grad():
+            for p in layer.parameters():
+                p.add_(1.0)
+        average.update(step)
     moved = [p.detach().clone() for p in layer.parameters()]
+    averaged = [a.clone() for a in average.averages]
     with pytest.raises(ValueError), average.swapped_in():
-        for p, a, t in zip(layer.parameters(), average.averages, trained):
-            assert torch.equal(p, a) and not torch.equal(p, t)
+        for p, a, m in zip(layer.parameters(), averaged, moved):
+            assert torch.equal(p, a.to(dtype)) and not torch.equal(p, m)
         raise ValueError("evaluation failed")
     assert all(torch.equal(p, m) for p, m in zip(layer.parameters(), moved))
+    assert all(torch.equal(a, b) for a, b in zip(average.averages, averaged))  # the fp32 average kept exactly
 
 
 def test_a_checkpoints_average_loads_back_and_a_wrong_one_is_refused(tmp_path):
@@ -59,7 +61,7 @@ def test_a_checkpoints_average_loads_back_and_a_wrong_one_is_refused(tmp_path):
     with pytest.raises(RunDirError, match="does not match this run's trainable weights"):
         WeightAverage([torch.zeros(5)], decay=0.9).load(tmp_path)
     (tmp_path / FILE).unlink()
-    with pytest.raises(RunDirError, match=f"holds no {FILE}.*resume it with the train.ema_decay it was trained with"):
+    with pytest.raises(RunDirError, match=f"holds no {FILE}.*the checkpoint is incomplete; resume from another one"):
         other.load(tmp_path)
 
 
@@ -86,6 +88,24 @@ def test_final_holds_the_average_the_checkpoint_the_trained_weights_and_resume_i
     again = load_file(resumed / "final" / "model.safetensors")
     assert all(torch.equal(final[name], again[name]) for name in final)
     assert json.loads((resumed / "run.json").read_text())["status"] == "complete"
+
+
+def test_validation_and_best_read_the_average_and_training_goes_on_from_the_trained_weights(tmp_path):
+    held_out = ("data.validation_fraction=0.25", "train.best_metric=loss", "train.keep_checkpoints=1")
+    averaged = train(resume_config(tmp_path, "train.ema_decay=0.8", *held_out), output_dir=tmp_path / "averaged",
+                     progress=False)
+    plain = train(resume_config(tmp_path, *held_out), output_dir=tmp_path / "plain", progress=False)
+    last = find_checkpoint(averaged)
+    at_best = last.parent / json.loads((last / TRAINER_STATE).read_text())["best_checkpoint"]
+    best = load_file(averaged / "best" / "model.safetensors")
+    saved_average = torch.load(at_best / FILE, weights_only=True)
+    assert all(any(torch.equal(a, b) for b in best.values()) for a in saved_average)
+    # the average swapped in for every validation never reached training: the trained weights are a plain run's
+    plain_last = find_checkpoint(plain)
+    assert last.name == plain_last.name
+    trained, plain_trained = load_file(last / "model.safetensors"), load_file(plain_last / "model.safetensors")
+    assert all(torch.equal(trained[name], plain_trained[name]) for name in trained)
+    assert not all(torch.equal(best[name], trained[name]) for name in best)
 
 
 def test_fsdp_refuses_an_average_in_one_line(tmp_path, monkeypatch):
