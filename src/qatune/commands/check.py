@@ -16,7 +16,7 @@ from qatune.data.spreadsheet import describe_validation, normalize_question
 from qatune.data.templates import PromptTemplate
 from qatune.data.validate import error, warning
 from qatune.errors import row_list
-from qatune.train import Prepared, fit, prepare
+from qatune.train import Prepared, fit, prepare, sharding
 from qatune.train.memory_estimate import GIB, available_bytes, estimate, meta_model, resident_bytes, verdicts
 
 OVERFIT_STEPS = 50
@@ -59,6 +59,9 @@ def run_check(config: Config, overfit: int | None = None, overfit_steps: int = O
         findings += field_findings(report["fields"], config)
     else:
         report.update(_extractive_section(prepared))
+    refusal = sharding.config_refusal(config)
+    if refusal:
+        findings.append(error("distributed", refusal))
     report["memory"], memory_finding = _memory(prepared, processes)
     if memory_finding is not None:
         findings.append(memory_finding)
@@ -111,7 +114,8 @@ def _memory(prepared: Prepared, processes: int | None) -> tuple[dict[str, Any], 
             update={"activation_checkpointing": True})})
         options.append((setups(rows, checkpointed)[index], "train.activation_checkpointing: true",
                         "activation checkpointing"))
-    if len(table) > 2 and index != 2:
+    fsdp = config.model_copy(update={"train": config.train.model_copy(update={"distributed": "fsdp"})})
+    if len(table) > 2 and index != 2 and sharding.config_refusal(fsdp) is None:
         options.append((table[2], f"train.distributed fsdp on {shown} processes", "fsdp"))
     if config.model.lora is None and config.takes_lora:
         lora = config.model_copy(update={"model": config.model.model_copy(update={"lora": LoraSettings()})})

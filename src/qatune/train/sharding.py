@@ -95,20 +95,29 @@ def check_setup(config: Config) -> None:
         log.info("accelerate's FSDP config: the model is sharded by qatune (train.distributed fsdp)%s",
                  f"; {' and '.join(ignored)} are not read: set train.cpu_offload and "
                  "train.activation_checkpointing in qatune's config" if ignored else "")
-    if config.train.distributed != "fsdp":
-        if config.train.cpu_offload:
-            raise ConfigError("train.cpu_offload keeps the shards of a sharded model in CPU memory and needs "
-                              "train.distributed: fsdp; set it, or set train.cpu_offload: false")
-        return
-    if int(os.environ.get("WORLD_SIZE", "1")) < 2:
+    refusal = config_refusal(config)
+    if refusal:
+        raise ConfigError(refusal)
+    if config.train.distributed == "fsdp" and int(os.environ.get("WORLD_SIZE", "1")) < 2:
         raise ConfigError("train.distributed fsdp shards the model across processes, and this run has one; "
                           "train with --num-processes N (N >= 2) or torchrun, or set train.distributed: ddp")
-    if config.train.precision == "fp16":
-        raise ConfigError("train.precision fp16 is not supported with train.distributed fsdp (its loss scaling "
-                          "is not sharded); use bf16 or fp32")
-    if config.train.ema_decay is not None:
-        raise ConfigError("train.ema_decay is not supported with train.distributed fsdp (the average is not "
-                          "sharded); set train.ema_decay: null, or train.distributed: ddp")
+
+
+def config_refusal(config: Config) -> str | None:
+    """What the config itself asks that sharding cannot do (``qatune check`` says it too), or None."""
+    train = config.train
+    if train.distributed != "fsdp":
+        if train.cpu_offload:
+            return ("train.cpu_offload keeps the shards of a sharded model in CPU memory and needs "
+                    "train.distributed: fsdp; set it, or set train.cpu_offload: false")
+        return None
+    if train.precision == "fp16":
+        return ("train.precision fp16 is not supported with train.distributed fsdp (its loss scaling is not "
+                "sharded); use bf16 or fp32")
+    if train.ema_decay is not None:
+        return ("train.ema_decay is not supported with train.distributed fsdp (the average is not sharded); set "
+                "train.ema_decay: null, or train.distributed: ddp")
+    return None
 
 
 def _true(value: str | None) -> bool:

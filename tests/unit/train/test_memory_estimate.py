@@ -157,3 +157,21 @@ def test_a_scorer_that_fits_nowhere_is_not_advised_lora(tmp_path, monkeypatch):
     generative = tiny_config(tmp_path, ROWS, "train.batch_size=8", "train.activation_checkpointing=true")
     warning = next(f for f in run_check(generative)["findings"] if f["code"] == "memory")
     assert warning["message"].endswith("; none of a smaller batch, fsdp or LoRA fits either")
+
+
+def test_check_neither_advises_nor_accepts_fsdp_with_averaged_weights(tmp_path, monkeypatch):
+    """train.ema_decay is refused with fsdp: check leaves fsdp out of its advice, and a config that asks for both
+    is an error finding with the message training would stop with."""
+    monkeypatch.setattr("qatune.commands.check.resident_bytes", lambda: 0)
+    monkeypatch.setattr("qatune.commands.check.available_bytes", lambda: (1024, "RAM available"))
+    averaged = tiny_config(tmp_path, ROWS, "train.batch_size=8", "train.activation_checkpointing=true",
+                           "train.ema_decay=0.99")
+    report = run_check(averaged)
+    warning = next(f for f in report["findings"] if f["code"] == "memory")
+    assert warning["message"].endswith("; none of a smaller batch or LoRA fits either")
+    assert report["ok"]
+    both = tiny_config(tmp_path, ROWS, "train.ema_decay=0.99", "train.distributed=fsdp")
+    report = run_check(both)
+    refusal = next(f for f in report["findings"] if f["code"] == "distributed")
+    assert refusal["level"] == "error" and not report["ok"]
+    assert refusal["message"].startswith("train.ema_decay is not supported with train.distributed fsdp")
