@@ -144,9 +144,12 @@ def _load_kwargs(model: ModelConfig, source: ModelSource) -> dict[str, Any]:
 
 
 @contextmanager
-def _quiet_gguf_progress():
-    """transformers shows a progress bar of its own while it dequantizes a GGUF file; only -v shows it."""
+def _gguf_loading():
+    """A GGUF file's weights loaded quietly and once-over: transformers shows a progress bar of its own while it
+    dequantizes them (only -v shows it here), and asks gguf for the same tensor name map once per submodule of
+    the model (397 times for SmolLM2-135M, rebuilding it each time), which is built once here."""
     try:
+        import gguf
         import transformers.modeling_gguf_pytorch_utils as gguf_utils
     except ImportError:
         yield
@@ -154,9 +157,12 @@ def _quiet_gguf_progress():
     original = getattr(gguf_utils, "tqdm", None)
     if original is not None and not log.isEnabledFor(logging.DEBUG):
         gguf_utils.tqdm = functools.partial(original, disable=True)
+    name_map = gguf.get_tensor_name_map
+    gguf.get_tensor_name_map = functools.cache(name_map)
     try:
         yield
     finally:
+        gguf.get_tensor_name_map = name_map
         if original is not None:
             gguf_utils.tqdm = original
 
@@ -229,7 +235,7 @@ def load_pretrained(model: ModelConfig, task: str, tokenizer: Any, model_config:
         kwargs["config"] = model_config  # with what the GGUF reader leaves out put back (gguf_config_fixes)
     quiet_transformers()
     try:
-        with _quiet_gguf_progress():
+        with _gguf_loading():
             # A .gguf file is no pickle either: it is read by the gguf package.
             loaded = auto.from_pretrained(source.path, dtype="float32", trust_remote_code=model.trust_remote_code,
                                           use_safetensors=not source.is_gguf, **kwargs)

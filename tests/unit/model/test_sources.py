@@ -234,7 +234,8 @@ def test_packaged_names_are_known():
 
 @pytest.mark.slow
 @needs_smollm2
-def test_real_smollm2_loads_plain_trains_a_step_and_saves_without_the_quantization_mark(tmp_path):
+def test_real_smollm2_loads_plain_trains_a_step_and_saves_without_the_quantization_mark(tmp_path, monkeypatch):
+    import gguf
     from transformers import AutoConfig
 
     from qatune.data.spreadsheet import load_records
@@ -244,7 +245,17 @@ def test_real_smollm2_loads_plain_trains_a_step_and_saves_without_the_quantizati
     records, _ = load_records(FIXTURES / "faq100.csv")
     config = load_config(ROOT / "configs" / "smollm2-faq.yaml", ["train.epochs=1", "train.batch_size=2",
                                                                  "train.precision=fp32", "model.lora=null"])
+    built = []
+
+    class CountedNameMap(gguf.tensor_mapping.TensorNameMap):
+        def __init__(self, *args):
+            built.append(args)
+            super().__init__(*args)
+
+    monkeypatch.setattr(gguf.tensor_mapping, "TensorNameMap", CountedNameMap)
+    name_map = gguf.get_tensor_name_map
     prepared = prepare(config, train_records=records[:2], eval_records=[])
+    assert len(built) == 1 and gguf.get_tensor_name_map is name_map  # built once a load (not once a submodule)
     model, tokenizer = prepared.model, prepared.tokenizer
     assert type(model).__name__ == "LlamaForCausalLM"
     assert round(sum(p.numel() for p in model.parameters()) / 1e6, 1) == 134.5
