@@ -1,5 +1,8 @@
+import atexit
 import os
+import shutil
 import signal
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -12,6 +15,11 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # work make them ten times slower (a 9-step run of tiny_config: 10 s with two threads, 0.9 s with one, beside
 # other jobs on 2 cores). Set before torch is imported; the CLI processes the tests start inherit it.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# GGUF files converted once a session (qatune.model.gguf_cache), never into the user's own cache; a script that a
+# test runs in another process keeps the session's.
+if "qatune-test-cache-" not in os.environ.get("QATUNE_CACHE_DIR", ""):
+    os.environ["QATUNE_CACHE_DIR"] = tempfile.mkdtemp(prefix="qatune-test-cache-")
+    atexit.register(shutil.rmtree, os.environ["QATUNE_CACHE_DIR"], ignore_errors=True)
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures"

@@ -139,7 +139,7 @@ def check_file(loaded: LoadedModel, path: Path, quant: str, records: list[QAReco
     else:
         rounded_next = run_next
 
-    exported = load_gguf_run(path, device="cpu")
+    exported = load_gguf_run(path, device="cpu", convert=False)  # read once: not kept in qatune's cache
     theirs = PromptEncoder(exported.tokenizer, PromptTemplate(exported.info.prompt_template,
                                                               exported.info.answer_prefix))
     end = loaded.tokenizer.decode([ours.end_id])

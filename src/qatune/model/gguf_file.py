@@ -18,6 +18,7 @@ from typing import Any
 from qatune.config import Config, DataConfig, ModelConfig, validate_config
 from qatune.data.templates import PromptTemplate, resolve_template
 from qatune.errors import ConfigError, ModelError, RunDirError
+from qatune.model import gguf_cache
 from qatune.model.folder import LoadedModel, ModelInfo
 from qatune.model.sources import load_pretrained, load_tokenizer, model_max_positions, model_source
 
@@ -48,23 +49,11 @@ def gguf_path(path: str | Path) -> Path | None:
 
 def metadata(file: Path) -> dict[str, Any]:
     """The file's key/value metadata (strings and numbers; arrays as their length)."""
-    import gguf
-
     try:
-        reader = gguf.GGUFReader(str(file))
+        return gguf_cache.metadata(file)
     except (OSError, ValueError) as exc:
         raise RunDirError(f"cannot read {file} as a GGUF file: {str(exc).splitlines()[0] if str(exc) else exc}") \
             from None
-    values: dict[str, Any] = {}
-    for key, field in reader.fields.items():
-        if field.types and field.types[0] == gguf.GGUFValueType.ARRAY:
-            values[key] = len(field.data)
-            continue
-        try:
-            values[key] = field.contents()
-        except (ValueError, IndexError):  # a value type this gguf cannot read: not one qatune needs
-            continue
-    return values
 
 
 def read_gguf_run(file: Path, tokenizer: Any = None) -> tuple[Config, ModelInfo]:
@@ -91,14 +80,15 @@ def read_gguf_run(file: Path, tokenizer: Any = None) -> tuple[Config, ModelInfo]
     return config, info
 
 
-def load_gguf_run(file: Path, device: str | None = None) -> LoadedModel:
-    """A .gguf file's model and tokenizer, with its config and prompt info, ready for inference."""
+def load_gguf_run(file: Path, device: str | None = None, convert: bool = True) -> LoadedModel:
+    """A .gguf file's model and tokenizer, with its config and prompt info, ready for inference (``convert``:
+    kept converted in qatune's cache, :func:`qatune.model.sources.load_tokenizer`)."""
     import torch
 
     model_config = ModelConfig(name_or_path=str(file))
-    tokenizer = load_tokenizer(model_config, "generative")
+    tokenizer = load_tokenizer(model_config, "generative", convert)
     config, info = read_gguf_run(file, tokenizer)
-    model = load_pretrained(model_config, "generative", tokenizer)
+    model = load_pretrained(model_config, "generative", tokenizer, convert=convert)
     if model_max_positions(model.config) is not None and info.max_length > model_max_positions(model.config):
         info.max_length = model_max_positions(model.config)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")

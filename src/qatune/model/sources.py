@@ -6,6 +6,7 @@ their ``qatune.json``) :mod:`qatune.model.folder`'s.
 
 from __future__ import annotations
 
+import copy
 import functools
 import importlib.util
 import logging
@@ -17,6 +18,7 @@ from typing import Any
 
 from qatune.config import ModelConfig, ScratchModel
 from qatune.errors import ModelError
+from qatune.model import gguf_cache
 
 log = logging.getLogger("qatune")
 
@@ -143,6 +145,41 @@ def _load_kwargs(model: ModelConfig, source: ModelSource) -> dict[str, Any]:
     return kwargs
 
 
+def readable_source(model: ModelConfig, convert: bool = True) -> ModelSource:
+    """Where to load ``model`` from: a local .gguf file's converted folder in qatune's cache, converted now
+    unless ``convert`` is False (:mod:`qatune.model.gguf_cache`), or :func:`model_source`'s answer."""
+    source = model_source(model)
+    if not source.is_gguf or not _is_local(source.path):
+        return source
+    file = Path(source.path) / str(source.gguf_file)
+    folder = gguf_cache.convert_once(file, functools.partial(_convert, model, source)) if convert else \
+        gguf_cache.converted(file)
+    return source if folder is None else ModelSource(str(folder), None, source.name)
+
+
+def _convert(model: ModelConfig, source: ModelSource, folder: Path) -> None:
+    """Write a .gguf file's tokenizer, config and dequantized weights into ``folder`` as transformers reads them
+    from the file (its language model with every weight, whatever the task then loads of it)."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoTokenizer, GgufConfig
+
+    kwargs = _load_kwargs(model, source)
+    quiet_transformers()
+    tokenizer = AutoTokenizer.from_pretrained(source.path, trust_remote_code=model.trust_remote_code, **kwargs)
+    config = gguf_config_fixes(AutoConfig.from_pretrained(source.path, trust_remote_code=model.trust_remote_code,
+                                                          **kwargs))
+    auto = AutoModelForSeq2SeqLM if getattr(config, "is_encoder_decoder", False) else AutoModelForCausalLM
+    with _gguf_loading():
+        loaded = auto.from_pretrained(source.path, dtype="float32", config=copy.deepcopy(config),
+                                      quantization_config=GgufConfig(dequantize=True),
+                                      trust_remote_code=model.trust_remote_code, use_safetensors=False, **kwargs)
+    if getattr(loaded, "hf_quantizer", None) is not None:
+        loaded.hf_quantizer.remove_quantization_config(loaded)
+    gguf_cache.check_room(folder, sum(p.numel() * p.element_size() for p in loaded.parameters()))
+    loaded.save_pretrained(folder)
+    config.save_pretrained(folder)  # as read from the file: a model's own config gains its class and dtype
+    tokenizer.save_pretrained(folder)
+
+
 @contextmanager
 def _gguf_loading():
     """A GGUF file's weights loaded quietly and once-over: transformers shows a progress bar of its own while it
@@ -176,10 +213,12 @@ def quiet_transformers() -> None:
         transformers.logging.disable_progress_bar()
 
 
-def load_tokenizer(model: ModelConfig, task: str) -> Any:
+def load_tokenizer(model: ModelConfig, task: str, convert: bool = True) -> Any:
+    """``convert``: a .gguf file is converted once into qatune's cache (:mod:`qatune.model.gguf_cache`) and read
+    from there (False: a file read once, such as one just exported, is read directly unless converted before)."""
     from transformers import AutoTokenizer
 
-    source = model_source(model)
+    source = readable_source(model, convert)
     kwargs = _load_kwargs(model, source)
     quiet_transformers()
     try:
@@ -214,13 +253,14 @@ def prepare_tokenizer(tokenizer: Any, task: str, name: str) -> Any:
     return tokenizer
 
 
-def load_pretrained(model: ModelConfig, task: str, tokenizer: Any, model_config: Any = None, auto: Any = None) -> Any:
+def load_pretrained(model: ModelConfig, task: str, tokenizer: Any, model_config: Any = None, auto: Any = None,
+                    convert: bool = True) -> Any:
     """A pretrained model in float32. A GGUF file is dequantized into a plain model: its weights are
     ordinary tensors, and neither its config nor the folders saved from it carry a quantization mark.
     ``auto``: the transformers class to load it as (default: the task's); a scoring model is built from
-    ``model_config`` as given (its heads set in it)."""
-    source = model_source(model)
-    model_config = model_config if model_config is not None else load_model_config(model)
+    ``model_config`` as given (its heads set in it). ``convert``: as :func:`load_tokenizer`'s."""
+    source = readable_source(model, convert)
+    model_config = model_config if model_config is not None else load_model_config(model, convert)
     seq2seq = task == "generative" and bool(getattr(model_config, "is_encoder_decoder", False))
     auto = auto or auto_class(task, seq2seq)
     kwargs = _load_kwargs(model, source)
@@ -244,6 +284,8 @@ def load_pretrained(model: ModelConfig, task: str, tokenizer: Any, model_config:
                                        offline=kwargs.get("local_files_only"))) from None
     if getattr(loaded, "hf_quantizer", None) is not None:
         loaded.hf_quantizer.remove_quantization_config(loaded)
+    if source.path != model_source(model).path:
+        loaded.config.name_or_path = model_source(model).path  # where it came from, not qatune's cache
     if task == "generative" and getattr(loaded.config, "pad_token_id", None) is None:
         loaded.config.pad_token_id = tokenizer.pad_token_id
     return loaded
@@ -361,11 +403,12 @@ def build_scratch(shape: ScratchModel, task: str, tokenizer: Any, scoring_config
     return BertForQuestionAnswering(config)
 
 
-def load_model_config(model: ModelConfig) -> Any:
-    """The transformers config of a pretrained model, without its weights."""
+def load_model_config(model: ModelConfig, convert: bool = True) -> Any:
+    """The transformers config of a pretrained model, without its weights (``convert``: as
+    :func:`load_tokenizer`'s)."""
     from transformers import AutoConfig
 
-    source = model_source(model)
+    source = readable_source(model, convert)
     kwargs = _load_kwargs(model, source)
     try:
         config = AutoConfig.from_pretrained(source.path, trust_remote_code=model.trust_remote_code, **kwargs)

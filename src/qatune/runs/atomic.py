@@ -49,9 +49,10 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
         raise
 
 
-def write_folder(folder: Path, fill: Callable[[Path], None], size_hint: int = 0) -> Path:
+def write_folder(folder: Path, fill: Callable[[Path], None], size_hint: int = 0, keep_existing: bool = False) -> Path:
     """Create ``folder`` atomically: ``fill`` writes into a hidden temporary sibling, which gets a
     manifest, is fsynced and renamed over ``folder`` (the old one stays until the new one is in place).
+    ``keep_existing``: a ``folder`` that another process put in place meanwhile stays, and this one is dropped.
 
     A full disk ends in :class:`DiskFullError` (``size_hint``: the bytes the folder needs, for its
     message) with nothing left behind.
@@ -63,7 +64,10 @@ def write_folder(folder: Path, fill: Callable[[Path], None], size_hint: int = 0)
         open_as_umask(tmp)
         write_manifest(tmp)
         fsync_tree(tmp)
-        replace_dir(tmp, folder)
+        if keep_existing:
+            _rename_unless_there(tmp, folder)
+        else:
+            replace_dir(tmp, folder)
     except BaseException as exc:
         written = _tree_size(tmp)
         full = isinstance(exc, Exception) and _disk_full(exc, folder.parent, size_hint - written)
@@ -259,6 +263,17 @@ def replace_dir(source: Path, target: Path) -> None:
     _fsync_dir(target.parent)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
+
+
+def _rename_unless_there(source: Path, target: Path) -> None:
+    try:
+        os.rename(source, target)  # a directory is never renamed over a non-empty one
+    except OSError as exc:
+        if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY) or not target.is_dir():
+            raise
+        shutil.rmtree(source, ignore_errors=True)
+        return
+    _fsync_dir(target.parent)
 
 
 def fsync_tree(folder: Path) -> None:

@@ -253,10 +253,19 @@ def test_real_smollm2_loads_plain_trains_a_step_and_saves_without_the_quantizati
             super().__init__(*args)
 
     monkeypatch.setattr(gguf.tensor_mapping, "TensorNameMap", CountedNameMap)
+    monkeypatch.setenv("QATUNE_CACHE_DIR", str(tmp_path / "cache"))  # converted here, in this test
     name_map = gguf.get_tensor_name_map
     prepared = prepare(config, train_records=records[:2], eval_records=[])
     assert len(built) == 1 and gguf.get_tensor_name_map is name_map  # built once a load (not once a submodule)
     model, tokenizer = prepared.model, prepared.tokenizer
+    # Read again from qatune's cache: the file is not parsed, and the weights and tokenizer are the same.
+    again = prepare(config, train_records=records[:2], eval_records=[])
+    assert len(built) == 1 and len(list((tmp_path / "cache" / "gguf").iterdir())) == 1
+    weights = again.model.state_dict()
+    assert all(torch.equal(value, weights[name]) for name, value in model.state_dict().items())
+    assert again.dataset.items[0].input_ids == prepared.dataset.items[0].input_ids
+    assert again.info == prepared.info
+    del again, weights
     assert type(model).__name__ == "LlamaForCausalLM"
     assert round(sum(p.numel() for p in model.parameters()) / 1e6, 1) == 134.5
     assert getattr(model, "hf_quantizer", None) is None and not hasattr(model.config, "quantization_config")

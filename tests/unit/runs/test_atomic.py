@@ -33,3 +33,16 @@ def test_a_checkpoint_is_pruned_by_renaming_it_away_before_deleting_it(tmp_path,
     monkeypatch.setattr(shutil, "rmtree", real_rmtree)
     atomic.remove_stale_temporaries(run / "checkpoints")
     assert list((run / "checkpoints").iterdir()) == []
+
+
+def test_a_folder_written_beside_one_put_in_place_meanwhile_is_dropped_or_replaces_it(tmp_path):
+    """keep_existing: two processes converting the same file, the second finds the first's folder and keeps it."""
+    from qatune.runs.atomic import damage, write_folder
+
+    target = tmp_path / "entry"
+    write_folder(target, lambda folder: (folder / "a.txt").write_text("first"))
+    write_folder(target, lambda folder: (folder / "a.txt").write_text("second"), keep_existing=True)
+    assert (target / "a.txt").read_text() == "first" and damage(target) is None
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["entry"]  # the second one's temporary is gone
+    write_folder(target, lambda folder: (folder / "a.txt").write_text("third"))
+    assert (target / "a.txt").read_text() == "third"

@@ -1,0 +1,165 @@
+"""GGUF files read once: a .gguf model's dequantized weights, tokenizer, config and metadata kept as a plain
+transformers folder in qatune's cache, which later commands load in a fraction of a second.
+
+Reading a GGUF file through transformers parses its metadata (a vocabulary element by element) once for the
+tokenizer, once for the config and once for the model, and dequantizes every tensor: about 20 s for
+SmolLM2-135M on two cores, for each command. The folder holds exactly what that reading gives (float32
+weights), under a key made of the file's path, size and modification time and of the transformers version that
+read it: a file changed in place, or another transformers, gets a new folder.
+
+Where: ``$QATUNE_CACHE_DIR/gguf`` (``QATUNE_CACHE_DIR=off`` keeps nothing), else ``$XDG_CACHE_HOME/qatune/gguf``
+or ``~/.cache/qatune/gguf``. The :data:`KEEP` folders used last stay; a folder is only kept when its disk has
+room for it with :data:`MARGIN` to spare. Whatever goes wrong here, the file is read directly instead.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from qatune.runs.atomic import damage, remove_dir, remove_stale_temporaries, write_folder
+
+log = logging.getLogger("qatune")
+
+CACHE_ENV = "QATUNE_CACHE_DIR"
+KEEP = 3
+"""Converted files kept: those used last."""
+MARGIN = 2**30
+"""Free space a disk keeps after a converted folder is written there."""
+METADATA = "gguf-metadata.json"
+"""In a converted folder: the file's metadata as :func:`read_metadata` gives it."""
+FORMAT = 1
+"""Part of the key: a new layout of the converted folders makes new ones."""
+
+
+_failed: set[Path] = set()
+"""Folders this process could not write: not tried again for the next part of the same model."""
+
+
+class NoRoom(OSError):
+    """The cache's disk lacks room for a converted folder (it is then not kept)."""
+
+
+def cache_root() -> Path | None:
+    """qatune's cache folder (None: QATUNE_CACHE_DIR=off)."""
+    configured = os.environ.get(CACHE_ENV, "")
+    if configured.strip().lower() == "off":
+        return None
+    if configured:
+        return Path(configured).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME", "")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "qatune"
+
+
+def entry_for(file: Path) -> Path | None:
+    """The folder that holds (or would hold) ``file`` converted (None: caching is off or the file is gone)."""
+    root = cache_root()
+    if root is None:
+        return None
+    import transformers
+
+    try:
+        stat = Path(file).stat()
+    except OSError:
+        return None
+    key = json.dumps([str(Path(file).resolve()), stat.st_size, stat.st_mtime_ns, transformers.__version__, FORMAT])
+    return root / "gguf" / f"{Path(file).stem}-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
+
+
+def converted(file: Path) -> Path | None:
+    """``file``'s converted folder when one is there and intact (a damaged one is removed)."""
+    entry = entry_for(file)
+    if entry is None or not entry.is_dir():
+        return None
+    problem = damage(entry)
+    if problem is not None:
+        log.warning("%s: %s; it is converted again", entry, problem)
+        remove_dir(entry)
+        return None
+    try:
+        os.utime(entry)  # used now: kept before the folders used longer ago
+    except OSError:
+        pass
+    return entry
+
+
+def convert_once(file: Path, fill: Callable[[Path], None]) -> Path | None:
+    """``file``'s converted folder, written by ``fill`` (the tokenizer, config and weights, into the folder it is
+    given; it raises :class:`NoRoom` when the disk is too full for them) when there is none yet. None when
+    caching is off or the folder could not be written: the caller then reads the file itself."""
+    found = converted(file)
+    if found is not None:
+        return found
+    entry = entry_for(file)
+    if entry is None or entry in _failed:
+        return None
+
+    def written(folder: Path) -> None:
+        fill(folder)
+        (folder / METADATA).write_text(json.dumps(read_metadata(file)), encoding="utf-8")
+
+    try:
+        entry.parent.mkdir(parents=True, exist_ok=True)
+        remove_stale_temporaries(entry.parent)
+        write_folder(entry, written, keep_existing=True)
+    except (OSError, ValueError, KeyError, TypeError, RuntimeError, ImportError) as exc:
+        _failed.add(entry)  # the tokenizer, config and weights of this command are all read directly
+        why = str(exc) if isinstance(exc, NoRoom) else \
+            f"it could not be kept in {entry.parent} ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})"
+        log.info("%s is read directly: %s", Path(file).name, why)
+        return None
+    log.info("%s converted into %s: later commands read it from there (%s=off keeps nothing)", Path(file).name,
+             entry, CACHE_ENV)
+    _forget_old(entry.parent)
+    return entry
+
+
+def check_room(folder: Path, nbytes: int) -> None:
+    """Raise :class:`NoRoom` unless the disk of ``folder`` (a folder being written in the cache) holds ``nbytes``
+    and :data:`MARGIN` more."""
+    free = shutil.disk_usage(folder).free
+    if free < nbytes + MARGIN:
+        raise NoRoom(f"its converted weights need {nbytes / 2**30:.1f} GiB and the disk of {folder.parent} has "
+                     f"{free / 2**30:.1f} GiB free")
+
+
+def _forget_old(folder: Path) -> None:
+    entries = sorted((p for p in folder.iterdir() if p.is_dir() and not p.name.startswith(".")),
+                     key=lambda p: p.stat().st_mtime, reverse=True)
+    for old in entries[KEEP:]:
+        remove_dir(old)
+
+
+def metadata(file: Path) -> dict[str, Any]:
+    """``file``'s metadata: from its converted folder when there is one, else read from the file."""
+    found = converted(file)
+    if found is not None:
+        try:
+            return json.loads((found / METADATA).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            pass
+    return read_metadata(file)
+
+
+def read_metadata(file: Path) -> dict[str, Any]:
+    """A GGUF file's key/value metadata (strings and numbers; arrays as their length). Raises OSError or
+    ValueError for a file that is no GGUF file."""
+    import gguf
+
+    reader = gguf.GGUFReader(str(file))
+    values: dict[str, Any] = {}
+    for key, field in reader.fields.items():
+        if field.types and field.types[0] == gguf.GGUFValueType.ARRAY:
+            values[key] = len(field.data)
+            continue
+        try:
+            values[key] = field.contents()
+        except (ValueError, IndexError):  # a value type this gguf cannot read: not one qatune needs
+            continue
+    return values
