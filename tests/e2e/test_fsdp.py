@@ -22,6 +22,7 @@ from tests.failing_process import error_lines, injected
 pytestmark = pytest.mark.slow
 
 ROWS = [(f"what is item {i}?", f"thing {i * 7}") for i in range(32)]
+GPT2 = "{scratch: {n_layer: 2, n_embd: 32, n_head: 2, vocab_size: 300}}"
 
 
 def qatune(*args, processes=1):
@@ -91,8 +92,8 @@ def assert_same_steps(a, b, rel=1e-5, weights=True):
 
 
 def test_gpt2_matches_one_process_and_resumes_exactly(tmp_path, data):
-    # Without clipping the updates are identical; with it, the norm is summed in another order (last digits).
-    path = config(tmp_path, data, "{scratch: {n_layer: 2, n_embd: 32, n_head: 2, vocab_size: 300}}")
+    # Without clipping the updates are identical (test_clipped_gradients_match_one_process: with it).
+    path = config(tmp_path, data, GPT2)
     log = train_both(tmp_path, path, "train.max_grad_norm=null", "train.save_every=3")
     assert "fsdp: 2 FSDPGPT2Block units and the root, sharded on 2 processes: 0.02M of 0.04M parameters" in log
     assert "speedups (auto): none on: train.distributed is fsdp" in log
@@ -128,11 +129,19 @@ def test_gpt2_matches_one_process_and_resumes_exactly(tmp_path, data):
     shutil.copytree(tmp_path / "two", resumed)
     qatune("train", "--resume", resumed / "checkpoints" / "step-0000003", "--quiet", processes=2)
     assert_same_steps(tmp_path / "two", resumed, rel=1e-6)
-    # With clipping: the same steps to the last digits of the norm.
-    shutil.rmtree(tmp_path / "one")
-    shutil.rmtree(tmp_path / "two")
-    train_both(tmp_path, path)
-    assert_same_steps(tmp_path / "one", tmp_path / "two", weights=False)
+
+
+@pytest.fixture(scope="module")
+def clipped(tmp_path_factory, data):
+    """The GPT-2 config as it is (gradients clipped) trained on two processes with fsdp (two/) and on one (one/)."""
+    tmp = tmp_path_factory.mktemp("clipped")
+    train_both(tmp, config(tmp, data, GPT2))
+    return tmp
+
+
+def test_clipped_gradients_match_one_process(clipped):
+    """The global norm is summed in another order than one process sums it: the same steps to its last digits."""
+    assert_same_steps(clipped / "one", clipped / "two", weights=False)
 
 
 @pytest.fixture(scope="module")
@@ -187,7 +196,7 @@ def test_bf16_matches_one_process_with_fp32_master_weights(tmp_path, data):
     """Under bf16 the units compute in bf16 from fp32 shards and reduce gradients in fp32, as one process's bf16
     weights with fp32 masters do: the same steps, to a fraction of bf16's resolution (2^-8) where they round
     differently."""
-    path = config(tmp_path, data, "{scratch: {n_layer: 2, n_embd: 32, n_head: 2, vocab_size: 300}}")
+    path = config(tmp_path, data, GPT2)
     log = train_both(tmp_path, path, "train.max_grad_norm=null", "train.precision=bf16", "train.epochs=1",
                      one_speedups="[bf16_master_weights]")
     assert "computing in bf16 with fp32 gradient reduction" in log
@@ -235,7 +244,7 @@ def test_parameters_are_dtensors_split_on_dim0_and_bf16_units_pass_bf16(tmp_path
 def test_a_failure_on_one_process_ends_both_in_one_line(tmp_path, data):
     """The main process fails writing a checkpoint while the other writes its shard of it (in a collective): both
     end within seconds, with the main process's message in one line, and run.json says failed."""
-    path = config(tmp_path, data, "{scratch: {n_layer: 2, n_embd: 32, n_head: 2, vocab_size: 300}}")
+    path = config(tmp_path, data, GPT2)
     run = tmp_path / "run"
     done = subprocess.run([sys.executable, "-m", "qatune", "train", "--config", str(path), "--output-dir", str(run),
                            "--quiet", "--set", "train.distributed=fsdp", "--set", "train.save_every=2",
@@ -264,13 +273,12 @@ def test_fsdp_needs_several_processes(tmp_path, data):
     assert not (tmp_path / "run").exists()
 
 
-def test_two_nodes_over_loopback(tmp_path, data):
-    """The same run launched as two one-process "nodes" by torchrun with a c10d rendezvous, as on two machines."""
+def test_two_nodes_over_loopback(tmp_path, data, clipped):
+    """The same run launched as two one-process "nodes" by torchrun with a c10d rendezvous, as on two machines: the
+    steps of the two processes of one machine (clipped/two)."""
     import socket
 
-    path = config(tmp_path, data, "{scratch: {n_layer: 2, n_embd: 32, n_head: 2, vocab_size: 300}}")
-    qatune("train", "--config", path, "--output-dir", tmp_path / "single", "--quiet", "--set",
-           "train.distributed=fsdp", processes=2)
+    path = config(tmp_path, data, GPT2)
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
@@ -282,7 +290,7 @@ def test_two_nodes_over_loopback(tmp_path, data):
         for rank in (0, 1)]
     outputs = [node.communicate(timeout=600)[0] for node in nodes]
     assert [node.returncode for node in nodes] == [0, 0], "\n".join(outputs)
-    assert_same_steps(tmp_path / "single", tmp_path / "nodes", rel=1e-6)
+    assert_same_steps(clipped / "two", tmp_path / "nodes", rel=1e-6)
 
 
 def rank_pid(parent, rank):
@@ -305,8 +313,8 @@ def test_resumes_after_one_process_is_killed(tmp_path, data):
     import signal
     import time
 
-    path = config(tmp_path, data, "{scratch: {n_layer: 2, n_embd: 32, n_head: 2, vocab_size: 300}}")
-    sets = ["--set", "train.distributed=fsdp", "--set", "train.save_every=1", "--set", "train.epochs=4",
+    path = config(tmp_path, data, GPT2)
+    sets = ["--set", "train.distributed=fsdp", "--set", "train.save_every=1", "--set", "train.epochs=3",
             "--set", "train.max_grad_norm=null", "--quiet"]
     qatune("train", "--config", path, "--output-dir", tmp_path / "whole", *sets, processes=2)
     marker = f"kill-{os.getpid()}"
