@@ -27,12 +27,19 @@ def test_version():
     assert result.exit_code == 0 and "qatune, version" in result.output
 
 
-def test_env_reports_versions_and_device():
+def test_env_reports_versions_and_device(tmp_path, monkeypatch):
+    monkeypatch.setenv("QATUNE_CACHE_DIR", str(tmp_path))
+    (tmp_path / "gguf" / "model-0123").mkdir(parents=True)
+    (tmp_path / "gguf" / "model-0123" / "model.safetensors").write_bytes(b"0" * 3 * 2**20)
+    (tmp_path / "gguf" / ".model-4567-tmp-x").mkdir()  # being written: not counted
     result = run("env", "--json")
     assert result.exit_code == 0
     info = json.loads(result.output)
     for key in ("python", "torch", "transformers", "accelerate", "device", "torch_threads"):
         assert key in info
+    assert info["gguf_cache"] == f"{tmp_path / 'gguf'} (1 converted, 3 MB)"
+    monkeypatch.setenv("QATUNE_CACHE_DIR", "off")
+    assert json.loads(run("env", "--json").output)["gguf_cache"] == "off (QATUNE_CACHE_DIR=off)"
 
 
 def test_config_error_is_one_clean_message(tmp_path):

@@ -28,6 +28,9 @@ def environment() -> dict[str, str]:
 
     packaged = installed_packaged_models()
     info["packaged_models"] = ", ".join(f"{name} ({folder})" for name, folder in packaged.items()) or "none"
+    from qatune.model.gguf_cache import summary
+
+    info["gguf_cache"] = summary()
     try:
         import torch
     except ImportError:

@@ -120,6 +120,17 @@ def convert_once(file: Path, fill: Callable[[Path], None]) -> Path | None:
     return entry
 
 
+def summary() -> str:
+    """Where converted files are kept, how many and their size (qatune env)."""
+    root = cache_root()
+    if root is None:
+        return f"off ({CACHE_ENV}=off)"
+    folder = root / "gguf"
+    entries = [p for p in folder.iterdir() if p.is_dir() and not p.name.startswith(".")] if folder.is_dir() else []
+    size = sum(f.stat().st_size for entry in entries for f in entry.iterdir() if f.is_file())
+    return f"{folder} ({len(entries)} converted, {size / 2**20:.0f} MB)"
+
+
 def check_room(folder: Path, nbytes: int) -> None:
     """Raise :class:`NoRoom` unless the disk of ``folder`` (a folder being written in the cache) holds ``nbytes``
     and :data:`MARGIN` more."""
