@@ -47,14 +47,19 @@ class NoRoom(OSError):
 
 
 def cache_root() -> Path | None:
-    """qatune's cache folder (None: QATUNE_CACHE_DIR=off)."""
+    """qatune's cache folder (None: QATUNE_CACHE_DIR=off, or no home directory)."""
     configured = os.environ.get(CACHE_ENV, "")
     if configured.strip().lower() == "off":
         return None
     if configured:
         return Path(configured).expanduser()
     xdg = os.environ.get("XDG_CACHE_HOME", "")
-    return (Path(xdg) if xdg else Path.home() / ".cache") / "qatune"
+    if xdg:
+        return Path(xdg) / "qatune"
+    try:
+        return Path.home() / ".cache" / "qatune"
+    except RuntimeError:  # no home directory to be found: nothing is kept
+        return None
 
 
 def entry_for(file: Path) -> Path | None:
