@@ -23,7 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from qatune.runs.atomic import damage, remove_dir, remove_stale_temporaries, write_folder
+from qatune.runs.atomic import DiskFullError, damage, remove_dir, remove_stale_temporaries, write_folder
 
 log = logging.getLogger("qatune")
 
@@ -113,7 +113,7 @@ def convert_once(file: Path, fill: Callable[[Path], None]) -> Path | None:
         entry.parent.mkdir(parents=True, exist_ok=True)
         remove_stale_temporaries(entry.parent)
         write_folder(entry, written, keep_existing=True)
-    except (OSError, ValueError, KeyError, TypeError, RuntimeError, ImportError) as exc:
+    except (OSError, DiskFullError, ValueError, KeyError, TypeError, RuntimeError, ImportError) as exc:
         _failed.add(entry)  # the tokenizer, config and weights of this command are all read directly
         why = str(exc) if isinstance(exc, NoRoom) else \
             f"it could not be kept in {entry.parent} ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})"
