@@ -9,7 +9,8 @@ read it: a file changed in place, or another transformers, gets a new folder.
 
 Where: ``$QATUNE_CACHE_DIR/gguf`` (``QATUNE_CACHE_DIR=off`` keeps nothing), else ``$XDG_CACHE_HOME/qatune/gguf``
 or ``~/.cache/qatune/gguf``. The :data:`KEEP` folders used last stay; a folder is only kept when its disk has
-room for it with :data:`MARGIN` to spare. Whatever goes wrong here, the file is read directly instead.
+room for it with :data:`MARGIN` to spare, and when it is at most :data:`LARGEST`. Whatever goes wrong here, the
+file is read directly instead.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ KEEP = 3
 """Converted files kept: those used last."""
 MARGIN = 2**30
 """Free space a disk keeps after a converted folder is written there."""
+LARGEST = 8 * 2**30
+"""The largest converted weights kept (a model of 2B parameters in float32): a larger file is read directly."""
 METADATA = "gguf-metadata.json"
 """In a converted folder: the file's metadata as :func:`read_metadata` gives it."""
 FORMAT = 1
@@ -138,7 +141,10 @@ def summary() -> str:
 
 def check_room(folder: Path, nbytes: int) -> None:
     """Raise :class:`NoRoom` unless the disk of ``folder`` (a folder being written in the cache) holds ``nbytes``
-    and :data:`MARGIN` more."""
+    and :data:`MARGIN` more, and ``nbytes`` is at most :data:`LARGEST`."""
+    if nbytes > LARGEST:
+        raise NoRoom(f"its converted weights would take {nbytes / 2**30:.1f} GiB, more than the "
+                     f"{LARGEST / 2**30:.0f} GiB qatune keeps of one file")
     free = shutil.disk_usage(folder).free
     if free < nbytes + MARGIN:
         raise NoRoom(f"its converted weights need {nbytes / 2**30:.1f} GiB and the disk of {folder.parent} has "

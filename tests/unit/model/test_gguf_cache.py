@@ -122,6 +122,15 @@ def test_nothing_is_kept_when_off_when_told_not_to_or_when_the_disk_is_too_full(
     assert ("tiny.gguf is read directly: its converted weights need 0.0 GiB and the disk of "
             f"{tmp_path / 'cache' / 'gguf'} has 1.0 GiB free") in caplog.text
     assert not list((tmp_path / "cache" / "gguf").iterdir())
+    monkeypatch.setattr(gguf_cache, "_failed", set())  # another command, a disk with room and a larger file
+    monkeypatch.setattr(gguf_cache.shutil, "disk_usage", lambda path: type("Usage", (), {"free": 2**40}))
+    monkeypatch.setattr(gguf_cache, "LARGEST", 1000)
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="qatune"):
+        assert_same(loaded(gguf_file), expected)
+    assert "tiny.gguf is read directly: its converted weights would take 0.0 GiB, more than the 0 GiB qatune keeps " \
+           "of one file" in caplog.text
+    assert gguf_cache.converted(gguf_file) is None
 
 
 def test_a_failed_conversion_reads_the_file_and_a_damaged_folder_is_converted_again(gguf_file, conversions,
