@@ -37,6 +37,8 @@ LARGEST = 8 * 2**30
 """The largest converted weights kept (a model of 2B parameters in float32): a larger file is read directly."""
 METADATA = "gguf-metadata.json"
 """In a converted folder: the file's metadata as :func:`read_metadata` gives it."""
+STALE_S = 3600.0
+"""A half-written folder untouched this long was left by a killed process (a conversion takes seconds to minutes)."""
 FORMAT = 1
 """Part of the key: a new layout of the converted folders makes new ones."""
 
@@ -114,7 +116,7 @@ def convert_once(file: Path, fill: Callable[[Path], None]) -> Path | None:
 
     try:
         entry.parent.mkdir(parents=True, exist_ok=True)
-        remove_stale_temporaries(entry.parent)
+        remove_stale_temporaries(entry.parent, older_than_s=STALE_S)  # not another process's conversion under way
         write_folder(entry, written, keep_existing=True)
     except (OSError, DiskFullError, ValueError, KeyError, TypeError, RuntimeError, ImportError) as exc:
         _failed.add(entry)  # the tokenizer, config and weights of this command are all read directly
@@ -134,8 +136,11 @@ def summary() -> str:
     if root is None:
         return f"off ({CACHE_ENV}=off)"
     folder = root / "gguf"
-    entries = [p for p in folder.iterdir() if p.is_dir() and not p.name.startswith(".")] if folder.is_dir() else []
-    size = sum(f.stat().st_size for entry in entries for f in entry.iterdir() if f.is_file())
+    try:
+        entries = [p for p in folder.iterdir() if p.is_dir() and not p.name.startswith(".")] if folder.is_dir() else []
+        size = sum(f.stat().st_size for entry in entries for f in entry.iterdir() if f.is_file())
+    except OSError as exc:
+        return f"{folder} (unreadable: {exc.strerror or exc})"
     return f"{folder} ({len(entries)} converted, {size / 2**20:.0f} MB)"
 
 

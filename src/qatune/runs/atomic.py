@@ -14,6 +14,7 @@ import json
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -234,10 +235,17 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def remove_stale_temporaries(folder: Path) -> None:
-    """Remove what a killed process left behind: ``write_folder``'s and ``replace_dir``'s hidden siblings."""
+def remove_stale_temporaries(folder: Path, older_than_s: float = 0.0) -> None:
+    """Remove what a killed process left behind: ``write_folder``'s and ``replace_dir``'s hidden siblings (those
+    untouched for ``older_than_s`` seconds, where other processes may be writing beside this one)."""
+    now = time.time()
     for pattern in (".*-tmp-*", ".*-old-*"):
         for stale in Path(folder).glob(pattern):
+            try:
+                if older_than_s and now - stale.stat().st_mtime < older_than_s:
+                    continue
+            except OSError:
+                continue
             shutil.rmtree(stale, ignore_errors=True)
 
 

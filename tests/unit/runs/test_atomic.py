@@ -46,3 +46,16 @@ def test_a_folder_written_beside_one_put_in_place_meanwhile_is_dropped_or_replac
     assert sorted(p.name for p in tmp_path.iterdir()) == ["entry"]  # the second one's temporary is gone
     write_folder(target, lambda folder: (folder / "a.txt").write_text("third"))
     assert (target / "a.txt").read_text() == "third"
+
+
+def test_only_temporaries_left_long_enough_are_stale_where_others_may_be_writing(tmp_path):
+    from qatune.runs.atomic import remove_stale_temporaries
+
+    old, fresh = tmp_path / ".a-tmp-1", tmp_path / ".b-tmp-2"
+    old.mkdir()
+    fresh.mkdir()
+    os.utime(old, (old.stat().st_atime - 7200, old.stat().st_mtime - 7200))
+    remove_stale_temporaries(tmp_path, older_than_s=3600)
+    assert [p.name for p in tmp_path.iterdir()] == [fresh.name]  # another process's conversion, under way
+    remove_stale_temporaries(tmp_path)
+    assert list(tmp_path.iterdir()) == []
