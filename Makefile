@@ -1,7 +1,7 @@
 # make demo:      install, then fine-tune the packaged SmolLM2-135M-Instruct offline on 160 reading-comprehension rows
 #                 (configs/smollm2-demo.yaml): the untouched model's score on 80 held-out questions next to the
-#                 fine-tuned model's, then one answer (7 minutes on 2 cores shared with another job).
-# make demo-tiny: a small GPT-2 built from scratch learns examples/data/faq.csv by heart (about a minute).
+#                 fine-tuned model's, then one answer (about 5 minutes on 2 cores).
+# make demo-tiny: a small GPT-2 built from scratch learns examples/data/faq.csv by heart (about 30 s).
 # make test:      the whole test suite; make test-fast: the tests not marked slow (under 2 minutes on 2 cores).
 # make bench:     the headline benchmarks on this machine (bench/headline.py; they read ../shared/data).
 PYTHON ?= python3

@@ -53,7 +53,8 @@ def main() -> int:
         converted = {folder.name: round(sum(f.stat().st_size for f in folder.rglob("*") if f.is_file()) / 1e6, 1)
                      for folder in (Path(cache) / "gguf").iterdir() if folder.is_dir()}
     lines = done.stdout.strip().splitlines()
-    table = lines[next(i for i, line in enumerate(lines) if line.startswith("model ")):-1]
+    first = next(i for i, line in enumerate(lines) if line.startswith("model "))
+    table = lines[first:first + 1 + len(EVALS)]  # the header, the untouched model, the fine-tuned one
     scores = {}
     for arm, path in EVALS.items():
         metrics = json.loads(path.read_text(encoding="utf-8"))
