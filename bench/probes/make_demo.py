@@ -51,7 +51,7 @@ def main() -> int:
         if tiny.returncode != 0:
             raise SystemExit(f"make demo-tiny failed:\n{(tiny.stdout + tiny.stderr)[-3000:]}")
         converted = {folder.name: round(sum(f.stat().st_size for f in folder.rglob("*") if f.is_file()) / 1e6, 1)
-                     for folder in (Path(cache) / "gguf").iterdir() if folder.is_dir()}
+                     for folder in (Path(cache) / "gguf").glob("*") if folder.is_dir()}  # none: read directly
     lines = done.stdout.strip().splitlines()
     first = next(i for i, line in enumerate(lines) if line.startswith("model "))
     table = lines[first:first + 1 + len(EVALS)]  # the header, the untouched model, the fine-tuned one
