@@ -4,7 +4,8 @@
 PYTHONPATH that, in the process of the given rank, replaces a function of a qatune module once that module has
 loaded. ``raise`` writes the time of the failure into ``tmp_path/failed_at`` and raises
 ``RuntimeError('injected failure in NAME')``; ``sleep`` keeps the process busy outside any collective for 10
-minutes (as a process evaluating its own share of held-out rows is).
+minutes (as a process evaluating its own share of held-out rows is); ``false`` returns False (a check that never
+passes).
 """
 
 import json
@@ -15,6 +16,8 @@ import importlib.abc, importlib.util, json, os, sys, time
 
 def _replaced(name, action, failed_at):
     def replacement(*args, **kwargs):
+        if action == "false":
+            return False
         if action == "raise":
             with open(failed_at, "w") as f:
                 f.write(repr(time.time()))

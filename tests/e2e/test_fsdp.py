@@ -1,8 +1,9 @@
 """train.distributed: fsdp on two CPU processes (gloo): the model sharded block by block (DTensors on dim 0, half on
 each process), every logged loss and every final weight the same as one process with gradient accumulation (a
 tiny GPT-2 from scratch, a tiny Llama from a local folder, LoRA, CPU offload with activation checkpointing), the
-global gradient norm clipped, a sharded checkpoint resumed exactly (also after one process was killed), a failure on
-one process ending both in one line, and the set-ups it cannot train refused in one line."""
+global gradient norm clipped, a moving average of the weights kept shard by shard, a sharded checkpoint resumed
+exactly (also after one process was killed), a failure on one process ending both in one line, and the set-ups it
+cannot train refused in one line."""
 
 import json
 import os
@@ -92,9 +93,11 @@ def assert_same_steps(a, b, rel=1e-5, weights=True):
 
 
 def test_gpt2_matches_one_process_and_resumes_exactly(tmp_path, data):
-    # Without clipping the updates are identical (test_clipped_gradients_match_one_process: with it).
+    """With a moving average of the weights (train.ema_decay), which validation, best/ and final/ read: each process
+    averages its shard. Without clipping the updates are identical (test_clipped_gradients_match_one_process: with
+    it)."""
     path = config(tmp_path, data, GPT2)
-    log = train_both(tmp_path, path, "train.max_grad_norm=null", "train.save_every=3")
+    log = train_both(tmp_path, path, "train.max_grad_norm=null", "train.save_every=3", "train.ema_decay=0.8")
     assert "fsdp: 2 FSDPGPT2Block units and the root, sharded on 2 processes: 0.02M of 0.04M parameters" in log
     assert "speedups (auto): none on: train.distributed is fsdp" in log
     assert_same_steps(tmp_path / "one", tmp_path / "two")
@@ -117,7 +120,7 @@ def test_gpt2_matches_one_process_and_resumes_exactly(tmp_path, data):
     step3 = files(tmp_path / "two", "checkpoints/step-0000003")
     assert {"sharded/.metadata", "sharded/__0_0.distcp", "sharded/__1_0.distcp", "scheduler.pt", "rng.pt",
             "trainer_state.json", "config.json"} <= set(step3)
-    assert "model.safetensors" not in step3 and "optimizer.pt" not in step3
+    assert "model.safetensors" not in step3 and "optimizer.pt" not in step3 and "average.pt" not in step3
     # eval reads a sharded checkpoint in one process: the same weights as one process's step 3.
     scores = [json.loads(subprocess.run(
         [sys.executable, "-m", "qatune", "eval", str(tmp_path / run / "checkpoints" / "step-0000003"), "--data",
@@ -129,6 +132,22 @@ def test_gpt2_matches_one_process_and_resumes_exactly(tmp_path, data):
     shutil.copytree(tmp_path / "two", resumed)
     qatune("train", "--resume", resumed / "checkpoints" / "step-0000003", "--quiet", processes=2)
     assert_same_steps(tmp_path / "two", resumed, rel=1e-6)
+
+
+def test_an_average_through_validations_that_never_improve_trains_the_same_steps(tmp_path, data):
+    """No best/ is gathered after a validation that does not improve, where the root unit keeps the average it
+    gathered: the sharded average is still checkpointed, and the next steps train from the trained weights."""
+    path = config(tmp_path, data, GPT2)
+    sets = ["--set", "train.distributed=fsdp", "--set", "train.ema_decay=0.8", "--set", "train.max_grad_norm=null",
+            "--set", "train.epochs=3", "--quiet", "--num-processes", "2"]
+    qatune("train", "--config", path, "--output-dir", tmp_path / "improving", *sets)
+    never = injected(tmp_path, *[(rank, "qatune.train.validation:better", "false") for rank in (0, 1)])
+    done = subprocess.run([sys.executable, "-m", "qatune", "train", "--config", str(path), "--output-dir",
+                           str(tmp_path / "stale"), *sets], capture_output=True, text=True, cwd=ROOT, env=never,
+                          check=False)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "improving" / "best").is_dir() and not (tmp_path / "stale" / "best").exists()
+    assert_same_steps(tmp_path / "improving", tmp_path / "stale", rel=1e-6)
 
 
 @pytest.fixture(scope="module")

@@ -257,7 +257,7 @@ class TrainConfig(Section):
     """Validation, best/ and final/ take an exponential moving average of the weights, updated after every
     optimizer step with this decay (0.99 weighs about the last 100 steps; normalised, as Adam corrects its
     moments' bias, so the weights training started from do not count). null: the weights of the last step.
-    Not with train.distributed fsdp."""
+    With train.distributed fsdp each process averages its own shard."""
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
     """Compute precision (mixed precision for bf16/fp16); auto: bf16 where the hardware does it natively
     (a CUDA GPU with bf16, a CPU with AVX512-BF16 or AMX), else fp32."""

@@ -6,7 +6,9 @@ After optimizer step ``t`` (1-based) the average is that of the weights after ea
 weights training started from do not count, however short the run. What is averaged
 is what the optimizer updates (the fp32 masters under ``bf16_master_weights``, only the adapters of a LoRA run).
 A checkpoint holds the trained weights (its model folder, which an exact resume continues from) and the average
-(average.pt).
+(average.pt). Under train.distributed fsdp each process averages its own shard of the weights (the update is
+elementwise, so the shards make up the whole model's average) and a checkpoint keeps the average with the weights'
+shards.
 """
 
 from __future__ import annotations
@@ -64,6 +66,11 @@ class WeightAverage:
                         _trade(p, average)
                     else:
                         p.copy_(aside)
+
+    def named(self, model: torch.nn.Module) -> dict[str, torch.Tensor]:
+        """The averages keyed by their parameters' names in ``model`` (as a sharded checkpoint keeps them)."""
+        names = {id(p): name for name, p in model.named_parameters()}
+        return {names[id(p)]: average for p, average in zip(self.params, self.averages)}
 
     def save(self, folder: Path) -> None:
         torch.save(self.averages, folder / FILE)

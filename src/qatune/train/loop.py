@@ -156,6 +156,9 @@ class Loop:
     metrics_log: MetricsLog
     average: WeightAverage | None = None
     """train.ema_decay: the moving average of the weights that validation, best/ and final/ see."""
+    average_shards: dict[str, torch.Tensor] | None = None
+    """A sharded run's average by parameter name, as its checkpoints keep it (named before any forward: a unit
+    gathered for one holds other tensors under those names)."""
     logged: LogWindow = field(default_factory=LogWindow)
     last_checkpoint: Path | None = None
     checkpointed: int | None = None
@@ -197,11 +200,12 @@ class Loop:
                                  resumed_from=resume_from)
         with metrics_log.closed_on_error():  # a failure from here on ends the trackers' runs as failed
             state = TrainState()
+            average_shards = average.named(prepared.model) if sharded and average is not None else None
             if resume_from is not None:
-                shards = (lambda folder: sharding.load_shards(prepared.model, _torch_optimizer(optimizer), folder)
-                          ) if sharded else None
+                shards = (lambda folder: sharding.load_shards(prepared.model, _torch_optimizer(optimizer), folder,
+                                                              average_shards)) if sharded else None
                 state = restore(resume_from, optimizer, schedulers, load_shards=shards)
-                if average is not None:
+                if average is not None and not sharded:
                     average.load(resume_from)
                 metrics_log.truncate_after(state.step)
                 at = (f"epoch {state.epoch + 1} of {train_cfg.epochs}" if state.epoch < train_cfg.epochs
@@ -218,7 +222,8 @@ class Loop:
                 log.info("validation, best/ and final/ use a moving average of the weights (train.ema_decay %g)",
                          train_cfg.ema_decay)
             return cls(prepared, run_dir, accelerator, speedups, objective, optimizer, loader, sampler, clip,
-                       schedulers, state, guard, metrics_log, average, LogWindow.restored(state.log_window))
+                       schedulers, state, guard, metrics_log, average, average_shards,
+                       LogWindow.restored(state.log_window))
 
     @property
     def main(self) -> bool:
@@ -262,7 +267,11 @@ class Loop:
     def delivered(self) -> Iterator[None]:
         """The model as validation and best/ see it while this is entered: its fp32 weights, averaged."""
         with self.full_precision(), self.averaged():
-            yield
+            try:
+                yield
+            finally:
+                if self.sharded:  # before the trained weights are back: no unit keeps what validation gathered
+                    sharding.reshard(self.model())
 
     def named_grads(self) -> Iterator[tuple[str, torch.Tensor]]:
         if self.sharded:
@@ -347,17 +356,19 @@ class Loop:
         prepared = self.prepared
         self.state.log_window = self.logged.state()
         self.state.processes = self.processes
-        shards = None
-        if self.sharded:  # every process writes its shard into the folder the main one is writing
+        shards, beside = None, self.average  # the average in average.pt, or with a sharded run's shards
+        if self.sharded:  # every process writes its shard (and its average's) into the folder the main one writes
             self.state.optimizer_format = sharding.OPTIMIZER_FORMAT
-            shards = partial(sharding.save_shards, self.model(), _torch_optimizer(self.optimizer))
+            shards = partial(sharding.save_shards, self.model(), _torch_optimizer(self.optimizer),
+                             average=self.average_shards)
+            beside = None
             if not self.main:
                 shards(None)
         with self.full_precision():
             if self.main:
                 self.last_checkpoint = save_checkpoint(
                     self.run_dir, self.state, self.model(), prepared.tokenizer, prepared.config, prepared.info,
-                    self.optimizer, self.schedulers, prepared.config.train.keep_checkpoints, shards, self.average)
+                    self.optimizer, self.schedulers, prepared.config.train.keep_checkpoints, shards, beside)
         if self.sharded:
             self.accelerator.wait_for_everyone()  # the folder is in place (or the main process failed)
         return self.last_checkpoint if self.main else None
@@ -372,9 +383,9 @@ class Loop:
                 if self.main:
                     model_folder_from(self.last_checkpoint, final)
             else:
-                weights = self.gathered()
-                if self.main:
-                    with self.averaged():  # the fp32 weights are the model's own once training is over
+                with self.averaged():  # the fp32 weights are the model's own once training is over
+                    weights = self.gathered()  # every process swaps its shard's average in for it
+                    if self.main:
                         save_model(final, self.model(), prepared.tokenizer, prepared.config, prepared.info, weights)
         self.accelerator.wait_for_everyone()
         state = self.state

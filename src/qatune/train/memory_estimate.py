@@ -114,6 +114,7 @@ def estimate(model: torch.nn.Module, config: Config, precision: str, batch_token
             estimates.append(Estimate(f"fsdp x {processes}", processes, {
                 "baseline": baseline, "weights": held * plain_weights // processes,
                 "gradients": held * 4 * trained // processes, "optimizer": held * moments // processes,
+                **{name: held * size // processes for name, size in averaged.items()},  # each shard's average
                 "gathered units": 4 * (root + 2 * block) * 2, **work}))
     return estimates
 

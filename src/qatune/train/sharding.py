@@ -114,9 +114,6 @@ def config_refusal(config: Config) -> str | None:
     if train.precision == "fp16":
         return ("train.precision fp16 is not supported with train.distributed fsdp (its loss scaling is not "
                 "sharded); use bf16 or fp32")
-    if train.ema_decay is not None:
-        return ("train.ema_decay is not supported with train.distributed fsdp (the average is not sharded); set "
-                "train.ema_decay: null, or train.distributed: ddp")
     return None
 
 
@@ -177,6 +174,17 @@ def without_gradient_sync(model: nn.Module) -> Iterator[None]:
         model.set_requires_gradient_sync(True)
 
 
+def reshard(model: nn.Module) -> None:
+    """Frees every unit's gathered weights (no collective). After a forward without backward (validation) the root
+    unit keeps its own, which would carry the weights that forward read (train.ema_decay's average) into the next
+    training step's forward."""
+    from torch.distributed.fsdp import FSDPModule
+
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.reshard()
+
+
 def gathered_weights(model: nn.Module) -> dict[str, torch.Tensor]:
     """The whole model's weights on the first process, in CPU memory; every process must call this (the others get
     an empty dict)."""
@@ -188,9 +196,11 @@ def gathered_weights(model: nn.Module) -> dict[str, torch.Tensor]:
     return weights
 
 
-def save_shards(model: nn.Module, optimizer: torch.optim.Optimizer, folder: Path | None) -> None:
-    """Each process writes its shard of the weights (the trainable ones) and of the optimizer state into
-    ``folder``/SHARDS; every process calls this, the first with the folder (the others get it from it)."""
+def save_shards(model: nn.Module, optimizer: torch.optim.Optimizer, folder: Path | None,
+                average: dict[str, torch.Tensor] | None = None) -> None:
+    """Each process writes its shard of the weights (the trainable ones), of the optimizer state and of
+    train.ema_decay's ``average`` (keyed by parameter name) into ``folder``/SHARDS; every process calls this, the
+    first with the folder (the others get it from it)."""
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
@@ -198,7 +208,8 @@ def save_shards(model: nn.Module, optimizer: torch.optim.Optimizer, folder: Path
     where = [str(folder / SHARDS) if folder is not None else None]
     dist.broadcast_object_list(where, src=0)
     weights, state = get_state_dict(model, optimizer, options=_sharded_options())
-    dcp.save({"model": weights, "optimizer": state}, checkpoint_id=where[0])
+    dcp.save({"model": weights, "optimizer": state, **({"average": average} if average else {})},
+             checkpoint_id=where[0])
     dist.barrier()
     if folder is not None:
         written = len(list((folder / SHARDS).glob("*.distcp")))
@@ -208,14 +219,21 @@ def save_shards(model: nn.Module, optimizer: torch.optim.Optimizer, folder: Path
                               "machine shares (a network file system)")
 
 
-def load_shards(model: nn.Module, optimizer: torch.optim.Optimizer, folder: Path) -> None:
-    """A checkpoint's shards (:func:`save_shards`) into the sharded ``model`` and its ``optimizer``, resharded
-    to this run's processes."""
+def load_shards(model: nn.Module, optimizer: torch.optim.Optimizer, folder: Path,
+                average: dict[str, torch.Tensor] | None = None) -> None:
+    """A checkpoint's shards (:func:`save_shards`) into the sharded ``model``, its ``optimizer`` and, in place,
+    the tensors of train.ema_decay's ``average``, resharded to this run's processes."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
+    if average:
+        stored = dcp.FileSystemReader(str(folder / SHARDS)).read_metadata().state_dict_metadata
+        if not any(key.startswith("average.") for key in stored):
+            raise RunDirError(f"{folder / SHARDS} holds no average of the weights, which train.ema_decay keeps: the "
+                              "checkpoint was written without it; resume with the train.ema_decay it was trained "
+                              "with")
     weights, state = get_state_dict(model, optimizer, options=_sharded_options())
-    saved = {"model": weights, "optimizer": state}
+    saved = {"model": weights, "optimizer": state, **({"average": average} if average else {})}
     dcp.load(saved, checkpoint_id=str(folder / SHARDS))
     set_state_dict(model, optimizer, model_state_dict=saved["model"], optim_state_dict=saved["optimizer"],
                    options=_sharded_options())

@@ -108,15 +108,21 @@ def test_validation_and_best_read_the_average_and_training_goes_on_from_the_trai
     assert not all(torch.equal(best[name], trained[name]) for name in best)
 
 
-def test_fsdp_refuses_an_average_in_one_line(tmp_path, monkeypatch):
-    from qatune.errors import ConfigError
+def test_fsdp_takes_an_average_and_a_sharded_checkpoint_without_one_is_refused_in_one_line(tmp_path, monkeypatch):
+    import torch.distributed.checkpoint as dcp
+
     from qatune.train import sharding
 
     monkeypatch.setenv("WORLD_SIZE", "2")
-    sharding.check_setup(resume_config(tmp_path, "train.distributed=fsdp"))
-    with pytest.raises(ConfigError, match=r"^train.ema_decay is not supported with train.distributed fsdp .*"
-                                          r"set train.ema_decay: null, or train.distributed: ddp$"):
-        sharding.check_setup(resume_config(tmp_path, "train.distributed=fsdp", "train.ema_decay=0.99"))
+    sharding.check_setup(resume_config(tmp_path, "train.distributed=fsdp", "train.ema_decay=0.99"))
+    shards = tmp_path / "step-0000003" / "sharded"
+    shards.mkdir(parents=True)
+    dcp.save({"model": {"w": torch.zeros(2)}}, checkpoint_id=str(shards), no_dist=True)
+    with pytest.raises(RunDirError, match=r"^\S+/step-0000003/sharded holds no average of the weights, which "
+                                          r"train.ema_decay keeps: the checkpoint was written without it; resume "
+                                          r"with the train.ema_decay it was trained with$"):
+        sharding.load_shards(torch.nn.Linear(2, 2), torch.optim.AdamW(torch.nn.Linear(2, 2).parameters()),
+                             shards.parent, average={"weight": torch.zeros(2, 2)})
 
 
 @pytest.mark.slow  # bf16 matrix products, emulated on a CPU without AVX512-BF16

@@ -159,19 +159,23 @@ def test_a_scorer_that_fits_nowhere_is_not_advised_lora(tmp_path, monkeypatch):
     assert warning["message"].endswith("; none of a smaller batch, fsdp or LoRA fits either")
 
 
-def test_check_neither_advises_nor_accepts_fsdp_with_averaged_weights(tmp_path, monkeypatch):
-    """train.ema_decay is refused with fsdp: check leaves fsdp out of its advice, and a config that asks for both
-    is an error finding with the message training would stop with."""
+def test_check_advises_and_accepts_fsdp_with_averaged_weights_each_process_holding_its_shard(tmp_path, monkeypatch):
+    """train.ema_decay with fsdp: each process keeps the average of its own shard, which the estimate counts; check
+    advises fsdp for a run that averages its weights and accepts a config that asks for both."""
     monkeypatch.setattr("qatune.commands.check.resident_bytes", lambda: 0)
     monkeypatch.setattr("qatune.commands.check.available_bytes", lambda: (1024, "RAM available"))
     averaged = tiny_config(tmp_path, ROWS, "train.batch_size=8", "train.activation_checkpointing=true",
                            "train.ema_decay=0.99")
     report = run_check(averaged)
     warning = next(f for f in report["findings"] if f["code"] == "memory")
-    assert warning["message"].endswith("; none of a smaller batch or LoRA fits either")
-    assert report["ok"]
+    assert warning["message"].endswith("; none of a smaller batch, fsdp or LoRA fits either")
     both = tiny_config(tmp_path, ROWS, "train.ema_decay=0.99", "train.distributed=fsdp")
     report = run_check(both)
-    refusal = next(f for f in report["findings"] if f["code"] == "distributed")
-    assert refusal["level"] == "error" and not report["ok"]
-    assert refusal["message"].startswith("train.ema_decay is not supported with train.distributed fsdp")
+    assert not [f for f in report["findings"] if f["code"] == "distributed"] and report["ok"]
+    from qatune.train import prepare
+
+    config = tiny_config(tmp_path, ROWS, "model.scratch.n_layer=2", "train.ema_decay=0.99")
+    model = memory_estimate.meta_model(config, prepare(config, with_model=False).tokenizer, False)
+    params = sum(p.numel() for p in model.parameters())
+    ddp, fsdp = memory_estimate.estimate(model, config, "fp32", (4, 30), 5, processes=4, baseline=0)[1:]
+    assert ddp.parts["averaged weights"] == 4 * params and fsdp.parts["averaged weights"] == 4 * params // 4
