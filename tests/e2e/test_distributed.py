@@ -1,6 +1,7 @@
 """Two processes (gloo on CPU) with batch B each train exactly like one process with batch B and
 gradient accumulation 2, evaluate the same (predictions gathered from both, no duplicates), and write
-the same run directory layout; a failure on one process ends both within seconds, in one line."""
+the same run directory layout, leaving no torchrun folder in the temporary directory; a failure on one process
+ends both within seconds, in one line."""
 
 import json
 import subprocess
@@ -38,8 +39,11 @@ train: {{epochs: 2, batch_size: 4, logging_steps: 1, learning_rate: 3.0e-3, prec
     return config
 
 
-def test_two_processes_match_one_with_accumulation(tmp_path):
+def test_two_processes_match_one_with_accumulation(tmp_path, monkeypatch):
     config = write_config(tmp_path)
+    temporary = tmp_path / "temporary"
+    temporary.mkdir()
+    monkeypatch.setenv("TMPDIR", str(temporary))  # the launched processes' temporary directory
     two = CliRunner().invoke(cli, ["train", "--config", str(config), "--output-dir", str(tmp_path / "two"),
                                    "--num-processes", "2", "--quiet"])
     assert two.exit_code == 0, two.output + two.stderr
@@ -70,6 +74,7 @@ def test_two_processes_match_one_with_accumulation(tmp_path):
     events.Reload()
     assert [e.step for e in events.Scalars("train/loss")] == list(range(1, 9))
     assert json.loads((tmp_path / "two" / "run.json").read_text())["status"] == "complete"
+    assert not list(temporary.glob("*torch*")), list(temporary.iterdir())  # torchrun's folders went with it
 
 
 def test_two_processes_average_the_weights_as_one_does(tmp_path):
@@ -94,8 +99,10 @@ def test_a_failure_on_one_process_ends_both_in_one_line(tmp_path):
     (outside any collective, where it used to go on, take torchrun's SIGTERM for a stop asked for, and be killed
     30 s later with run.json saying running): both end within seconds, with process 1's message in one line."""
     run = tmp_path / "run"
+    temporary = tmp_path / "temporary"
+    temporary.mkdir()
     env = injected(tmp_path, (1, "qatune.train.loop:evaluate_epoch", "raise"),
-                   (0, "qatune.train.loop:evaluate_epoch", "sleep"))
+                   (0, "qatune.train.loop:evaluate_epoch", "sleep")) | {"TMPDIR": str(temporary)}
     done = subprocess.run([sys.executable, "-m", "qatune", "train", "--config", str(write_config(tmp_path)),
                            "--output-dir", str(run), "--quiet", "--num-processes", "2"], capture_output=True,
                           text=True, cwd=ROOT, env=env, timeout=600, check=False)
@@ -108,5 +115,6 @@ def test_a_failure_on_one_process_ends_both_in_one_line(tmp_path):
     assert "SIGTERM" not in done.stderr and "Traceback" not in done.stderr
     status = json.loads((run / "run.json").read_text())
     assert (status["status"], status["error"]) == ("failed", message)
+    assert not list(temporary.glob("*torch*")), list(temporary.iterdir())  # torchrun's folders went with it
     assert [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3, 4]
     print(f"both processes ended {seconds:.1f} s after the failure")

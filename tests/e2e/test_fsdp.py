@@ -251,8 +251,8 @@ def test_parameters_are_dtensors_split_on_dim0_and_bf16_units_pass_bf16(tmp_path
     script = tmp_path / "sharded.py"
     script.write_text(SHARDED)
     done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                           str(script)], capture_output=True, text=True, cwd=ROOT, check=False,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+                           f"--log-dir={tmp_path / 'logs'}", str(script)], capture_output=True, text=True, cwd=ROOT,
+                          check=False, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert done.returncode == 0, done.stdout + done.stderr
     shares = re.findall(r"rank \d: (\d+) of (\d+)", done.stdout)
     assert len(shares) == 2, done.stdout
@@ -304,8 +304,9 @@ def test_two_nodes_over_loopback(tmp_path, data, clipped):
     nodes = [subprocess.Popen(
         [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc_per_node", "1", "--node_rank",
          str(rank), "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "qatune-test",
-         "-m", "qatune", "train", "--config", str(path), "--output-dir", str(tmp_path / "nodes"), "--quiet",
-         "--set", "train.distributed=fsdp"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+         f"--log-dir={tmp_path / 'logs'}", "-m", "qatune", "train", "--config", str(path), "--output-dir",
+         str(tmp_path / "nodes"), "--quiet", "--set", "train.distributed=fsdp"], cwd=ROOT, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True)
         for rank in (0, 1)]
     outputs = [node.communicate(timeout=600)[0] for node in nodes]
     assert [node.returncode for node in nodes] == [0, 0], "\n".join(outputs)

@@ -2,6 +2,7 @@
 one host over loopback trains the same steps as one machine; a machine that never joins and machines started with
 different configs end in one line; `accelerate launch` with an FSDP config trains as qatune's own fsdp."""
 
+import os
 import socket
 import subprocess
 import sys
@@ -86,7 +87,7 @@ def test_accelerate_launch_with_an_fsdp_config_is_sharded_by_qatune(tmp_path, da
         return subprocess.run([sys.executable, "-m", "accelerate.commands.launch", "--config_file",
                                str(tmp_path / "fsdp.yaml"), "-m", "qatune", "train", "--config", str(path),
                                "--output-dir", str(out), "--quiet", *sets], capture_output=True, text=True, cwd=ROOT,
-                              check=False)
+                              check=False, env={**os.environ, "TMPDIR": str(tmp_path)})  # torchrun's log folders
 
     done = launch(tmp_path / "accelerate", "--set", "train.distributed=fsdp")
     assert done.returncode == 0, done.stderr

@@ -1,13 +1,15 @@
 """torchrun (``python -m qatune.commands.torchrun ARGS``, as ``python -m torch.distributed.run ARGS``), ending in
 one line when a training process fails: the process has said why itself (naming itself), and torchrun's log line and
 traceback of the failure, which name the first process to exit (often one that was stopped because another failed),
-add nothing for the person who started the run."""
+add nothing for the person who started the run. torchrun's folder for the processes' error files is a temporary one
+removed at the end (torchrun's own default stays in the temporary directory after every run)."""
 
 from __future__ import annotations
 
 import logging
 import signal
 import sys
+import tempfile
 
 
 def main(argv: list[str]) -> int:
@@ -15,16 +17,18 @@ def main(argv: list[str]) -> int:
     from torch.distributed.run import main as torchrun
 
     logging.getLogger("torch.distributed.elastic.multiprocessing.api").addFilter(_without_failure_line)
-    try:
-        torchrun(argv)
-    except ChildFailedError as exc:
-        rank, failure = exc.get_first_failure()
-        if failure.exitcode >= 0:
-            return failure.exitcode or 1
-        how = signal.Signals(-failure.exitcode).name if -failure.exitcode in signal.valid_signals() else "a signal"
-        print(f"error: training process {rank} was killed by {how}; the others were stopped (continue from the "
-              "newest checkpoint with --resume)", file=sys.stderr)
-        return 128 - failure.exitcode
+    with tempfile.TemporaryDirectory(prefix="qatune-torchrun-") as logs:
+        try:
+            torchrun([f"--log-dir={logs}", *argv])
+        except ChildFailedError as exc:
+            rank, failure = exc.get_first_failure()
+            if failure.exitcode >= 0:
+                return failure.exitcode or 1
+            how = (signal.Signals(-failure.exitcode).name if -failure.exitcode in signal.valid_signals()
+                   else "a signal")
+            print(f"error: training process {rank} was killed by {how}; the others were stopped (continue from the "
+                  "newest checkpoint with --resume)", file=sys.stderr)
+            return 128 - failure.exitcode
     return 0
 
 
