@@ -4,6 +4,7 @@ the same run directory layout, leaving no torchrun folder in the temporary direc
 ends both within seconds, in one line."""
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -39,14 +40,16 @@ train: {{epochs: 2, batch_size: 4, logging_steps: 1, learning_rate: 3.0e-3, prec
     return config
 
 
-def test_two_processes_match_one_with_accumulation(tmp_path, monkeypatch):
+def test_two_processes_match_one_with_accumulation(tmp_path, monkeypatch, capfd):
     config = write_config(tmp_path)
     temporary = tmp_path / "temporary"
     temporary.mkdir()
     monkeypatch.setenv("TMPDIR", str(temporary))  # the launched processes' temporary directory
     two = CliRunner().invoke(cli, ["train", "--config", str(config), "--output-dir", str(tmp_path / "two"),
-                                   "--num-processes", "2", "--quiet"])
+                                   "--num-processes", "2"])
     assert two.exit_code == 0, two.output + two.stderr
+    bar = capfd.readouterr().err  # the first process's progress bar counts the steps each process takes
+    assert re.search(r"train: 100%\S* 8/8 \[", bar) and " 8/16 " not in bar, bar[-2000:]
     one = CliRunner().invoke(cli, ["train", "--config", str(config), "--output-dir", str(tmp_path / "one"),
                                    "--set", "train.gradient_accumulation_steps=2", "--quiet"])
     assert one.exit_code == 0, one.output + one.stderr
@@ -74,7 +77,7 @@ def test_two_processes_match_one_with_accumulation(tmp_path, monkeypatch):
     events.Reload()
     assert [e.step for e in events.Scalars("train/loss")] == list(range(1, 9))
     assert json.loads((tmp_path / "two" / "run.json").read_text())["status"] == "complete"
-    assert not list(temporary.glob("*torch*")), list(temporary.iterdir())  # torchrun's folders went with it
+    assert not [*temporary.glob("torchelastic_*"), *temporary.glob("qatune-torchrun-*")]  # torchrun's went with it
 
 
 def test_two_processes_average_the_weights_as_one_does(tmp_path):
@@ -115,6 +118,6 @@ def test_a_failure_on_one_process_ends_both_in_one_line(tmp_path):
     assert "SIGTERM" not in done.stderr and "Traceback" not in done.stderr
     status = json.loads((run / "run.json").read_text())
     assert (status["status"], status["error"]) == ("failed", message)
-    assert not list(temporary.glob("*torch*")), list(temporary.iterdir())  # torchrun's folders went with it
+    assert not [*temporary.glob("torchelastic_*"), *temporary.glob("qatune-torchrun-*")]  # torchrun's went with it
     assert [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3, 4]
     print(f"both processes ended {seconds:.1f} s after the failure")

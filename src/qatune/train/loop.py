@@ -279,8 +279,10 @@ class Loop:
         return self.speedups.named_grads(self.model())
 
     def total_steps(self) -> int:
+        """The run's optimizer steps: windows of train.gradient_accumulation_steps batches of each process's share
+        of an epoch's batches (the loader's length; the sampler's counts every process's batches)."""
         train_cfg = self.prepared.config.train
-        return math.ceil(len(self.sampler) / train_cfg.gradient_accumulation_steps) * train_cfg.epochs
+        return math.ceil(len(self.loader) / train_cfg.gradient_accumulation_steps) * train_cfg.epochs
 
     def start_epoch(self, epoch: int) -> None:
         self.state.epoch = epoch
