@@ -150,6 +150,23 @@ def test_an_average_through_validations_that_never_improve_trains_the_same_steps
     assert_same_steps(tmp_path / "improving", tmp_path / "stale", rel=1e-6)
 
 
+def test_a_scorer_whose_pooler_never_trains_resumes_exactly(tmp_path):
+    """Mean pooling leaves a BERT's pooler out of the loss, so a sharded checkpoint holds no optimizer state for it:
+    the resume loads the state there is (and the average of every weight)."""
+    from tests.e2e.test_scoring_cli import CONFIG, rows, write
+
+    path = tmp_path / "scoring.yaml"
+    path.write_text(CONFIG.format(train=write(tmp_path / "train.csv", rows(48, 1)),
+                                  held=write(tmp_path / "held.csv", rows(12, 2)), columns="[verdict, score]"))
+    sets = [arg for item in ("model.pooling=mean", "train.epochs=2", "train.save_every=2", "train.keep_checkpoints=10",
+                             "train.distributed=fsdp", "train.ema_decay=0.9") for arg in ("--set", item)]
+    qatune("train", "--config", path, "--output-dir", tmp_path / "whole", "--quiet", *sets, processes=2)
+    resumed = tmp_path / "resumed"
+    shutil.copytree(tmp_path / "whole", resumed)
+    qatune("train", "--resume", resumed / "checkpoints" / "step-0000002", "--quiet", processes=2)
+    assert_same_steps(tmp_path / "whole", resumed, rel=1e-6)
+
+
 @pytest.fixture(scope="module")
 def clipped(tmp_path_factory, data):
     """The GPT-2 config as it is (gradients clipped) trained on two processes with fsdp (two/) and on one (one/)."""

@@ -32,11 +32,11 @@ from qatune.runs import layout
 log = logging.getLogger("qatune")
 
 
-def _sharded_options() -> Any:
+def _sharded_options(strict: bool = True) -> Any:
     from torch.distributed.checkpoint.state_dict import StateDictOptions
 
     # Frozen weights (a LoRA run's base) are not saved: they come back from the base model.
-    return StateDictOptions(ignore_frozen_params=True)
+    return StateDictOptions(ignore_frozen_params=True, strict=strict)
 
 OPTIMIZER_FORMAT = "dcp"
 """How a sharded run's checkpoint holds its weights and optimizer state: in SHARDS, one file per process written by
@@ -226,17 +226,20 @@ def load_shards(model: nn.Module, optimizer: torch.optim.Optimizer, folder: Path
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-    if average:
-        stored = dcp.FileSystemReader(str(folder / SHARDS)).read_metadata().state_dict_metadata
-        if not any(key.startswith("average.") for key in stored):
-            raise RunDirError(f"{folder / SHARDS} holds no average of the weights, which train.ema_decay keeps: the "
-                              "checkpoint was written without it; resume with the train.ema_decay it was trained "
-                              "with")
+    stored = dcp.FileSystemReader(str(folder / SHARDS)).read_metadata().state_dict_metadata
+    if average and not any(key.startswith("average.") for key in stored):
+        raise RunDirError(f"{folder / SHARDS} holds no average of the weights, which train.ema_decay keeps: the "
+                          "checkpoint was written without it; resume with the train.ema_decay it was trained with")
     weights, state = get_state_dict(model, optimizer, options=_sharded_options())
+    # A weight the loss never reached before the checkpoint (a BERT's pooler under mean pooling) has no optimizer
+    # state there, as in the run that wrote it: only the state the checkpoint holds is loaded.
+    state["state"] = {name: entry for name, entry in state["state"].items()
+                      if all(f"optimizer.state.{name}.{key}" in stored for key in entry)}
     saved = {"model": weights, "optimizer": state, **({"average": average} if average else {})}
     dcp.load(saved, checkpoint_id=str(folder / SHARDS))
+    # not strict: weights without optimizer state (above); dcp.load has already read every weight the model trains
     set_state_dict(model, optimizer, model_state_dict=saved["model"], optim_state_dict=saved["optimizer"],
-                   options=_sharded_options())
+                   options=_sharded_options(strict=False))
 
 
 def tied_copies(model: nn.Module) -> list[str]:
