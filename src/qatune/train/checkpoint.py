@@ -159,6 +159,10 @@ def find_checkpoint(path: Path) -> Path:
     a warning; a damaged checkpoint named directly, or a run with no intact one, is an error.
     """
     path = Path(path)
+    if path.parent.name == layout.CHECKPOINTS and not path.exists():
+        kept = [p.name for p in list_checkpoints(path.parent.parent)]
+        raise RunDirError(f"no checkpoint {path.name} in {path.parent} (it holds {', '.join(kept) or 'none'}); "
+                          "resume from one it holds, or from the run directory for its newest intact one")
     if (path / TRAINER_STATE).is_file() or path.parent.name == layout.CHECKPOINTS:
         problem = damage(path)
         if problem:
