@@ -50,6 +50,7 @@ def test_two_processes_match_one_with_accumulation(tmp_path, monkeypatch, capfd)
     assert two.exit_code == 0, two.output + two.stderr
     bar = capfd.readouterr().err  # the first process's progress bar counts the steps each process takes
     assert re.search(r"train: 100%\S* 8/8 \[", bar) and " 8/16 " not in bar, bar[-2000:]
+    assert "OMP_NUM_THREADS" not in bar  # torchrun's warning that it gave each process one thread
     one = CliRunner().invoke(cli, ["train", "--config", str(config), "--output-dir", str(tmp_path / "one"),
                                    "--set", "train.gradient_accumulation_steps=2", "--quiet"])
     assert one.exit_code == 0, one.output + one.stderr

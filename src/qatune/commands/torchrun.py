@@ -2,11 +2,13 @@
 one line when a training process fails: the process has said why itself (naming itself), and torchrun's log line and
 traceback of the failure, which name the first process to exit (often one that was stopped because another failed),
 add nothing for the person who started the run. torchrun's folder for the processes' error files is a temporary one
-removed at the end (torchrun's own default stays in the temporary directory after every run)."""
+removed at the end (torchrun's own default stays in the temporary directory after every run). Each process computes
+with its share of the machine's cores, where torchrun gives each one thread (and warns that it did)."""
 
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
 import tempfile
@@ -17,6 +19,7 @@ def main(argv: list[str]) -> int:
     from torch.distributed.run import main as torchrun
 
     logging.getLogger("torch.distributed.elastic.multiprocessing.api").addFilter(_without_failure_line)
+    share_cores(argv)
     with tempfile.TemporaryDirectory(prefix="qatune-torchrun-") as logs:
         try:
             torchrun([f"--log-dir={logs}", *argv])
@@ -30,6 +33,16 @@ def main(argv: list[str]) -> int:
                   "newest checkpoint with --resume)", file=sys.stderr)
             return 128 - failure.exitcode
     return 0
+
+
+def share_cores(argv: list[str]) -> None:
+    """OMP_NUM_THREADS for the processes, when it is not set: this machine's cores (those this process may use)
+    divided among the ``--nproc-per-node`` processes. torchrun would set 1, which leaves all but one core per process
+    idle on a CPU; one process alone uses every core."""
+    processes = next((int(a.split("=", 1)[1]) for a in argv if a.startswith("--nproc-per-node=")), None)
+    if "OMP_NUM_THREADS" in os.environ or not processes:
+        return
+    os.environ["OMP_NUM_THREADS"] = str(max(1, len(os.sched_getaffinity(0)) // processes))
 
 
 def _without_failure_line(record: logging.LogRecord) -> bool:

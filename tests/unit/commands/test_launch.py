@@ -1,8 +1,12 @@
-"""The torchrun command of ``qatune train --num-processes/--nodes``, and the addresses it refuses."""
+"""The torchrun command of ``qatune train --num-processes/--nodes``, the addresses it refuses, and the cores each
+process computes with."""
+
+import os
 
 import pytest
 
 from qatune.commands.launch import parse_master, process_args, torchrun_command
+from qatune.commands.torchrun import share_cores
 from qatune.errors import ConfigError
 
 
@@ -36,3 +40,17 @@ def test_each_process_reruns_this_train_command_without_the_launch_options():
     assert process_args(None, (), None, False, "runs/x", False, verbose=False) == ["train", "--resume", "runs/x"]
     assert process_args("c.yaml", (), "runs/x", False, "", False, verbose=False) == [
         "train", "--config", "c.yaml", "--output-dir", "runs/x", "--resume"]
+
+
+def test_each_process_computes_with_its_share_of_the_cores(monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(16)))
+    share_cores(["--nproc-per-node=3", "--standalone", "-m", "qatune", "train"])
+    assert os.environ["OMP_NUM_THREADS"] == "5"
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")  # the user's own setting stays
+    share_cores(["--nproc-per-node=3"])
+    assert os.environ["OMP_NUM_THREADS"] == "2"
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0})
+    share_cores(["--nproc-per-node=4"])
+    assert os.environ["OMP_NUM_THREADS"] == "1"
