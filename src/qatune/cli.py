@@ -44,7 +44,8 @@ class QatuneGroup(click.Group):
         except QatuneError as exc:
             if ctx.meta.get("qatune.verbose"):
                 traceback.print_exc()
-            click.echo(f"error: {exc}", err=True)
+            if int(os.environ.get("WORLD_SIZE", "1")) == 1 or _first_to_say(str(exc)):
+                click.echo(f"error: {exc}", err=True)
             ctx.exit(exc.exit_code)
         except KeyboardInterrupt:
             click.echo("interrupted", err=True)
@@ -65,6 +66,13 @@ class QatuneGroup(click.Group):
             click.echo(f"internal error: {type(exc).__name__}: {exc} (run with -v for the traceback; "
                        "please report it with the output of 'qatune env')", err=True)
             ctx.exit(2)
+
+
+def _first_to_say(message: str) -> bool:
+    """Several processes of one run meeting the same error say it once (a machine's first process to claim it)."""
+    from qatune.train.process_failure import first_to_say
+
+    return first_to_say(message)
 
 
 @click.group(cls=QatuneGroup, context_settings={"help_option_names": ["-h", "--help"]})

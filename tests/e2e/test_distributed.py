@@ -122,3 +122,15 @@ def test_a_failure_on_one_process_ends_both_in_one_line(tmp_path):
     assert not [*temporary.glob("torchelastic_*"), *temporary.glob("qatune-torchrun-*")]  # torchrun's went with it
     assert [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3, 4]
     print(f"both processes ended {seconds:.1f} s after the failure")
+
+
+def test_an_error_every_process_meets_is_said_once(tmp_path):
+    """A data file missing: each process meets it as it starts (before any process group), and one line says it."""
+    done = subprocess.run([sys.executable, "-m", "qatune", "train", "--config", str(write_config(tmp_path)),
+                           "--output-dir", str(tmp_path / "run"), "--num-processes", "2", "--set",
+                           f"data.train_file={tmp_path / 'gone.csv'}"], capture_output=True, text=True, cwd=ROOT,
+                          timeout=600, check=False)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert error_lines(done.stderr) == [f"error: data file {tmp_path / 'gone.csv'} not found; check data.train_file / "
+                                        "data.eval_file or the path you passed"], done.stderr
+    assert not (tmp_path / "run").exists()
