@@ -18,7 +18,7 @@ import warnings
 import click
 
 from qatune import __version__
-from qatune.commands.process import exit_without_teardown
+from qatune.commands.process import exit_without_teardown, first_to_say
 from qatune.errors import QatuneError
 
 log = logging.getLogger("qatune")
@@ -44,7 +44,7 @@ class QatuneGroup(click.Group):
         except QatuneError as exc:
             if ctx.meta.get("qatune.verbose"):
                 traceback.print_exc()
-            if int(os.environ.get("WORLD_SIZE", "1")) == 1 or _first_to_say(str(exc)):
+            if first_to_say(str(exc)):  # several processes of a run meeting one error say it once
                 click.echo(f"error: {exc}", err=True)
             ctx.exit(exc.exit_code)
         except KeyboardInterrupt:
@@ -66,13 +66,6 @@ class QatuneGroup(click.Group):
             click.echo(f"internal error: {type(exc).__name__}: {exc} (run with -v for the traceback; "
                        "please report it with the output of 'qatune env')", err=True)
             ctx.exit(2)
-
-
-def _first_to_say(message: str) -> bool:
-    """Several processes of one run meeting the same error say it once (a machine's first process to claim it)."""
-    from qatune.train.process_failure import first_to_say
-
-    return first_to_say(message)
 
 
 @click.group(cls=QatuneGroup, context_settings={"help_option_names": ["-h", "--help"]})

@@ -12,15 +12,10 @@ another's failure records it in run.json (the main process), says it in one line
 ends at once: with the failing process's exit code on another machine, with 0 on the failing process's own (whose
 exit code is the run's there). The failing process waits until the others have ended (a few seconds at most), then
 ends with the same line.
-
-An error every process meets alike before that (a data file missing, a config refused: each reads the same files) is
-said once per machine: the first process of the machine to claim its line in the store prints it
-(:func:`first_to_say`).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -43,8 +38,6 @@ EXITED_WAIT = timedelta(seconds=2)
 """How long a failing process then waits for the others on its machine to have exited: torchrun's agent, seeing
 the failing process end, sends SIGTERM to (and logs it for) every process of the machine still running."""
 _CONNECT = timedelta(seconds=30)
-_SAY_CONNECT = timedelta(seconds=3)
-"""How long a process ending with an error tries to reach the store before it says the error anyway."""
 _WATCH = timedelta(days=30)
 _FINISHED = "finished"
 E = TypeVar("E", bound=BaseException)
@@ -93,19 +86,21 @@ class FailureWatch:
         self.world = int(os.environ.get("WORLD_SIZE", "1"))
         self.node = int(os.environ.get("GROUP_RANK", "0"))
         self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-        self.prefix = _run_prefix()
+        run = f"{os.environ.get('TORCHELASTIC_RUN_ID', 'run')}/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+        self.prefix = f"qatune/{run}/"
         self._store: Any = None
         """The main thread's connection to the store (the watcher holds its own, blocked in a wait)."""
         self._watcher: threading.Thread | None = None
         self._ending = threading.Lock()
 
     def __enter__(self) -> FailureWatch:
-        address = _agent_store()
-        if address is None:
+        host, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT", "")
+        # torchrun's agent serves the store before the processes start (without it, process 0 would serve it only
+        # once its process group is made, and a process failing before that would have no one to tell).
+        if self.world == 1 or not (host and port.isdigit()) or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
             return self
-        host, port = address
         try:
-            self._store, watching = _connect(host, port), _connect(host, port)
+            self._store, watching = _connect(host, int(port)), _connect(host, int(port))
         except RuntimeError as exc:
             log.debug("no failure watch: the processes' store at %s:%s does not answer: %s", host, port, exc)
             self._store = None
@@ -231,41 +226,10 @@ def _running(pid: int) -> bool:
         return True
 
 
-def first_to_say(message: str) -> bool:
-    """Whether this process prints ``message``, the error it ends with: the first process of its machine to claim
-    the line in the processes' store does, the others with the same line end without it. True for a line no other
-    process has, and without a store to meet at (one process, another launcher)."""
-    address = _agent_store()
-    if address is None:
-        return True
-    key = f"{_run_prefix()}said/{os.environ.get('GROUP_RANK', '0')}/{hashlib.sha256(message.encode()).hexdigest()}"
-    me = os.environ.get("RANK", "0")
-    try:
-        return _connect(*address, timeout=_SAY_CONNECT).compare_set(key, "", me).decode() == me
-    except RuntimeError:  # the store is gone: say it rather than nothing
-        return True
-
-
-def _agent_store() -> tuple[str, int] | None:
-    """The address of the store torchrun's agent serves before the processes start, or None (one process, another
-    launcher). Without the agent's, process 0 would serve one only once its process group is made, and a process
-    failing before that would have no one to tell."""
-    host, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT", "")
-    if (int(os.environ.get("WORLD_SIZE", "1")) == 1 or not (host and port.isdigit())
-            or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True"):
-        return None
-    return host, int(port)
-
-
-def _run_prefix() -> str:
-    """The store's keys of this run (and of this restart of it)."""
-    return f"qatune/{os.environ.get('TORCHELASTIC_RUN_ID', 'run')}/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/"
-
-
-def _connect(host: str, port: int, timeout: timedelta = _CONNECT) -> Any:
+def _connect(host: str, port: int) -> Any:
     from torch.distributed import TCPStore
 
-    return TCPStore(host, port, is_master=False, timeout=timeout)
+    return TCPStore(host, port, is_master=False, timeout=_CONNECT)
 
 
 def _exit_code(exc: BaseException) -> int:
