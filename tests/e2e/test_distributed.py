@@ -45,6 +45,7 @@ def test_two_processes_match_one_with_accumulation(tmp_path, monkeypatch, capfd)
     temporary = tmp_path / "temporary"
     temporary.mkdir()
     monkeypatch.setenv("TMPDIR", str(temporary))  # the launched processes' temporary directory
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     two = CliRunner().invoke(cli, ["train", "--config", str(config), "--output-dir", str(tmp_path / "two"),
                                    "--num-processes", "2"])
     assert two.exit_code == 0, two.output + two.stderr

@@ -20,9 +20,10 @@ def main(argv: list[str]) -> int:
 
     logging.getLogger("torch.distributed.elastic.multiprocessing.api").addFilter(_without_failure_line)
     share_cores(argv)
-    with tempfile.TemporaryDirectory(prefix="qatune-torchrun-") as logs:
+    with tempfile.TemporaryDirectory(prefix="qatune-torchrun-", ignore_cleanup_errors=True) as logs:
         try:
-            torchrun([f"--log-dir={logs}", *argv])
+            # A log folder the user named (PET_LOG_DIR, with PET_REDIRECTS or PET_TEE) is theirs to keep.
+            torchrun([*([] if os.environ.get("PET_LOG_DIR") else [f"--log-dir={logs}"]), *argv])
         except ChildFailedError as exc:
             rank, failure = exc.get_first_failure()
             if failure.exitcode >= 0:
@@ -39,10 +40,11 @@ def share_cores(argv: list[str]) -> None:
     """OMP_NUM_THREADS for the processes, when it is not set: this machine's cores (those this process may use)
     divided among the ``--nproc-per-node`` processes. torchrun would set 1, which leaves all but one core per process
     idle on a CPU; one process alone uses every core."""
-    processes = next((int(a.split("=", 1)[1]) for a in argv if a.startswith("--nproc-per-node=")), None)
-    if "OMP_NUM_THREADS" in os.environ or not processes:
-        return
-    os.environ["OMP_NUM_THREADS"] = str(max(1, len(os.sched_getaffinity(0)) // processes))
+    given = next((a.split("=", 1)[1] for a in argv if a.startswith("--nproc-per-node=")), "")
+    if "OMP_NUM_THREADS" in os.environ or not given.isdigit() or int(given) < 1:
+        return  # the user's setting, or a count torchrun works out itself (auto, gpu)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    os.environ["OMP_NUM_THREADS"] = str(max(1, cores // int(given)))
 
 
 def _without_failure_line(record: logging.LogRecord) -> bool:

@@ -5,8 +5,8 @@ generate accept it) plus what an exact resume needs: optimizer.pt and scheduler.
 numbers only, read back with ``torch.load(weights_only=True)``), rng.pt, and trainer_state.json
 (step, epoch, position in the epoch, best metrics); with train.ema_decay, average.pt (the weights' moving
 average: the model folder holds the weights as trained, which a resume continues from). A run with
-train.distributed fsdp writes its weights and optimizer state in place of model.safetensors and optimizer.pt
-as sharded/, one file per process (torch.distributed.checkpoint). It is written with
+train.distributed fsdp writes its weights, optimizer state and average in place of model.safetensors,
+optimizer.pt and average.pt as sharded/, one file per process (torch.distributed.checkpoint). It is written with
 :func:`qatune.runs.atomic.write_folder`, so a process killed at any moment leaves either the new checkpoint or
 none, never a half-written one under a valid name.
 """
@@ -161,8 +161,11 @@ def find_checkpoint(path: Path) -> Path:
     path = Path(path)
     if path.parent.name == layout.CHECKPOINTS and not path.exists():
         kept = [p.name for p in list_checkpoints(path.parent.parent)]
-        raise RunDirError(f"no checkpoint {path.name} in {path.parent} (it holds {', '.join(kept) or 'none'}); "
-                          "resume from one it holds, or from the run directory for its newest intact one")
+        if not kept:
+            raise RunDirError(f"no checkpoint {path.name} in {path.parent}, which holds none; pass a run directory "
+                              "that saved checkpoints, or start a new run")
+        raise RunDirError(f"no checkpoint {path.name} in {path.parent} (it holds {', '.join(kept)}); resume from "
+                          "one of those, or from the run directory for its newest intact one")
     if (path / TRAINER_STATE).is_file() or path.parent.name == layout.CHECKPOINTS:
         problem = damage(path)
         if problem:

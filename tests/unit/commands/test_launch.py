@@ -54,3 +54,6 @@ def test_each_process_computes_with_its_share_of_the_cores(monkeypatch):
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0})
     share_cores(["--nproc-per-node=4"])
     assert os.environ["OMP_NUM_THREADS"] == "1"
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    share_cores(["--nproc-per-node=auto"])  # torchrun counts the processes itself: left to it
+    assert "OMP_NUM_THREADS" not in os.environ

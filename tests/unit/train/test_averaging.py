@@ -121,8 +121,9 @@ def test_fsdp_takes_an_average_and_a_sharded_checkpoint_without_one_is_refused_i
     with pytest.raises(RunDirError, match=r"^\S+/step-0000003/sharded holds no average of the weights, which "
                                           r"train.ema_decay keeps: the checkpoint was written without it; resume "
                                           r"with the train.ema_decay it was trained with$"):
-        sharding.load_shards(torch.nn.Linear(2, 2), torch.optim.AdamW(torch.nn.Linear(2, 2).parameters()),
-                             shards.parent, average={"weight": torch.zeros(2, 2)})
+        layer = torch.nn.Linear(2, 2)
+        sharding.load_shards(layer, torch.optim.AdamW(layer.parameters()), shards.parent,
+                             average={"weight": torch.zeros(2, 2)})
 
 
 @pytest.mark.slow  # bf16 matrix products, emulated on a CPU without AVX512-BF16

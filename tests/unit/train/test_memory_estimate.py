@@ -159,9 +159,11 @@ def test_a_scorer_that_fits_nowhere_is_not_advised_lora(tmp_path, monkeypatch):
     assert warning["message"].endswith("; none of a smaller batch, fsdp or LoRA fits either")
 
 
-def test_check_advises_and_accepts_fsdp_with_averaged_weights_each_process_holding_its_shard(tmp_path, monkeypatch):
+def test_fsdp_with_averaged_weights_is_advised_accepted_and_counted_per_shard(tmp_path, monkeypatch):
     """train.ema_decay with fsdp: each process keeps the average of its own shard, which the estimate counts; check
     advises fsdp for a run that averages its weights and accepts a config that asks for both."""
+    from qatune.train import prepare
+
     monkeypatch.setattr("qatune.commands.check.resident_bytes", lambda: 0)
     monkeypatch.setattr("qatune.commands.check.available_bytes", lambda: (1024, "RAM available"))
     averaged = tiny_config(tmp_path, ROWS, "train.batch_size=8", "train.activation_checkpointing=true",
@@ -172,8 +174,6 @@ def test_check_advises_and_accepts_fsdp_with_averaged_weights_each_process_holdi
     both = tiny_config(tmp_path, ROWS, "train.ema_decay=0.99", "train.distributed=fsdp")
     report = run_check(both)
     assert not [f for f in report["findings"] if f["code"] == "distributed"] and report["ok"]
-    from qatune.train import prepare
-
     config = tiny_config(tmp_path, ROWS, "model.scratch.n_layer=2", "train.ema_decay=0.99")
     model = memory_estimate.meta_model(config, prepare(config, with_model=False).tokenizer, False)
     params = sum(p.numel() for p in model.parameters())
