@@ -134,25 +134,11 @@ def test_gpt2_matches_one_process_and_resumes_exactly(tmp_path, data):
     assert_same_steps(tmp_path / "two", resumed, rel=1e-6)
 
 
-def test_an_average_through_validations_that_never_improve_trains_the_same_steps(tmp_path, data):
-    """No best/ is gathered after a validation that does not improve, where the root unit keeps the average it
-    gathered: the sharded average is still checkpointed, and the next steps train from the trained weights."""
-    path = config(tmp_path, data, GPT2)
-    sets = ["--set", "train.distributed=fsdp", "--set", "train.ema_decay=0.8", "--set", "train.max_grad_norm=null",
-            "--set", "train.epochs=3", "--quiet", "--num-processes", "2"]
-    qatune("train", "--config", path, "--output-dir", tmp_path / "improving", *sets)
-    never = injected(tmp_path, *[(rank, "qatune.train.validation:better", "false") for rank in (0, 1)])
-    done = subprocess.run([sys.executable, "-m", "qatune", "train", "--config", str(path), "--output-dir",
-                           str(tmp_path / "stale"), *sets], capture_output=True, text=True, cwd=ROOT, env=never,
-                          check=False)
-    assert done.returncode == 0, done.stderr
-    assert (tmp_path / "improving" / "best").is_dir() and not (tmp_path / "stale" / "best").exists()
-    assert_same_steps(tmp_path / "improving", tmp_path / "stale", rel=1e-6)
-
-
 def test_a_scorer_whose_pooler_never_trains_resumes_exactly(tmp_path):
     """Mean pooling leaves a BERT's pooler out of the loss, so a sharded checkpoint holds no optimizer state for it:
-    the resume loads the state there is (and the average of every weight)."""
+    the resume loads the state there is (and the average of every weight). Its validations never improve (made so),
+    so no best/ is gathered after one, where the root unit keeps the average that validation gathered: the sharded
+    average is still checkpointed, and training goes on from the trained weights."""
     from tests.e2e.test_scoring_cli import CONFIG, rows, write
 
     path = tmp_path / "scoring.yaml"
@@ -160,10 +146,18 @@ def test_a_scorer_whose_pooler_never_trains_resumes_exactly(tmp_path):
                                   held=write(tmp_path / "held.csv", rows(12, 2)), columns="[verdict, score]"))
     sets = [arg for item in ("model.pooling=mean", "train.epochs=2", "train.save_every=2", "train.keep_checkpoints=10",
                              "train.distributed=fsdp", "train.ema_decay=0.9") for arg in ("--set", item)]
-    qatune("train", "--config", path, "--output-dir", tmp_path / "whole", "--quiet", *sets, processes=2)
+    never = injected(tmp_path, *[(rank, "qatune.train.validation:better", "false") for rank in (0, 1)])
+
+    def train(*args):
+        done = subprocess.run([sys.executable, "-m", "qatune", "train", *map(str, args), "--quiet", "--num-processes",
+                               "2"], capture_output=True, text=True, cwd=ROOT, env=never, check=False)
+        assert done.returncode == 0, done.stderr
+
+    train("--config", path, "--output-dir", tmp_path / "whole", *sets)
+    assert not (tmp_path / "whole" / "best").exists()
     resumed = tmp_path / "resumed"
     shutil.copytree(tmp_path / "whole", resumed)
-    qatune("train", "--resume", resumed / "checkpoints" / "step-0000002", "--quiet", processes=2)
+    train("--resume", resumed / "checkpoints" / "step-0000002")
     assert_same_steps(tmp_path / "whole", resumed, rel=1e-6)
 
 
