@@ -37,14 +37,15 @@ def main(argv: list[str]) -> int:
 
 
 def share_cores(argv: list[str]) -> None:
-    """OMP_NUM_THREADS for the processes, when it is not set: this machine's cores (those this process may use)
-    divided among the ``--nproc-per-node`` processes. torchrun would set 1, which leaves all but one core per process
-    idle on a CPU; one process alone uses every core."""
+    """OMP_NUM_THREADS for the processes, when it is not set: the threads torch would compute with in one process
+    (its default: the machine's cores) divided among the ``--nproc-per-node`` processes. torchrun would set 1, which
+    leaves all but one core per process idle on a CPU."""
+    import torch
+
     given = next((a.split("=", 1)[1] for a in argv if a.startswith("--nproc-per-node=")), "")
     if "OMP_NUM_THREADS" in os.environ or not given.isdigit() or int(given) < 1:
         return  # the user's setting, or a count torchrun works out itself (auto, gpu)
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    os.environ["OMP_NUM_THREADS"] = str(max(1, cores // int(given)))
+    os.environ["OMP_NUM_THREADS"] = str(max(1, torch.get_num_threads() // int(given)))
 
 
 def _without_failure_line(record: logging.LogRecord) -> bool:

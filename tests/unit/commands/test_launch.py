@@ -44,14 +44,14 @@ def test_each_process_reruns_this_train_command_without_the_launch_options():
 
 def test_each_process_computes_with_its_share_of_the_cores(monkeypatch):
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-    monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(16)))
+    monkeypatch.setattr("torch.get_num_threads", lambda: 16)  # what one process would compute with
     share_cores(["--nproc-per-node=3", "--standalone", "-m", "qatune", "train"])
     assert os.environ["OMP_NUM_THREADS"] == "5"
     monkeypatch.setenv("OMP_NUM_THREADS", "2")  # the user's own setting stays
     share_cores(["--nproc-per-node=3"])
     assert os.environ["OMP_NUM_THREADS"] == "2"
     monkeypatch.delenv("OMP_NUM_THREADS")
-    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0})
+    monkeypatch.setattr("torch.get_num_threads", lambda: 1)
     share_cores(["--nproc-per-node=4"])
     assert os.environ["OMP_NUM_THREADS"] == "1"
     monkeypatch.delenv("OMP_NUM_THREADS")
