@@ -41,5 +41,5 @@ def first_to_say(message: str) -> bool:
     except FileExistsError:
         return False
     except OSError:
-        return True
+        pass  # no folder to claim it in: said
     return True
