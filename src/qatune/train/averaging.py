@@ -33,10 +33,13 @@ def decay_at(decay: float, step: int) -> float:
 class WeightAverage:
     """An exponential moving average of ``params`` (the tensors the optimizer updates), kept in fp32 beside them."""
 
-    def __init__(self, params: list[torch.Tensor], decay: float):
+    def __init__(self, params: list[torch.Tensor], decay: float, sharded_model: torch.nn.Module | None = None):
         self.params = list(params)
         self.decay = decay
         self.averages = [p.detach().float().clone() for p in self.params]
+        self.by_name = self.named(sharded_model) if sharded_model is not None else None
+        """A sharded run's averages keyed by their parameters' names, as its checkpoints keep them (named here,
+        before any forward: a unit gathered for one holds other tensors under those names)."""
 
     @torch.no_grad()
     def update(self, step: int) -> None:

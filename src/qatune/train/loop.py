@@ -156,9 +156,6 @@ class Loop:
     metrics_log: MetricsLog
     average: WeightAverage | None = None
     """train.ema_decay: the moving average of the weights that validation, best/ and final/ see."""
-    average_shards: dict[str, torch.Tensor] | None = None
-    """A sharded run's average by parameter name, as its checkpoints keep it (named before any forward: a unit
-    gathered for one holds other tensors under those names)."""
     logged: LogWindow = field(default_factory=LogWindow)
     last_checkpoint: Path | None = None
     checkpointed: int | None = None
@@ -181,7 +178,8 @@ class Loop:
         collator = speedups.collator(prepared.collator)
         optimizer = build_optimizer(speedups.parameters(objective), train_cfg.learning_rate, train_cfg.weight_decay)
         sampler = training_batches(prepared.dataset, config)
-        _log_prefix_batches(sampler, config, speedups)
+        if (batches := sampler.prefix_batches(train_cfg, speedups.on("prefix_groups"))) is not None:
+            log.info("batches: %s", batches)
         # Its own generator: starting an epoch must not draw from the global RNG that dropout uses, so a
         # resumed run sees the same dropout masks as an uninterrupted one.
         loader = torch.utils.data.DataLoader(prepared.dataset, batch_sampler=sampler, collate_fn=collator,
@@ -193,17 +191,18 @@ class Loop:
         warmup, decay = build_schedulers(optimizer, config)
         # After prepare, which puts the weights on the device: the average is kept beside them.
         average = (WeightAverage([p for group in _torch_optimizer(optimizer).param_groups for p in group["params"]],
-                                 train_cfg.ema_decay) if train_cfg.ema_decay is not None else None)
+                                 train_cfg.ema_decay, prepared.model if sharded else None)
+                   if train_cfg.ema_decay is not None else None)
         schedulers = {"warmup": warmup, "decay": decay}
         main = accelerator.is_main_process
         metrics_log = MetricsLog(run_dir / layout.METRICS if run_dir and main else None, train_cfg.report_to, config,
                                  resumed_from=resume_from)
         with metrics_log.closed_on_error():  # a failure from here on ends the trackers' runs as failed
             state = TrainState()
-            average_shards = average.named(prepared.model) if sharded and average is not None else None
             if resume_from is not None:
+                by_name = average.by_name if average else None
                 shards = (lambda folder: sharding.load_shards(prepared.model, _torch_optimizer(optimizer), folder,
-                                                              average_shards)) if sharded else None
+                                                              by_name)) if sharded else None
                 state = restore(resume_from, optimizer, schedulers, load_shards=shards)
                 if average is not None and not sharded:
                     average.load(resume_from)
@@ -222,7 +221,7 @@ class Loop:
                 log.info("validation, best/ and final/ use a moving average of the weights (train.ema_decay %g)",
                          train_cfg.ema_decay)
             return cls(prepared, run_dir, accelerator, speedups, objective, optimizer, loader, sampler, clip,
-                       schedulers, state, guard, metrics_log, average, average_shards,
+                       schedulers, state, guard, metrics_log, average,
                        LogWindow.restored(state.log_window))
 
     @property
@@ -362,7 +361,7 @@ class Loop:
         if self.sharded:  # every process writes its shard (and its average's) into the folder the main one writes
             self.state.optimizer_format = sharding.OPTIMIZER_FORMAT
             shards = partial(sharding.save_shards, self.model(), _torch_optimizer(self.optimizer),
-                             average=self.average_shards)
+                             average=self.average.by_name if self.average else None)
             average_file = None
             if not self.main:
                 shards(None)
@@ -403,21 +402,6 @@ class Loop:
         if self.processes > 1:
             peak = self.accelerator.gather(peak).max()
         return round(float(peak), 1)
-
-
-def _log_prefix_batches(sampler: LengthGroupedBatches, config: Any, speedups: Speedups) -> None:
-    """What ``train.group_by_prefix`` did to the batches."""
-    train_cfg = config.train
-    if sampler.pack:
-        kept = [family for family in sampler.families if len(family) > 1]
-        how = ("each group's prefix computed once per batch" if speedups.on("prefix_groups")
-               else "this model's path computes only a batch's common prefix once")
-        log.info("batches: %d of %d rows in %d groups that share a long prompt prefix (one context) kept together, "
-                 "%s (train.group_by_prefix)", sum(map(len, kept)), len(sampler.lengths), len(kept), how)
-    elif train_cfg.group_by_prefix:
-        why = ("the prompts are trained on too (train.train_on_prompt)" if train_cfg.train_on_prompt
-               else "no rows share a long prompt prefix (one context)")
-        log.info("batches: train.group_by_prefix keeps no rows together: %s", why)
 
 
 def _torch_optimizer(optimizer: Any) -> torch.optim.Optimizer:

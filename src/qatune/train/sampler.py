@@ -41,6 +41,21 @@ class LengthGroupedBatches(torch.utils.data.Sampler):
         self.epoch = 0
         self._skip = 0
 
+    def prefix_batches(self, train_cfg: Any, prefix_groups: bool) -> str | None:
+        """What train.group_by_prefix did to the batches (None when it is off); ``prefix_groups``: whether the
+        speed path that computes each group's prefix once per batch is on."""
+        if self.pack:
+            kept = [family for family in self.families if len(family) > 1]
+            how = ("each group's prefix computed once per batch" if prefix_groups
+                   else "this model's path computes only a batch's common prefix once")
+            return (f"{sum(map(len, kept))} of {len(self.lengths)} rows in {len(kept)} groups that share a long "
+                    f"prompt prefix (one context) kept together, {how} (train.group_by_prefix)")
+        if train_cfg.group_by_prefix:
+            why = ("the prompts are trained on too (train.train_on_prompt)" if train_cfg.train_on_prompt
+                   else "no rows share a long prompt prefix (one context)")
+            return f"train.group_by_prefix keeps no rows together: {why}"
+        return None
+
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
