@@ -87,7 +87,8 @@ def save_checkpoint(run_dir: Path, state: TrainState, model: Any, tokenizer: Any
                     shards: Callable[[Path], None] | None = None, average: WeightAverage | None = None) -> Path:
     """Write a checkpoint atomically, then prune all but the last ``keep`` (and the best). ``shards``: writes the
     weights and optimizer state of a sharded model into a folder (in place of model.safetensors and optimizer.pt),
-    every process taking part. ``average``: train.ema_decay's average, saved beside the trained weights."""
+    every process taking part. ``average``: train.ema_decay's average, saved beside the trained weights (by
+    ``shards`` with the weights' shards in a sharded run; counted in the space the folder needs either way)."""
     from qatune.model.folder import write_model_files
 
     def fill(folder: Path) -> None:
@@ -99,7 +100,7 @@ def save_checkpoint(run_dir: Path, state: TrainState, model: Any, tokenizer: Any
                 shards(folder)
             torch.save({k: s.state_dict() for k, s in schedulers.items() if s is not None}, folder / "scheduler.pt")
             torch.save(_rng_state(), folder / "rng.pt")
-            if average is not None:
+            if average is not None and shards is None:
                 average.save(folder)
         # Written last: a folder without it is not a checkpoint.
         (folder / TRAINER_STATE).write_text(json.dumps(asdict(state), indent=2) + "\n", encoding="utf-8")

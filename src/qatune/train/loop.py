@@ -357,19 +357,18 @@ class Loop:
         prepared = self.prepared
         self.state.log_window = self.logged.state()
         self.state.processes = self.processes
-        shards, average_file = None, self.average  # average.pt; a sharded run's average goes with its shards
+        shards = None
         if self.sharded:  # every process writes its shard (and its average's) into the folder the main one writes
             self.state.optimizer_format = sharding.OPTIMIZER_FORMAT
             shards = partial(sharding.save_shards, self.model(), _torch_optimizer(self.optimizer),
                              average=self.average.by_name if self.average else None)
-            average_file = None
             if not self.main:
                 shards(None)
         with self.full_precision():
             if self.main:
                 self.last_checkpoint = save_checkpoint(
                     self.run_dir, self.state, self.model(), prepared.tokenizer, prepared.config, prepared.info,
-                    self.optimizer, self.schedulers, prepared.config.train.keep_checkpoints, shards, average_file)
+                    self.optimizer, self.schedulers, prepared.config.train.keep_checkpoints, shards, self.average)
         if self.sharded:
             self.accelerator.wait_for_everyone()  # the folder is in place (or the main process failed)
         return self.last_checkpoint if self.main else None

@@ -137,3 +137,31 @@ def test_under_bf16_master_weights_the_fp32_masters_are_averaged(tmp_path):
     assert all(any(torch.equal(a, f) for f in final.values()) for a in averaged)
     trained = load_file(find_checkpoint(run) / "model.safetensors")
     assert trained.keys() == final.keys() and not any(torch.equal(trained[k], final[k]) for k in final)
+
+
+@pytest.mark.parametrize("sharded", [False, True])
+def test_a_checkpoint_counts_the_average_in_the_space_it_needs_and_writes_it_once(tmp_path, monkeypatch, sharded):
+    from qatune.runs import atomic
+    from qatune.train.checkpoint import TrainState, save_checkpoint
+
+    layer = torch.nn.Linear(10, 10)  # 110 fp32 weights: 440 bytes, as many for the average
+    optimizer = torch.optim.AdamW(layer.parameters())
+    layer(torch.ones(1, 10)).sum().backward()
+    optimizer.step()  # two fp32 moments per weight and a step count per tensor: 880 + 8 bytes
+    asked = {}
+
+    def write_folder(folder, fill, size_hint=0):
+        asked["bytes"] = size_hint
+        folder.mkdir()
+        fill(folder)
+        return folder
+
+    monkeypatch.setattr(atomic, "write_folder", write_folder)
+    monkeypatch.setattr("qatune.model.folder.write_model_files", lambda *args, **kwargs: None)
+    average = WeightAverage(list(layer.parameters()), decay=0.9)
+    save_checkpoint(tmp_path, TrainState(), layer, None, None, None, optimizer, {}, keep=1,
+                    shards=(lambda folder: None) if sharded else None, average=average)
+    state_bytes = sum(t.numel() * t.element_size() for s in optimizer.state.values() for t in s.values())
+    assert asked["bytes"] == 440 + state_bytes + 440
+    # a sharded run's average is written by the shards' writer, with the weights' shards; average.pt otherwise
+    assert (tmp_path / "checkpoints" / "step-0000000" / FILE).is_file() is not sharded
