@@ -9,8 +9,9 @@
    row's allowed answers; the cost is the ratio of the arms' summed times (wall and CPU), with each batch's.
 3. Records EM/F1 of each arm (as qatune eval computes them), the share of answers that are spans of their passage,
    the rows grounding changed (right -> wrong, wrong -> right), both arms' F1 on the rows whose free answer is in
-   its passage and on the rest (with the most grounding could gain), and the load average at the start and end of
-   each round.
+   its passage and on the rest (with the most grounding could gain), where each arm's F1 is lost (answers longer or
+   shorter than the gold one, or another phrase altogether), and the load average at the start and end of each
+   round.
 
 Writes bench/results/<this machine>/grounded_qa.json.
 
@@ -72,6 +73,26 @@ def by_free_answer(records: list, answers: dict[str, list[str]], contexts: list[
     result["ceiling_gain_f1"] = round(100 * sum(1 - f1["off"][i] for i in outside) / rows, 2)
     result["gain_at_in_passage_f1"] = round(100 * sum(inside_f1 - f1["off"][i] for i in outside) / rows, 2)
     return result
+
+
+def answer_kinds(got: list[str], records: list) -> dict[str, dict[str, float]]:
+    """How each answer relates to its gold answer (the one it scores best against), as SQuAD normalises both:
+    exact, longer (holds the gold answer), shorter (inside it), overlapping (some words shared) or disjoint (none:
+    another phrase altogether); per kind the rows and the F1 points they lose over all rows."""
+    from qatune.inference.metrics import best_scores, normalize_answer
+
+    kinds: dict[str, dict[str, float]] = {}
+    for answer, record in zip(got, records):
+        f1 = best_scores(answer, record.answers)[1]
+        gold = max(record.answers, key=lambda g: best_scores(answer, [g])[1])
+        ours, theirs = normalize_answer(answer), normalize_answer(gold)
+        kind = ("exact" if ours == theirs else "longer" if theirs and theirs in ours
+                else "shorter" if ours and ours in theirs
+                else "overlapping" if set(ours.split()) & set(theirs.split()) else "disjoint")
+        entry = kinds.setdefault(kind, {"rows": 0, "f1_lost": 0.0})
+        entry["rows"] += 1
+        entry["f1_lost"] += 100 * (1 - f1) / len(got)
+    return {kind: {"rows": entry["rows"], "f1_lost": round(entry["f1_lost"], 2)} for kind, entry in kinds.items()}
 
 
 def main() -> int:
@@ -175,6 +196,7 @@ def main() -> int:
         found = sum(in_passage(a, c or "") or (bool(a) and a.casefold() == no_answer) for a, c in zip(got, contexts))
         arms[arm] = {**{k: round(v, 2) for k, v in corpus_scores(got, golds).items()},
                      "in_passage": round(100 * found / len(got), 1), "empty": sum(not a for a in got),
+                     "answer_kinds": answer_kinds(got, records),
                      "generation_s": wall[arm], "generation_cpu_s": cpu[arm]}
     ratios = [round(on / off, 3) for off, on in zip(wall["off"], wall["on"])]
     changed = [(r, best_scores(off, r.answers)[0], best_scores(on, r.answers)[0], off, on)
