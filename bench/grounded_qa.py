@@ -75,6 +75,18 @@ def by_free_answer(records: list, answers: dict[str, list[str]], contexts: list[
     return result
 
 
+def differences(shipped: object, trained: object) -> dict[str, list[object]]:
+    """The config keys whose values the run's config has other than ``shipped``: {key: [shipped, run's]}."""
+    def flat(value: object, prefix: str = "") -> dict[str, object]:
+        if isinstance(value, dict):
+            return {k: v for key, inner in value.items() for k, v in flat(inner, f"{prefix}{key}.").items()}
+        return {prefix[:-1]: value}
+
+    ours, theirs = flat(shipped.model_dump(mode="json")), flat(trained.model_dump(mode="json"))
+    return {key: [ours.get(key), theirs.get(key)] for key in sorted(set(ours) | set(theirs))
+            if ours.get(key) != theirs.get(key)}
+
+
 def answer_kinds(got: list[str], records: list) -> dict[str, dict[str, float]]:
     """How each answer relates to its gold answer (the one it scores best against), as SQuAD normalises both:
     exact, longer (holds the gold answer), shorter (inside it), overlapping (some words shared) or disjoint (none:
@@ -141,7 +153,8 @@ def main() -> int:
     shipped = f"{args.config.resolve().relative_to(ROOT)} as shipped"
     if args.set:
         shipped = f"{args.config.resolve().relative_to(ROOT)} with --set {' --set '.join(args.set)}"
-    result["run"] = {"config": shipped if args.run is None else str(run),
+    result["run"] = {"config": shipped if args.run is None else str(run), "seed": loaded.config.seed,
+                     "differs_from_config": differences(load_config(args.config), loaded.config),
                      "grounding": loaded.info.grounding, "no_answer": no_answer_text(loaded.info),
                      "generate": {"max_new_tokens": generate.max_new_tokens, "precision": generate.precision,
                                   "grounded (the run's setting)": generate.grounded},
