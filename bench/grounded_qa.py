@@ -87,24 +87,28 @@ def differences(shipped: object, trained: object) -> dict[str, list[object]]:
             if ours.get(key) != theirs.get(key)}
 
 
-def answer_kinds(got: list[str], records: list) -> dict[str, dict[str, float]]:
+def answer_kinds(got: list[str], records: list) -> dict[str, dict[str, object]]:
     """How each answer relates to its gold answer (the one it scores best against), as SQuAD normalises both:
     exact, longer (holds the gold answer), shorter (inside it), overlapping (some words shared) or disjoint (none:
-    another phrase altogether); per kind the rows and the F1 points they lose over all rows."""
+    another phrase altogether); per kind the rows, the F1 points they lose over all rows and the first three."""
     from qatune.inference.metrics import best_scores, normalize_answer
 
-    kinds: dict[str, dict[str, float]] = {}
+    kinds: dict[str, dict[str, object]] = {}
+    lost: dict[str, float] = {}
     for answer, record in zip(got, records):
-        f1 = best_scores(answer, record.answers)[1]
         gold = max(record.answers, key=lambda g: best_scores(answer, [g])[1])
         ours, theirs = normalize_answer(answer), normalize_answer(gold)
         kind = ("exact" if ours == theirs else "longer" if theirs and theirs in ours
                 else "shorter" if ours and ours in theirs
                 else "overlapping" if set(ours.split()) & set(theirs.split()) else "disjoint")
-        entry = kinds.setdefault(kind, {"rows": 0, "f1_lost": 0.0})
+        entry = kinds.setdefault(kind, {"rows": 0, "f1_lost": 0.0, "examples": []})
         entry["rows"] += 1
-        entry["f1_lost"] += 100 * (1 - f1) / len(got)
-    return {kind: {"rows": entry["rows"], "f1_lost": round(entry["f1_lost"], 2)} for kind, entry in kinds.items()}
+        lost[kind] = lost.get(kind, 0.0) + 100 * (1 - best_scores(answer, record.answers)[1]) / len(got)
+        if kind != "exact" and len(entry["examples"]) < 3:
+            entry["examples"].append({"question": record.question, "gold": gold, "answer": answer})
+    for kind, entry in kinds.items():
+        entry["f1_lost"] = round(lost[kind], 2)
+    return kinds
 
 
 def main() -> int:
