@@ -89,17 +89,18 @@ def differences(shipped: object, trained: object) -> dict[str, list[object]]:
 
 def answer_kinds(got: list[str], records: list) -> dict[str, dict[str, object]]:
     """How each answer relates to its gold answer (the one it scores best against), as SQuAD normalises both:
-    exact, longer (holds the gold answer), shorter (inside it), overlapping (some words shared) or disjoint (none:
-    another phrase altogether); per kind the rows, the F1 points they lose over all rows and the first three."""
+    exact, longer (holds the gold answer's words), shorter (its words inside the gold answer's), overlapping (some
+    words shared) or disjoint (none: another phrase altogether); per kind the rows, the F1 points they lose over all
+    rows and the first three."""
     from qatune.inference.metrics import best_scores, normalize_answer
 
     kinds: dict[str, dict[str, object]] = {}
     lost: dict[str, float] = {}
     for answer, record in zip(got, records):
-        gold = max(record.answers, key=lambda g: best_scores(answer, [g])[1])
+        gold = max(record.answers or [""], key=lambda g: best_scores(answer, [g])[1])
         ours, theirs = normalize_answer(answer), normalize_answer(gold)
-        kind = ("exact" if ours == theirs else "longer" if theirs and theirs in ours
-                else "shorter" if ours and ours in theirs
+        kind = ("exact" if ours == theirs else "longer" if theirs and f" {theirs} " in f" {ours} "
+                else "shorter" if ours and f" {ours} " in f" {theirs} "
                 else "overlapping" if set(ours.split()) & set(theirs.split()) else "disjoint")
         entry = kinds.setdefault(kind, {"rows": 0, "f1_lost": 0.0, "examples": []})
         entry["rows"] += 1
