@@ -22,6 +22,8 @@ if "qatune-test-cache-" not in os.environ.get("QATUNE_CACHE_DIR", ""):
     atexit.register(shutil.rmtree, os.environ["QATUNE_CACHE_DIR"], ignore_errors=True)
 
 ROOT = Path(__file__).resolve().parent.parent
+LOCAL = "http://127.0.0.1:8000"
+"""The address in-process test clients ask as (qatune serve and ui answer loopback names only)."""
 FIXTURES = ROOT / "tests" / "fixtures"
 
 

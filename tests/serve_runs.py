@@ -66,22 +66,22 @@ def train_run(kind: str, folder: Path, epochs: int | None = None) -> Path:
 
 class QatuneProcess:
     """``qatune ARGS...`` (serve or ui, given ``--port 0``) in a child process; ``url`` once it listens and answers
-    GET /health, ``log`` its stderr lines."""
+    GET /health, ``link`` the whole link it printed (qatune ui's carries its token), ``log`` its stderr lines."""
 
     def __init__(self, *args: str):
         env = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
         self.process = subprocess.Popen([sys.executable, "-m", "qatune", *args], stdout=subprocess.PIPE,
                                         stderr=subprocess.PIPE, text=True, env=env)
         self.log: list[str] = []
-        self.url = ""
+        self.url = self.link = ""
         listening = threading.Event()
 
         def read() -> None:
             for line in self.process.stderr:
                 self.log.append(line)
-                found = re.search(r"at (http://127\.0\.0\.1:\d+)/", line)
+                found = re.search(r"at (http://127\.0\.0\.1:\d+)/(\?token=[\w-]+)?", line)
                 if found:
-                    self.url = found.group(1)
+                    self.url, self.link = found.group(1), found.group(0).removeprefix("at ")
                     listening.set()
             listening.set()
 

@@ -55,14 +55,14 @@ def ui(tmp_path):
 class Page:
     """The browser on qatune ui's page, with the waits and screenshots the test takes."""
 
-    def __init__(self, browser, url: str, downloads: Path):
+    def __init__(self, browser, link: str, downloads: Path):
         from selenium.webdriver.support.ui import WebDriverWait
 
-        self.browser, self.url, self.downloads = browser, url, downloads
+        self.browser, self.downloads = browser, downloads
         self.wait = WebDriverWait(browser, WAIT_S)
         browser.execute_cdp_cmd("Browser.setDownloadBehavior", {"behavior": "allow", "downloadPath": str(downloads)})
         browser.set_window_size(1280, 900)
-        browser.get(url + "/")
+        browser.get(link)  # the link qatune ui printed: its token becomes the page's cookie
 
     def find(self, element_id: str):
         from selenium.webdriver.common.by import By
@@ -109,7 +109,12 @@ def test_from_a_sheet_to_a_tried_compared_exported_model(ui, browser, tmp_path):
     server, workspace = ui
     downloads = tmp_path / "downloads"
     downloads.mkdir()
-    page = Page(browser, server.url, downloads)
+    # A wrong token is refused; the printed link opens the page and leaves the token out of the address bar.
+    browser.get(server.url + "/?token=guess")
+    assert "this link's token is not qatune ui's" in browser.page_source
+    assert re.fullmatch(r"http://127\.0\.0\.1:\d+/\?token=[\w-]{43}", server.link), server.link
+    page = Page(browser, server.link, downloads)
+    page.until(lambda: browser.current_url == server.url + "/", "the token stayed in the address bar")
 
     # A sheet that cannot be read: its message, on the page.
     broken = tmp_path / "broken.csv"

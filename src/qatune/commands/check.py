@@ -59,6 +59,8 @@ def run_check(config: Config, overfit: int | None = None, overfit_steps: int = O
         findings += field_findings(report["fields"], config)
     else:
         report.update(_extractive_section(prepared))
+    if config.model.trust_remote_code:
+        findings.append(remote_code_warning(config))
     refusal = sharding.config_refusal(config)
     if refusal:
         findings.append(error("distributed", refusal))
@@ -75,6 +77,15 @@ def run_check(config: Config, overfit: int | None = None, overfit_steps: int = O
     report["findings"] = [f.to_dict() for f in findings]
     report["ok"] = not any(f.level == "error" for f in findings)
     return report
+
+
+def remote_code_warning(config: Config) -> Any:
+    model = config.model.name_or_path or "the model"
+    pinned = f" at revision {config.model.revision}" if config.model.revision else ""
+    return warning("remote-code",
+                   f"model.trust_remote_code is true: check, train, eval, generate and serve run the Python code that "
+                   f"comes with {model}{pinned}, with your permissions on this machine; keep it only for a model whose "
+                   "authors you trust" + ("" if pinned else ", and pin the code you read with model.revision"))
 
 
 def _memory(prepared: Prepared, processes: int | None) -> tuple[dict[str, Any], Any]:

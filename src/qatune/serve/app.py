@@ -3,8 +3,8 @@ they do is the Service's (service.py).
 
 Every error a client can cause is a 4xx answer in the OpenAI error shape
 ``{"error": {"message", "type", "param", "code"}}``; nothing a request holds reaches a traceback.
-Requests pass the Guard (API key, body size) before any route, then the gate (concurrent requests),
-then wait in the Batcher's queue.
+Requests pass the Guard (guard.py: Host, API key, Origin, body size) before any route, then the gate (concurrent
+requests), then wait in the Batcher's queue.
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ from fastapi import FastAPI
 from fastapi.responses import FileResponse, HTMLResponse
 
 from qatune.model.folder import LoadedModel
-from qatune.serve.request_checks import Guard, add_error_handlers
+from qatune.serve.guard import Access, Guard
+from qatune.serve.request_checks import add_error_handlers
 from qatune.serve.schemas import AnswerRequest, ApiError, ChatRequest, CompletionRequest, ExtractRequest
 from qatune.serve.service import Limits, Service, Settings
 
@@ -27,9 +28,9 @@ __all__ = ["Limits", "Settings", "create_app"]
 log = logging.getLogger("qatune")
 
 
-def create_app(loaded: LoadedModel, settings: Settings | None = None) -> FastAPI:
+def create_app(loaded: LoadedModel, settings: Settings | None = None, guarded: bool = True) -> FastAPI:
     """The ASGI app for one loaded run (``settings``: the defaults of :class:`Settings` if None); its Batcher starts
-    and stops with the app's lifespan."""
+    and stops with the app's lifespan. ``guarded=False``: an app mounted in another whose guard covers it."""
     from contextlib import asynccontextmanager
 
     settings = settings or Settings()
@@ -47,7 +48,10 @@ def create_app(loaded: LoadedModel, settings: Settings | None = None) -> FastAPI
 
     app = FastAPI(title="qatune serve", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.service = service
-    app.add_middleware(Guard, api_key=settings.api_key, max_body_bytes=settings.limits.max_body_bytes)
+    if guarded:
+        app.add_middleware(Guard, access=Access("qatune serve", settings.host, settings.port, settings.allowed_hosts,
+                                                api_key=settings.api_key,
+                                                max_body_bytes=settings.limits.max_body_bytes))
     add_error_handlers(app)
 
     @app.get("/", include_in_schema=False)

@@ -1,6 +1,7 @@
-"""What a request passes before any route, and how errors become answers.
+"""How errors become answers, and how many requests may be in flight (what a request passes before any route is
+guard.py's).
 
-The Guard checks the API key, then the body size; the Gate counts requests in flight. The error handlers
+The Gate counts requests in flight. The error handlers
 answer every error a client can cause with a 4xx in the OpenAI error shape
 ``{"error": {"message", "type", "param", "code"}}``, and anything else with a 500 whose details go to the
 server log only.
@@ -8,92 +9,17 @@ server log only.
 
 from __future__ import annotations
 
-import hmac
-import json
 import logging
 from typing import Any
 
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 
 from qatune.serve.schemas import ApiError, error_body
 
 log = logging.getLogger("qatune")
-
-
-OPEN_PATHS = ("/", "/health")
-"""What answers without the API key: the page (it asks for the key) and the liveness probe."""
-
-
-class Guard:
-    """ASGI middleware run before any route: the API key, then the body size (read here, then replayed).
-
-    With an API key every request needs ``Authorization: Bearer KEY``, except GET / (the page itself,
-    the same static file for everyone; it asks for the key and sends it with its own requests) and GET /health
-    (a load balancer's or container's liveness probe, as llama.cpp's server and vLLM keep it open).
-    """
-
-    def __init__(self, app: Any, api_key: str | None, max_body_bytes: int):
-        self.app = app
-        self.expected = api_key.encode() if api_key else None
-        self.max_body_bytes = max_body_bytes
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        headers = Headers(scope=scope)
-        if self.expected is not None and not (scope["path"] in OPEN_PATHS and scope["method"] in ("GET", "HEAD")):
-            given = headers.get("authorization", "").encode()
-            scheme, _, key = given.partition(b" ")
-            # the scheme's name is case-insensitive (RFC 9110), the key is not
-            if not (scheme.lower() == b"bearer" and hmac.compare_digest(key.strip(), self.expected)):
-                reason = "no API key given" if not given else "the API key is not valid"
-                await _send_error(send, ApiError(401, f"{reason}; send the header 'Authorization: Bearer KEY' with "
-                                                 "the key given to qatune serve --api-key", code="invalid_api_key"))
-                return
-        declared = headers.get("content-length")
-        if declared is not None and (not declared.isdigit() or int(declared) > self.max_body_bytes):
-            await _send_error(send, self._too_large() if declared.isdigit() else
-                              ApiError(400, "the Content-Length header is not a number", code="invalid_header"))
-            return
-        if scope["method"] not in ("POST", "PUT", "PATCH"):
-            await self.app(scope, receive, send)
-            return
-        body, more = b"", True
-        while more:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return
-            body += message.get("body", b"")
-            more = message.get("more_body", False)
-            if len(body) > self.max_body_bytes:
-                await _send_error(send, self._too_large())
-                return
-        replayed = False
-
-        async def replay() -> dict[str, Any]:
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()
-
-        await self.app(scope, replay, send)
-
-    def _too_large(self) -> ApiError:
-        return ApiError(413, f"the request body is larger than this server allows ({self.max_body_bytes} bytes)",
-                        code="request_too_large")
-
-
-async def _send_error(send: Any, error: ApiError) -> None:
-    payload = json.dumps(error.body()).encode()
-    await send({"type": "http.response.start", "status": error.status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]})
-    await send({"type": "http.response.body", "body": payload})
 
 
 def add_error_handlers(app: FastAPI) -> None:

@@ -8,6 +8,7 @@ a second Ctrl-C stops at once) and returns normally: the command exits 0.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import ipaddress
 import logging
@@ -39,12 +40,12 @@ def serve(run_dir: str | Path, which: str, host: str, port: int, settings: Setti
 
             torch.set_num_threads(threads)
         loaded = load_run_model(run_dir, which)
-        app = create_app(loaded, settings)
-        _route_uvicorn_logs()
+        bound_host, bound_port = sock.getsockname()[:2]
+        app = create_app(loaded, dataclasses.replace(settings, host=host, port=bound_port))
+        route_uvicorn_logs()
         config = uvicorn.Config(app, log_config=None, access_log=False, timeout_graceful_shutdown=DRAIN_SECONDS,
                                 lifespan="on")
         server = Server(config)
-        bound_host, bound_port = sock.getsockname()[:2]
         shown = f"[{bound_host}]" if ":" in bound_host else bound_host
         service = app.state.service
         log.info("serving %s (%s) at http://%s:%d/  (page: /, API: /v1, batches of up to %d; Ctrl-C stops)",
@@ -91,7 +92,7 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def _route_uvicorn_logs() -> None:
+def route_uvicorn_logs() -> None:
     """uvicorn's own messages (bad HTTP, shutdown) go through qatune's handler, warnings only unless -v."""
     for name in ("uvicorn", "uvicorn.error"):
         logger = logging.getLogger(name)

@@ -61,6 +61,11 @@ class Settings:
     """1 turns batching off."""
     batch_wait_ms: float = 5.0
     """How long the first request of a batch waits for others."""
+    host: str = "127.0.0.1"
+    """The address listened on, and the port: the names the server answers to (guard.py)."""
+    port: int = 0
+    allowed_hosts: tuple[str, ...] = ()
+    """Names it answers to besides the loopback ones and its address (``--allowed-host``: a reverse proxy's)."""
 
 
 def how_to_send_fields(names: list[str]) -> str:

@@ -8,8 +8,6 @@ happened; anything else is a 500 whose details go to the server's log only.
 from __future__ import annotations
 
 import asyncio
-import hmac
-import json
 import logging
 import tempfile
 from collections.abc import AsyncIterator
@@ -19,18 +17,20 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+import yaml
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, Response
-from pydantic import BaseModel
+from pydantic import BaseModel, TypeAdapter
 from starlette.background import BackgroundTask
 from starlette.concurrency import run_in_threadpool
-from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 from starlette.routing import Mount
 
+from qatune.config import load_config
 from qatune.errors import QatuneError
-from qatune.serve.app import Settings
+from qatune.runs import layout
+from qatune.serve.guard import Access, Guard
 from qatune.ui import PageError, sheet, steps
 from qatune.ui.jobs import Job, Jobs
 from qatune.ui.progress import training_progress
@@ -41,7 +41,8 @@ log = logging.getLogger("qatune")
 
 STATIC = {"ui.js": "text/javascript", "ui.css": "text/css"}
 OPEN_PATHS = ("/", "/health", "/static/ui.js", "/static/ui.css", f"{MOUNT}/")
-"""What answers without the API key: the page and its files (it asks for the key) and the liveness probe."""
+"""What answers without the token or key: the page and its files (static; it asks for the key) and the liveness
+probe."""
 UPLOAD_PATH = "/api/sheets"
 DOWNLOADABLE = (sheet.CONFIGS, SHEETS, RUNS, EXPORTS)
 
@@ -49,9 +50,19 @@ DOWNLOADABLE = (sheet.CONFIGS, SHEETS, RUNS, EXPORTS)
 @dataclass(frozen=True)
 class UiSettings:
     api_key: str | None = None
+    token: str | None = None
+    """The page's secret, made at each start (``--no-token``: None); the link printed at start carries it."""
     max_upload_bytes: int = 100 * 2**20
     max_body_bytes: int = 1_000_000
     """Every request but an upload."""
+    host: str = "127.0.0.1"
+    """The address listened on, and the port: the names the page answers to (serve/guard.py)."""
+    port: int = 0
+    allowed_hosts: tuple[str, ...] = ()
+
+    def access(self) -> Access:
+        return Access("qatune ui", self.host, self.port, self.allowed_hosts, api_key=self.api_key, token=self.token,
+                      max_body_bytes=self.max_body_bytes, open_paths=OPEN_PATHS, streamed_paths=(UPLOAD_PATH,))
 
 
 @dataclass
@@ -106,7 +117,7 @@ class YamlBody(BaseModel):
 
 def create_app(workspace: Workspace, settings: UiSettings = UiSettings()) -> FastAPI:
     jobs = Jobs(workspace)
-    trying = Trying(Settings(api_key=settings.api_key))
+    trying = Trying()
     project = Project()
 
     @asynccontextmanager
@@ -119,7 +130,7 @@ def create_app(workspace: Workspace, settings: UiSettings = UiSettings()) -> Fas
 
     app = FastAPI(title="qatune ui", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.jobs, app.state.project, app.state.workspace = jobs, project, workspace
-    app.add_middleware(KeyGuard, api_key=settings.api_key, max_body_bytes=settings.max_body_bytes)
+    app.add_middleware(Guard, access=settings.access())
     _add_error_handlers(app)
 
     @app.get("/", include_in_schema=False)
@@ -134,7 +145,7 @@ def create_app(workspace: Workspace, settings: UiSettings = UiSettings()) -> Fas
 
     @app.api_route("/health", methods=["GET", "HEAD"])
     async def health() -> dict[str, Any]:
-        return {"status": "ok", "workspace": str(workspace.root), "running": [j.command for j in jobs.running()]}
+        return {"status": "ok", "running": len(jobs.running())}
 
     @app.get(f"{MOUNT}/", include_in_schema=False)
     async def try_page() -> HTMLResponse:
@@ -145,7 +156,7 @@ def create_app(workspace: Workspace, settings: UiSettings = UiSettings()) -> Fas
     @app.get("/api/state")
     async def state() -> dict[str, Any]:
         latest = {kind: jobs.latest(kind) for kind in ("check", "train", "compare", "answer", "export")}
-        return {"workspace": str(workspace.root), "key_required": settings.api_key is not None,
+        return {"workspace": str(workspace.root), "key_required": bool(settings.access().secrets),
                 "max_upload_bytes": settings.max_upload_bytes, "project": project.__dict__,
                 "sheets": workspace.sheets(), "runs": workspace.runs(), "trying": trying.run,
                 "jobs": {kind: job_json(job) for kind, job in latest.items() if job is not None}}
@@ -197,16 +208,20 @@ def create_app(workspace: Workspace, settings: UiSettings = UiSettings()) -> Fas
     @app.post("/api/check")
     async def check(body: ConfigBody) -> dict[str, Any]:
         path = workspace.existing(body.config, "config")
+        await run_in_threadpool(_refuse_remote_code, path, body.config, f"qatune check --config {body.config}")
         return job_json(jobs.start("check", steps.check_args(body.config), body.config, digest=steps.digest(path)))
 
     @app.post("/api/train")
     async def train(body: TrainBody) -> dict[str, Any]:
         if body.resume is not None:
             run = f"{RUNS}/{workspace.run(body.resume.removeprefix(f'{RUNS}/')).name}"
+            await run_in_threadpool(_refuse_remote_code, workspace.path(f"{run}/{layout.CONFIG}"),
+                                    f"{run}/{layout.CONFIG}", f"qatune train --resume {run}")
             job = jobs.start("train", steps.train_args(None, run, False), run)
         else:
             if body.config is None:
                 raise PageError("pass the config to train, or a run to resume")
+            await run_in_threadpool(_refuse_remote_code, workspace.existing(body.config, "config"), body.config)
             _require_passed_check(jobs, workspace, body.config)
             run = await run_in_threadpool(steps.config_run, workspace, body.config)
             job = jobs.start("train", steps.train_args(body.config, None, body.overwrite), run)
@@ -295,6 +310,30 @@ def create_app(workspace: Workspace, settings: UiSettings = UiSettings()) -> Fas
     return app
 
 
+def _refuse_remote_code(path: Path, name: str, command: str | None = None) -> None:
+    """A config on disk (written outside the page, or a run's saved one) that asks to run a model's own code, valid
+    or not (check reports the rest)."""
+    if not path.is_file():
+        return
+    try:
+        sheet.refuse_remote_code(load_config(path), name, command)
+    except PageError:
+        raise
+    except QatuneError:  # not a valid config: the key read as pydantic would read it
+        raw = yaml.safe_load(path.read_text(encoding="utf-8")) if path.stat().st_size < 1_000_000 else None
+        model = raw.get("model") if isinstance(raw, dict) else None
+        if isinstance(model, dict) and _true(model.get("trust_remote_code")):
+            raise PageError(sheet.remote_code_message(name, str(model.get("name_or_path") or "the model"),
+                                                      command or f"qatune train --config {name}"), 403) from None
+
+
+def _true(value: Any) -> bool:
+    try:
+        return TypeAdapter(bool).validate_python(value) is True
+    except ValueError:
+        return False
+
+
 def _require_passed_check(jobs: Jobs, workspace: Workspace, config: str) -> None:
     """Training starts from a config whose check, of its text as it is now, found no error."""
     path = workspace.existing(config, "config")
@@ -319,53 +358,6 @@ def _remove(folder: Path) -> None:
     for path in folder.iterdir():
         path.unlink(missing_ok=True)
     folder.rmdir()
-
-
-class KeyGuard:
-    """ASGI middleware before any route: the API key (an ``Authorization: Bearer KEY`` header), then the body size of
-    every request but an upload (which the upload route limits as it writes it)."""
-
-    def __init__(self, app: Any, api_key: str | None, max_body_bytes: int):
-        self.app = app
-        self.expected = api_key.encode() if api_key else None
-        self.max_body_bytes = max_body_bytes
-
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        headers = Headers(scope=scope)
-        if self.expected is not None and not (scope["path"] in OPEN_PATHS and scope["method"] in ("GET", "HEAD")):
-            scheme, _, key = headers.get("authorization", "").encode().partition(b" ")
-            if not (scheme.lower() == b"bearer" and hmac.compare_digest(key.strip(), self.expected)):
-                await _send_error(send, 401, "this qatune ui needs its API key: enter the key given to qatune ui "
-                                             "--api-key")
-                return
-        if scope["path"] == UPLOAD_PATH:
-            await self.app(scope, receive, send)
-            return
-        declared = headers.get("content-length")
-        if declared is not None and (not declared.isdigit() or int(declared) > self.max_body_bytes):
-            await _send_error(send, 413, f"the request body is larger than {self.max_body_bytes} bytes")
-            return
-        received = 0
-
-        async def counted() -> dict[str, Any]:
-            nonlocal received
-            message = await receive()
-            received += len(message.get("body", b""))
-            if received > self.max_body_bytes:
-                raise PageError(f"the request body is larger than {self.max_body_bytes} bytes", 413)
-            return message
-
-        await self.app(scope, counted, send)
-
-
-async def _send_error(send: Any, status: int, message: str) -> None:
-    body = json.dumps({"error": {"message": message}}).encode()
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
-    await send({"type": "http.response.body", "body": body})
 
 
 def _add_error_handlers(app: FastAPI) -> None:

@@ -48,6 +48,8 @@ class Choices(BaseModel):
     """A packaged model's name, ``scratch``, a hub id, or a folder inside the workspace."""
     epochs: int | None = Field(None, ge=1, le=1000)
     run: str
+    trust_remote_code: bool = False
+    """Refused when true (refuse_remote_code): named so that a request asking for it is told why, not ignored."""
 
 
 def describe(workspace: Workspace, name: str, sheet: str | None = None) -> dict[str, Any]:
@@ -118,6 +120,9 @@ def write_page_config(workspace: Workspace, choices: Choices) -> dict[str, Any]:
     """Write the config of the page's choices to configs/RUN.yaml: ``init``'s, with the page's changes on top.
     Returns its path, text, the ``qatune init`` command that writes the same guesses, and what the page changed."""
     run = _run_name(choices.run)
+    if choices.trust_remote_code:
+        raise PageError(remote_code_message(f"{CONFIGS}/{run}.yaml", choices.model,
+                                            f"qatune init sheets/{choices.sheet} --model {choices.model}"), 403)
     path = workspace.sheet(choices.sheet)
     sheet = choices.sheet_name if choices.sheet_name not in (None, "") else None
     found = inspect(path, sheet=sheet, question_column=choices.question, answer_column=choices.answers[0],
@@ -154,11 +159,27 @@ def save_edited_config(workspace: Workspace, name: str, text: str) -> dict[str, 
         raise PageError(f"{name} is not valid YAML: {exc}") from None
     if not isinstance(raw, dict):
         raise PageError(f"{name} must be a YAML mapping of sections (task, model, data, train, ...)")
-    check_paths(workspace, validate_config(raw, name), name)
+    config = validate_config(raw, name)
+    refuse_remote_code(config, name)
+    check_paths(workspace, config, name)
     if not text.startswith(WRITTEN_BY):
         text = f"{WRITTEN_BY}, edited on the page.\n{text}"
     path.write_text(text, encoding="utf-8")
     return {"config": name, "yaml": text}
+
+
+def refuse_remote_code(config: Config, name: str, command: str | None = None) -> None:
+    """The page never runs a model's own Python code: a config with model.trust_remote_code is for the command line,
+    where the person who runs it decides to trust that code."""
+    if config.model.trust_remote_code:
+        model = config.model.name_or_path or config.model.gguf_file or "the model"
+        raise PageError(remote_code_message(name, model, command or f"qatune train --config {name}"), 403)
+
+
+def remote_code_message(name: str, model: str, command: str) -> str:
+    return (f"{name}: model.trust_remote_code is true, which runs the Python code that comes with {model} on this "
+            "machine; the page never does (any web page could ask it to). If you trust that code, run it from the "
+            f"command line: {command}")
 
 
 def check_paths(workspace: Workspace, config: Config, name: str) -> None:

@@ -12,7 +12,7 @@ from typing import Any
 
 from qatune.inference.run_model import load_run_model
 from qatune.runs import layout
-from qatune.serve.app import Settings, create_app
+from qatune.serve.app import create_app
 
 MOUNT = "/try"
 PREFIX_REQUESTS = (
@@ -31,10 +31,9 @@ def serve_page() -> str:
 
 
 class Trying:
-    """An ASGI app: serve's app of the run loaded last, or a 409 saying how to load one."""
+    """An ASGI app: serve's app of the run loaded last, or a 409 saying how to load one. The ui's guard covers it."""
 
-    def __init__(self, settings: Settings):
-        self.settings = settings
+    def __init__(self) -> None:
         self.app: Any = None
         self.loaded_from: tuple[str, float] | None = None
         self.stack: AsyncExitStack | None = None
@@ -52,7 +51,7 @@ class Trying:
             if key == self.loaded_from:
                 return
             loaded = await asyncio.to_thread(load_run_model, run_dir)
-            app = create_app(loaded, self.settings)
+            app = create_app(loaded, guarded=False)
             stack = AsyncExitStack()
             await stack.enter_async_context(app.router.lifespan_context(app))
             previous, self.stack = self.stack, stack

@@ -95,3 +95,29 @@ def test_check_names_labels_that_differ_only_in_spelling_and_merges_them_when_as
                                "will rarely if ever give them: 'Partially correct' (6 rows), 'Correct' (4 rows), "
                                "'Incorrect' (1 rows); add rows of "
                                "them, or merge them into another label")
+
+
+def test_check_warns_that_a_models_own_code_will_run(tmp_path):
+    """model.trust_remote_code lets a model folder or hub repository run its Python code: check names whose."""
+    from qatune.commands.check import render_report, run_check
+    from qatune.config import load_config
+    from tests.conftest import chat_tokenizer, tiny_config, tiny_llama
+
+    folder = tmp_path / "their-model"
+    tokenizer = chat_tokenizer()
+    tiny_llama(tokenizer).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    rows = [(f"what is item {i}?", f"thing {i * 7}") for i in range(12)]
+    data = tiny_config(tmp_path, rows).data.train_file
+    config = load_config(None, [f"data.train_file={data}", f"model.name_or_path={folder}",
+                                "model.trust_remote_code=true"])
+    report = run_check(config)
+    found = [f for f in report["findings"] if f["code"] == "remote-code"]
+    assert len(found) == 1 and found[0]["level"] == "warning"
+    assert found[0]["message"] == (f"model.trust_remote_code is true: check, train, eval, generate and serve run the "
+                                   f"Python code that comes with {folder}, with your permissions on this machine; "
+                                   "keep it only for a model whose authors you trust, and pin the code you read with "
+                                   "model.revision")
+    assert "[remote-code]" in render_report(report)
+    plain = run_check(load_config(None, [f"data.train_file={data}", f"model.name_or_path={folder}"]))
+    assert not [f for f in plain["findings"] if f["code"] == "remote-code"]

@@ -11,7 +11,7 @@ from qatune.data.templates import PromptTemplate
 from qatune.export import gguf_write
 from qatune.export.gguf import ExportError, export_gguf
 from qatune.model.folder import load_model_folder
-from tests.conftest import chat_tokenizer, cli_ok, tiny_llama
+from tests.conftest import LOCAL, chat_tokenizer, cli_ok, tiny_llama
 from tests.serve_runs import train_run
 
 pytest.importorskip("gguf")
@@ -270,7 +270,7 @@ def test_serve_takes_the_file(llama_run, tmp_path):
     (tmp_path / "eval-colours-b-colours.json").write_text(json.dumps({"exact_match": 1.0, "model_id": "0" * 16}))
     row = CONTEXT_ROWS[5]
     expected = cli_ok("generate", llama_run, row["question"], "--context", row["context"]).stdout.strip()
-    with TestClient(create_app(load_run_model(path, device="cpu"), Settings())) as client:
+    with TestClient(create_app(load_run_model(path, device="cpu"), Settings()), base_url=LOCAL) as client:
         assert [m["id"] for m in client.get("/v1/models").json()["data"]] == ["colours"]
         reply = client.post("/v1/chat/completions", json={"messages": [
             {"role": "system", "content": row["context"]}, {"role": "user", "content": row["question"]}],

@@ -21,6 +21,7 @@ pytest.importorskip("httpx")
 from fastapi.testclient import TestClient
 
 from qatune.serve.app import Limits, Settings, create_app
+from tests.conftest import LOCAL
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +34,7 @@ def runs(serve_run, tmp_path_factory):
 @contextmanager
 def serving(run, **settings):
     app = create_app(load_model_folder(run, device="cpu"), Settings(**settings))
-    with TestClient(app) as client:
+    with TestClient(app, base_url=LOCAL) as client:
         client.service = app.state.service
         yield client
 

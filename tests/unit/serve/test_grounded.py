@@ -15,6 +15,7 @@ pytest.importorskip("httpx")
 from fastapi.testclient import TestClient
 
 from qatune.serve.app import Settings, create_app
+from tests.conftest import LOCAL
 
 QUESTION, ELSEWHERE = "what is item 3?", "the sky is grey and the sea is blue."
 
@@ -27,7 +28,7 @@ def run(tmp_path_factory):
 @pytest.fixture(scope="module")
 def client(run):
     app = create_app(load_model_folder(run, device="cpu"), Settings())
-    with TestClient(app) as client:
+    with TestClient(app, base_url=LOCAL) as client:
         yield client
 
 

@@ -3,7 +3,7 @@ outside the workspace is reached, and a key guards everything but the page itsel
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import LOCAL, ROOT
 
 fastapi = pytest.importorskip("fastapi")
 
@@ -17,7 +17,8 @@ def client(tmp_path):
     from qatune.ui.app import UiSettings, create_app
     from qatune.ui.workspace import Workspace
 
-    with TestClient(create_app(Workspace(tmp_path / "ws"), UiSettings(max_upload_bytes=50_000))) as client:
+    app = create_app(Workspace(tmp_path / "ws"), UiSettings(max_upload_bytes=50_000))
+    with TestClient(app, base_url=LOCAL) as client:
         yield client
 
 
@@ -92,10 +93,42 @@ def test_the_api_key_guards_all_but_the_page(tmp_path):
     from qatune.ui.app import UiSettings, create_app
     from qatune.ui.workspace import Workspace
 
-    with TestClient(create_app(Workspace(tmp_path), UiSettings(api_key="k3y"))) as client:
+    with TestClient(create_app(Workspace(tmp_path), UiSettings(api_key="k3y")), base_url=LOCAL) as client:
         assert client.get("/").status_code == 200 and client.get("/static/ui.js").status_code == 200
         assert client.get("/try/").status_code == 200
         for path in ("/api/state", "/try/v1/models", "/api/files/configs/x.yaml"):
             assert client.get(path).status_code == 401
         assert client.get("/api/state", headers={"Authorization": "Bearer wrong"}).status_code == 401
         assert client.get("/api/state", headers={"Authorization": "bearer k3y"}).status_code == 200
+
+
+def test_the_page_never_runs_a_models_own_code(client, tmp_path):
+    """A config asking for model.trust_remote_code is the command line's: refused when the page writes it, when it
+    saves an edit, when a config put in the workspace by other means is checked or trained, and when a run is
+    resumed."""
+    client.post("/api/sheets?name=faq.csv", content=FAQ)
+    choices = {"sheet": "faq.csv", "question": "question", "answers": ["answer"], "model": "owner/model", "run": "rc"}
+    refused = client.post("/api/configs", json={**choices, "trust_remote_code": True})
+    assert refused.status_code == 403
+    assert message(refused) == ("configs/rc.yaml: model.trust_remote_code is true, which runs the Python code that "
+                                "comes with owner/model on this machine; the page never does (any web page could ask "
+                                "it to). If you trust that code, run it from the command line: qatune init "
+                                "sheets/faq.csv --model owner/model")
+    assert not (tmp_path / "ws" / "configs" / "rc.yaml").exists()
+    written = client.post("/api/configs", json=choices).json()
+    remote = written["yaml"].replace("  name_or_path: owner/model", "  name_or_path: owner/model\n"
+                                     "  trust_remote_code: true")
+    assert remote != written["yaml"]
+    edited = client.put("/api/configs/configs/rc.yaml", json={"yaml": remote})
+    assert edited.status_code == 403 and "qatune train --config configs/rc.yaml" in message(edited)
+    assert "trust_remote_code" not in (tmp_path / "ws" / "configs" / "rc.yaml").read_text(encoding="utf-8")
+    (tmp_path / "ws" / "configs" / "copied.yaml").write_text(remote, encoding="utf-8")
+    for step in ("check", "train"):
+        response = client.post(f"/api/{step}", json={"config": "configs/copied.yaml"})
+        assert response.status_code == 403 and "owner/model" in message(response), step
+    run = tmp_path / "ws" / "runs" / "stopped"
+    run.mkdir(parents=True)
+    (run / "config.yaml").write_text(remote + "unknown_key: 1\n", encoding="utf-8")  # even an invalid config
+    resumed = client.post("/api/train", json={"resume": "runs/stopped"})
+    assert resumed.status_code == 403 and "qatune train --resume runs/stopped" in message(resumed)
+    assert client.get("/api/state").json()["jobs"] == {}
