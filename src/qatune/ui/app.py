@@ -130,7 +130,8 @@ def create_app(workspace: Workspace, settings: UiSettings = UiSettings()) -> Fas
 
     app = FastAPI(title="qatune ui", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.jobs, app.state.project, app.state.workspace = jobs, project, workspace
-    app.add_middleware(Guard, access=settings.access())
+    access = settings.access()
+    app.add_middleware(Guard, access=access)
     _add_error_handlers(app)
 
     @app.get("/", include_in_schema=False)
@@ -156,7 +157,7 @@ def create_app(workspace: Workspace, settings: UiSettings = UiSettings()) -> Fas
     @app.get("/api/state")
     async def state() -> dict[str, Any]:
         latest = {kind: jobs.latest(kind) for kind in ("check", "train", "compare", "answer", "export")}
-        return {"workspace": str(workspace.root), "key_required": bool(settings.access().secrets),
+        return {"workspace": str(workspace.root), "key_required": bool(access.secrets),
                 "max_upload_bytes": settings.max_upload_bytes, "project": project.__dict__,
                 "sheets": workspace.sheets(), "runs": workspace.runs(), "trying": trying.run,
                 "jobs": {kind: job_json(job) for kind, job in latest.items() if job is not None}}
@@ -215,8 +216,7 @@ def create_app(workspace: Workspace, settings: UiSettings = UiSettings()) -> Fas
     async def train(body: TrainBody) -> dict[str, Any]:
         if body.resume is not None:
             run = f"{RUNS}/{workspace.run(body.resume.removeprefix(f'{RUNS}/')).name}"
-            await run_in_threadpool(_refuse_remote_code, workspace.path(f"{run}/{layout.CONFIG}"),
-                                    f"{run}/{layout.CONFIG}", f"qatune train --resume {run}")
+            await run_in_threadpool(_refuse_run_remote_code, workspace, run, f"qatune train --resume {run}")
             job = jobs.start("train", steps.train_args(None, run, False), run)
         else:
             if body.config is None:
@@ -254,6 +254,10 @@ def create_app(workspace: Workspace, settings: UiSettings = UiSettings()) -> Fas
     @app.post("/api/compare")
     async def compare(body: CompareBody) -> dict[str, Any]:
         run = f"{RUNS}/{workspace.run(body.run.removeprefix(f'{RUNS}/')).name}"
+        await run_in_threadpool(_refuse_run_remote_code, workspace, run, f"qatune eval {run} --compare base")
+        if body.other != "base":
+            other = f"{RUNS}/{workspace.run(body.other.removeprefix(f'{RUNS}/')).name}"
+            await run_in_threadpool(_refuse_run_remote_code, workspace, other, f"qatune eval {run} --compare {other}")
         args, data = await run_in_threadpool(steps.compare_args, workspace, run, body.other, body.sheet)
         project.run = run
         return job_json(jobs.start("compare", args, run, data=data))
@@ -261,6 +265,7 @@ def create_app(workspace: Workspace, settings: UiSettings = UiSettings()) -> Fas
     @app.post("/api/try")
     async def load_to_try(body: RunBody) -> dict[str, Any]:
         name = workspace.run(body.run.removeprefix(f"{RUNS}/")).name
+        await run_in_threadpool(_refuse_run_remote_code, workspace, f"{RUNS}/{name}", f"qatune serve {RUNS}/{name}")
         await trying.load(workspace.root / RUNS / name, name)
         project.run = f"{RUNS}/{name}"
         return {"run": f"{RUNS}/{name}", "page": f"{MOUNT}/", "command": f"qatune serve {RUNS}/{name}"}
@@ -269,11 +274,14 @@ def create_app(workspace: Workspace, settings: UiSettings = UiSettings()) -> Fas
     async def answer(body: AnswerBody) -> dict[str, Any]:
         run = f"{RUNS}/{workspace.run(body.run.removeprefix(f'{RUNS}/')).name}"
         workspace.sheet(body.sheet)
+        await run_in_threadpool(_refuse_run_remote_code, workspace, run, f"qatune generate {run} --file sheets/"
+                                f"{body.sheet}")
         return job_json(jobs.start("answer", steps.answer_args(run, body.sheet), run, sheet=body.sheet))
 
     @app.post("/api/export")
     async def export(body: ExportBody) -> dict[str, Any]:
         run = f"{RUNS}/{workspace.run(body.run.removeprefix(f'{RUNS}/')).name}"
+        await run_in_threadpool(_refuse_run_remote_code, workspace, run, f"qatune export {run} --gguf OUT.gguf")
         args, gguf = steps.export_args(workspace, run, body.quant)
         return job_json(jobs.start("export", args, run, gguf=gguf))
 
@@ -325,6 +333,11 @@ def _refuse_remote_code(path: Path, name: str, command: str | None = None) -> No
         if isinstance(model, dict) and _true(model.get("trust_remote_code")):
             raise PageError(sheet.remote_code_message(name, str(model.get("name_or_path") or "the model"),
                                                       command or f"qatune train --config {name}"), 403) from None
+
+
+def _refuse_run_remote_code(workspace: Workspace, run: str, command: str) -> None:
+    """A run trained (outside the page) with model.trust_remote_code loads its model's code too."""
+    _refuse_remote_code(workspace.path(f"{run}/{layout.CONFIG}"), f"{run}/{layout.CONFIG}", command)
 
 
 def _true(value: Any) -> bool:

@@ -187,3 +187,45 @@ def test_the_access_rules():
     assert not Access("qatune ui", host="10.0.0.5").host_allowed("10.0.0.6:8080")
     assert Access("qatune ui", allowed_hosts=("Proxy.Example",)).host_allowed("proxy.example:443")
     assert Access("qatune ui", api_key="k", token="t").secrets == (b"k", b"t")
+
+
+def test_what_browsers_and_other_apps_send_is_read_as_they_mean_it(server, kind):
+    """Another app's cookies on this host do not hide the page's; a read that another site's page makes (an <img>, a
+    frame) is refused; every answer forbids framing; malformed headers are refused, never a 500."""
+    with server(token="t0ken") as client:
+        secret = {"Authorization": "Bearer t0ken"} if kind == "serve" else {}
+        if kind == "ui":
+            for cookie in ('a=b c; qatune-token-8000=t0ken', 'j={"a":1}; qatune-token-8000=t0ken',
+                           'qatune-token-8000=wrong; qatune-token-8000=t0ken', 'path=/; qatune-token-8000=t0ken'):
+                assert client.get(reading(kind), headers={"Cookie": cookie}).status_code == 200, cookie
+            secret = {"Cookie": "qatune-token-8000=t0ken"}
+        for site in ("cross-site", "same-site"):
+            refused = client.get(reading(kind), headers={**secret, "Sec-Fetch-Site": site})
+            assert refused.status_code == 403 and f"Sec-Fetch-Site: {site}" in refused.json()["error"]["message"]
+        assert client.get(reading(kind), headers={**secret, "Sec-Fetch-Site": "same-origin"}).status_code == 200
+        assert client.get("/", headers={"Sec-Fetch-Site": "cross-site"}).status_code == 200  # a link to the page
+        answer = client.get("/")
+        assert answer.headers["x-frame-options"] == "SAMEORIGIN"
+        assert answer.headers["content-security-policy"] == "frame-ancestors 'self'"
+        for host in ("[::1", "127.0.0.1:abc", "evil@127.0.0.1", "127.0.0.1:8000.evil.example", "127.0.0.1:99999",
+                     "127.0.0.1/x"):
+            assert client.get(reading(kind), headers={**secret, "Host": host}).status_code == 403, host
+        for origin in ("http://127.0.0.1:99999", "http://127.0.0.1:8000.evil.example", "file://127.0.0.1:8000",
+                       "chrome-extension://127.0.0.1:8000", "http://127.0.0.1:abc"):
+            assert changing(client, kind, {**secret, "Origin": origin}).status_code == 403, origin
+        lying = client.get(reading(kind), headers={**secret, "Content-Length": "1e3"})
+        assert lying.status_code == 400
+
+
+def test_a_websocket_is_closed_and_names_are_checked(server, kind):
+    from starlette.websockets import WebSocketDisconnect
+
+    from qatune.errors import QatuneError
+    from qatune.serve.guard import Access
+
+    with server() as client, pytest.raises(WebSocketDisconnect) as closed:
+        with client.websocket_connect("/"):
+            pass
+    assert closed.value.code == 1008
+    with pytest.raises(QatuneError, match=r"--allowed-host 'https://proxy\.example'"):
+        Access("qatune ui", allowed_hosts=("https://proxy.example",))

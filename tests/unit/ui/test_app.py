@@ -131,4 +131,11 @@ def test_the_page_never_runs_a_models_own_code(client, tmp_path):
     (run / "config.yaml").write_text(remote + "unknown_key: 1\n", encoding="utf-8")  # even an invalid config
     resumed = client.post("/api/train", json={"resume": "runs/stopped"})
     assert resumed.status_code == 403 and "qatune train --resume runs/stopped" in message(resumed)
+    for step, body, command in (("try", {"run": "runs/stopped"}, "qatune serve runs/stopped"),
+                                ("compare", {"run": "runs/stopped"}, "qatune eval runs/stopped --compare base"),
+                                ("answer", {"run": "runs/stopped", "sheet": "faq.csv"},
+                                 "qatune generate runs/stopped --file sheets/faq.csv"),
+                                ("export", {"run": "runs/stopped"}, "qatune export runs/stopped --gguf OUT.gguf")):
+        response = client.post(f"/api/{step}", json=body)
+        assert response.status_code == 403 and message(response).endswith(command), step
     assert client.get("/api/state").json()["jobs"] == {}
