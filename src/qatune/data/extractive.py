@@ -17,7 +17,7 @@ import torch
 
 from qatune.data.padding import IGNORE_INDEX, batch_width
 from qatune.data.spreadsheet import QARecord
-from qatune.errors import DataError, ModelError
+from qatune.errors import ConfigError, DataError, ModelError
 
 MAX_QUESTION_TOKENS = 64
 
@@ -118,6 +118,18 @@ def squash(text: str) -> str:
     """Comparison form for the span audit: no accents, no case, no whitespace."""
     decomposed = unicodedata.normalize("NFKD", text)
     return "".join(c for c in decomposed if not unicodedata.combining(c) and not c.isspace()).casefold()
+
+
+AUTO_WINDOW = 384
+"""``data.max_length: auto`` for extractive QA: windows of this many tokens (or the model's positions, if fewer)."""
+
+
+def window_length(setting: int | str, model_limit: int | None) -> int:
+    """A window's length in tokens from ``data.max_length`` and the model's positions."""
+    length = min(AUTO_WINDOW, model_limit or AUTO_WINDOW) if setting == "auto" else int(setting)
+    if model_limit is not None and length > model_limit:
+        raise ConfigError(f"data.max_length={length} is more than the model's {model_limit} positions; lower it")
+    return length
 
 
 def check_window(max_length: int, doc_stride: int) -> int:

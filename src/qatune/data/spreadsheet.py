@@ -116,6 +116,7 @@ def load_records(
     wanted = {"question_column": question_column, "answer_column": answer_column, "context_column": context_column}
     try:
         index = {key: resolve_column(header, name, key, where) for key, name in wanted.items() if name is not None}
+        _distinct_roles(index, header, where)
         start_index = None
         if answer_start_column is not None:
             start_index = resolve_column(header, answer_start_column, "answer_start_column", where)
@@ -266,6 +267,23 @@ def split_validation(records: list[QARecord], fraction: float, seed: int) -> tup
 
 def normalize_question(text: str) -> str:
     return " ".join(text.casefold().split())
+
+
+def _distinct_roles(index: dict[str, int], header: list[str], where: str) -> None:
+    """A column read as two things (the question and the answer) teaches the model to repeat its input."""
+    keys = list(index)
+    for i, first in enumerate(keys):
+        for second in keys[i + 1:]:
+            if index[first] == index[second]:
+                column = header[index[first]]
+                alone = (f"{where} has one column ({column!r}); a question and its answer need a column each"
+                         + (", or the file's cells are split by another character: set data.delimiter"
+                            if any(sep in column for sep in ";\t|") else "")
+                         if len(header) == 1 else f"columns are {header}")
+                effect = ("the model would learn to repeat the question" if {first, second} ==
+                          {"question_column", "answer_column"} else "the model would read the answer in its input")
+                raise DataError(f"data.{first} and data.{second} both name the column {column!r} of {where}: "
+                                f"{effect}; {alone}; name another column for data.{second}")
 
 
 def resolve_column(header: list[str], name: str, key: str, where: str) -> int:

@@ -194,7 +194,7 @@ def compare_run(run_dir: str | Path, data_file: str | Path, other: str, which: s
                                              [r.answer_fields for r in run.records]))
     comparison = compare(run.records, run.predictions, other_predictions, run.metrics, other_metrics,
                          run.info.specs(), template)
-    notes = []
+    notes = [other_metrics["note"]] if other == BASE and "note" in other_metrics else []
     if (asked.prompt_template, asked.answer_prefix) != (run.info.prompt_template, run.info.answer_prefix):
         notes.append(f"the two models are asked with different prompts: the run with "
                      f"{run.info.prompt_template!r}, the other with {asked.prompt_template!r}")
@@ -208,7 +208,8 @@ def compare_run(run_dir: str | Path, data_file: str | Path, other: str, which: s
     atomic.atomic_write_text(paths["markdown"], render_markdown(comparison, run.metrics["model"], other_name,
                                                                 Path(data_file).name, notes))
     atomic.atomic_write_text(paths["csv"], render_csv(comparison))
-    summary = {"other": other_name, **comparison.summary(), "files": {k: str(v) for k, v in paths.items()}}
+    summary = {"other": other_name, **comparison.summary(), "notes": notes,
+               "files": {k: str(v) for k, v in paths.items()}}
     return run, summary
 
 

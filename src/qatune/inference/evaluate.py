@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from qatune.config import Config, GenerateConfig, with_reading_overrides
-from qatune.data.extractive import prepare_features
+from qatune.data.extractive import prepare_features, window_length
 from qatune.data.generative import (
     CausalCollator,
     PromptEncoder,
@@ -253,17 +253,23 @@ def evaluate_base(config: Config, data_file: str | Path | None = None, batch_siz
 def check_base(config: Config, flag: str = "--base") -> None:
     """Refuse, before anything loads, a config whose model before fine-tuning cannot answer (``flag``: the option
     that asked for it, named by the error)."""
-    if config.task != "generative":
-        kind = "a scoring model's heads are" if config.task == "scoring" else "an extractive model's span head is"
-        raise ConfigError(f"{flag} evaluates a generative model before fine-tuning; {kind} random until it is "
-                          "trained")
+    if config.task == "scoring":
+        raise ConfigError(f"{flag} evaluates a model before fine-tuning, and a scoring model's heads are built for "
+                          "its answer columns when it trains: there is no base to ask; compare the run with another "
+                          "run instead (--compare RUN)")
     if config.model.name_or_path is None:
         raise ConfigError(f"{flag} needs a pretrained model (model.name_or_path); a scratch model knows nothing "
                           "before training")
 
 
 def base_name(config: Config) -> str:
+    if config.task == "extractive":
+        return f"{config.model.name_or_path} (base, its span head untrained)"
     return f"{config.model.name_or_path} (base, not fine-tuned)"
+
+
+UNTRAINED_HEAD = ("an extractive model's span head is trained by fine-tuning: before it, its weights are random "
+                  "(seeded by the config's seed), so the base model points at answers by chance and scores near zero")
 
 
 def base_predictions(config: Config, records: list[QARecord], batch_size: int | None = None,
@@ -272,7 +278,17 @@ def base_predictions(config: Config, records: list[QARecord], batch_size: int | 
     that config would be: its metrics, its predictions and the ModelInfo it was asked with."""
     tokenizer = load_tokenizer(config.model, config.task)
     model_config = load_model_config(config.model)
+    torch.manual_seed(config.seed)  # an extractive model's untrained span head: the same weights at every comparison
     model = load_pretrained(config.model, config.task, tokenizer, model_config)
+    if config.task == "extractive":
+        info = ModelInfo(task="extractive", max_length=window_length(config.data.max_length,
+                                                                     model_max_positions(model_config, tokenizer)),
+                         doc_stride=config.data.doc_stride)
+        model.to("cuda" if torch.cuda.is_available() else "cpu").eval()
+        metrics, predictions = evaluate_records(model, tokenizer, info, records, config.generate,
+                                                batch_size or config.train.eval_batch_size, progress,
+                                                config.train.speedups)
+        return {**metrics, "note": UNTRAINED_HEAD}, predictions, info
     seq2seq = bool(getattr(model_config, "is_encoder_decoder", False))
     template = resolve_prompt(config.data, config.model, tokenizer)
     encoder = (Seq2SeqEncoder if seq2seq else PromptEncoder)(tokenizer, template)
@@ -283,8 +299,6 @@ def base_predictions(config: Config, records: list[QARecord], batch_size: int | 
                      answer_prefix=template.answer_prefix, seq2seq=seq2seq,
                      answer_fields=answer_kinds(config.data, records),
                      answer_template=fields.template if fields is not None else None)
-    import torch
-
     model.to("cuda" if torch.cuda.is_available() else "cpu").eval()
     metrics, predictions = evaluate_records(model, tokenizer, info, records, config.generate,
                                             batch_size or config.train.eval_batch_size, progress,

@@ -14,7 +14,7 @@ from typing import Any
 
 from qatune import __version__
 from qatune.config import Config
-from qatune.data.extractive import SpanCollator, prepare_features
+from qatune.data.extractive import SpanCollator, prepare_features, window_length
 from qatune.data.generative import (
     CausalCollator,
     EncodeStats,
@@ -60,8 +60,6 @@ from qatune.train.logs import check_trackers
 from qatune.train.sampler import training_batches
 
 log = logging.getLogger("qatune")
-
-EXTRACTIVE_AUTO_MAX_LENGTH = 384
 
 
 @dataclass
@@ -311,10 +309,7 @@ def _too_long(stats: EncodeStats, encoder: PromptEncoder, records: list[QARecord
 
 def _encode_extractive(config: Config, built: _Model, records: list[QARecord], train_report: LoadReport,
                        reports: dict[str, Any]) -> _Encoded:
-    setting, limit = config.data.max_length, built.limit
-    max_length = min(EXTRACTIVE_AUTO_MAX_LENGTH, limit or EXTRACTIVE_AUTO_MAX_LENGTH) if setting == "auto" else setting
-    if limit is not None and max_length > limit:
-        raise ConfigError(f"data.max_length={max_length} is more than the model's {limit} positions; lower it")
+    max_length = window_length(config.data.max_length, built.limit)
     features, stats, kept = prepare_features(built.tokenizer, records, max_length, config.data.doc_stride, train=True)
     for row in stats.not_found_rows:
         train_report.drop_kept("answer not in context", row)
