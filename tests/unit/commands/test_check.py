@@ -1,5 +1,7 @@
 """qatune check's rendering of what a row trains."""
 
+import pytest
+
 from qatune.train import prepare
 from tests.conftest import MIXED_ROWS, one_epoch_config
 
@@ -121,3 +123,32 @@ def test_check_warns_that_a_models_own_code_will_run(tmp_path):
     assert "[remote-code]" in render_report(report)
     plain = run_check(load_config(None, [f"data.train_file={data}", f"model.name_or_path={folder}"]))
     assert not [f for f in plain["findings"] if f["code"] == "remote-code"]
+
+
+@pytest.mark.parametrize("sheet, columns, message", [
+    ("question,answer\nwhat is 1+1?,two\nwhat is 2+2?,four\n", ("question", "question"),
+     "data.question_column and data.answer_column both name the column 'question' of sheet.csv: the model would "
+     "learn to repeat the question; columns are ['question', 'answer']; name another column for data.answer_column"),
+    ("text\nwhat is 1+1? two\nwhat is 2+2? four\n", ("text", "text"),
+     "data.question_column and data.answer_column both name the column 'text' of sheet.csv: the model would learn "
+     "to repeat the question; sheet.csv has one column ('text'); a question and its answer need a column each; name "
+     "another column for data.answer_column"),
+    ("question;answer\nwhat is 1+1?;two\nwhat is 2+2?;four\n", ("question", "answer"),
+     "column 'question' not found in sheet.csv; columns are ['question;answer']; set data.question_column; the "
+     "header looks ';'-separated, set data.delimiter"),
+])
+def test_check_refuses_a_sheet_whose_columns_cannot_make_questions_and_answers(tmp_path, sheet, columns, message):
+    """What a newcomer's sheet does by mistake: the same column as question and answer (a one-column sheet makes
+    any choice so), or cells split by semicolons read as one column; check names it, and how to fix it."""
+    from click.testing import CliRunner
+
+    from qatune.cli import cli
+
+    (tmp_path / "sheet.csv").write_text(sheet, encoding="utf-8")
+    config = tmp_path / "c.yaml"
+    config.write_text(f"data: {{train_file: {tmp_path / 'sheet.csv'}, question_column: {columns[0]}, "
+                      f"answer_column: {columns[1]}}}\nmodel: {{scratch: {{n_layer: 1, n_embd: 16, n_head: 2}}}}\n",
+                      encoding="utf-8")
+    result = CliRunner().invoke(cli, ["check", "--config", str(config)])
+    assert result.exit_code == 1
+    assert result.stderr.strip() == f"error: {message}"
