@@ -2,7 +2,8 @@
 #                 (configs/smollm2-demo.yaml): the untouched model's score on 80 held-out questions next to the
 #                 fine-tuned model's, then one answer (about 5 minutes on 2 cores).
 # make demo-tiny: a small GPT-2 built from scratch learns examples/data/faq.csv by heart (about 30 s).
-# make test:      the whole test suite; make test-fast: the tests not marked slow (under 2 minutes on 2 cores).
+# make test:      the whole test suite; make test-fast: the tests not marked slow, distributed, browser or external
+#                 (under 2 minutes on 2 cores).
 # make bench:     the headline benchmarks on this machine (bench/headline.py; they read ../shared/data).
 PYTHON ?= python3
 VENV ?= .venv
@@ -49,7 +50,7 @@ test: $(STAMP)
 	$(BIN)/python -m pytest --durations=15
 
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -m "not slow" --durations=15
+	$(BIN)/python -m pytest -m "not slow and not distributed and not browser and not external" --durations=15
 
 bench: $(STAMP)
 	$(BIN)/pip install --quiet -e '.[bench]'

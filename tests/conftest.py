@@ -21,6 +21,33 @@ if "qatune-test-cache-" not in os.environ.get("QATUNE_CACHE_DIR", ""):
     os.environ["QATUNE_CACHE_DIR"] = tempfile.mkdtemp(prefix="qatune-test-cache-")
     atexit.register(shutil.rmtree, os.environ["QATUNE_CACHE_DIR"], ignore_errors=True)
 
+MUST_RUN = ("distributed", "browser", "external")
+"""Markers of the tests CI's machine has everything for (torchrun, Chromium, node, Go, PyPI): with
+QATUNE_NO_SKIPS=1 (.ci/run sets it) such a test that skips fails, since a skipped test is a test that did not run."""
+BY_FIXTURE = {"browser": "browser", "hf_jinja": "external", "ollama_go": "external"}
+
+
+def pytest_collection_modifyitems(config, items):
+    """The marker a test's fixtures imply (a page driven in Chromium: browser; node's or Go's renderers: external);
+    the files that start processes mark themselves distributed."""
+    for item in items:
+        for fixture, marker in BY_FIXTURE.items():
+            if fixture in getattr(item, "fixturenames", ()):
+                item.add_marker(marker)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if report.skipped and os.environ.get("QATUNE_NO_SKIPS") == "1":
+        marked = [name for name in MUST_RUN if item.get_closest_marker(name) is not None]
+        if marked:
+            reason = report.longrepr[-1] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+            report.outcome = "failed"
+            report.longrepr = f"a test marked {marked[0]} skipped where it must run (QATUNE_NO_SKIPS=1): {reason}"
+
+
 ROOT = Path(__file__).resolve().parent.parent
 LOCAL = "http://127.0.0.1:8000"
 """The address in-process test clients ask as (qatune serve and ui answer loopback names only)."""

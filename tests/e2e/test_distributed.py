@@ -17,7 +17,7 @@ from qatune.cli import cli
 from tests.conftest import ROOT
 from tests.failing_process import error_lines, injected
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 
 
 def layout(run):

@@ -20,7 +20,7 @@ from safetensors.torch import load_file
 from tests.conftest import ROOT, chat_tokenizer, tiny_llama
 from tests.failing_process import error_lines, injected
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 
 ROWS = [(f"what is item {i}?", f"thing {i * 7}") for i in range(32)]
 GPT2 = "{scratch: {n_layer: 2, n_embd: 32, n_head: 2, vocab_size: 300}}"

@@ -12,7 +12,7 @@ import pytest
 from tests.conftest import ROOT
 from tests.e2e.test_fsdp import assert_same_steps, config, data, qatune  # noqa: F401 (data: a fixture)
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 
 
 def free_port():

@@ -99,6 +99,7 @@ print(json.dumps({"gguf": version("gguf"), "from": gguf.__file__, "passed": chec
 
 
 @pytest.mark.slow
+@pytest.mark.external
 def test_gguf_at_its_floor_writes_and_reads_a_file(serve_run, tmp_path):
     """pip install gguf==<floor> into a scratch environment that sees this one's other packages: qatune writes a
     file with it (the export's check reading it back through transformers) and reads its config and prompt."""
