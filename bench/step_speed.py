@@ -29,7 +29,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from bench_machine import describe_torch, headline, matmul_peak, write_json  # noqa: E402
+from bench_machine import describe_torch, headline, matmul_peak, write_json
 
 WORDS = ("the river city north south bridge castle king queen year war people music art science school church "
          "water light power field house street").split()
@@ -58,9 +58,9 @@ def build(args: argparse.Namespace, folder: Path) -> list[str]:
             f"train.precision={args.precision}", f"train.speedups={args.speedups}", f"seed={args.seed}",
             "data.max_length=auto", "train.logging_steps=1000000"]
     if args.model == "gpt2":
-        return sets + [f"model.scratch.n_layer={args.layers}", f"model.scratch.n_embd={args.width}",
-                       f"model.scratch.n_head={max(1, args.width // 64)}", f"model.scratch.vocab_size={args.vocab}",
-                       f"model.scratch.n_positions={max(64, 2 * args.tokens + 16)}"]
+        return [*sets, f"model.scratch.n_layer={args.layers}", f"model.scratch.n_embd={args.width}",
+                f"model.scratch.n_head={max(1, args.width // 64)}", f"model.scratch.vocab_size={args.vocab}",
+                f"model.scratch.n_positions={max(64, 2 * args.tokens + 16)}"]
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -77,7 +77,7 @@ def build(args: argparse.Namespace, folder: Path) -> list[str]:
                          eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
     LlamaForCausalLM(config).save_pretrained(folder / "llama")
     tokenizer.save_pretrained(folder / "llama")
-    return sets + [f"model.name_or_path={folder / 'llama'}", "data.prompt_template=Question: {question}\nAnswer:"]
+    return [*sets, f"model.name_or_path={folder / 'llama'}", "data.prompt_template=Question: {question}\nAnswer:"]
 
 
 def main() -> None:
