@@ -178,6 +178,17 @@ def test_serve_answers_with_the_fields_and_export_refuses_a_scorer(scorer):
         assert body["parsed"] is True and body["fields"]["verdict"] in ("Correct", "Partly", "Incorrect")
         assert body["answer"] == f"Verdict: {body['fields']['verdict']}\nScore: {body['fields']['score']}"
         assert client.get("/run").json()["kind"] == "scoring"
+        # the scorer's heads answer through serve's batches as through qatune generate
+        from qatune.inference.generate import answer_questions
+        from qatune.model.folder import load_model_folder
+
+        held = rows(6, 5)
+        loaded = load_model_folder(run, device="cpu")
+        expected = answer_questions(loaded.model, loaded.tokenizer, loaded.info, [r[0] for r in held], None,
+                                    loaded.config.generate, fields=[{"student_answer": r[1]} for r in held])
+        served = [client.post("/v1/answer", json={"question": r[0], "fields": {"student_answer": r[1]}}).json()
+                  for r in held]
+        assert [answer["answer"] for answer in served] == expected
     result = CliRunner().invoke(cli, ["export", str(run), "--gguf", str(run.parent / "x.gguf")])
     assert result.exit_code == 1 and len(result.stderr.strip().splitlines()) == 1
     assert "scoring" in result.stderr and not (run.parent / "x.gguf").exists()

@@ -53,6 +53,21 @@ def test_a_grading_runs_answer_carries_its_parsed_fields(grading_run, grading):
     assert grading.get("/run").json()["answer_fields"] == {"score": "number", "label": "label"}
 
 
+def test_chosen_fields_are_the_answers_generate_gives_asked_all_at_once(grading_run, grading):
+    """A grading run writes each field chosen among the values training saw (generate.choose_fields): serve's
+    batches choose as qatune generate does."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    questions = [f"what is item {i}?" for i in range(9)]
+    loaded = load_model_folder(grading_run, device="cpu")
+    assert loaded.config.generate.choose_fields
+    expected = answer_questions(loaded.model, loaded.tokenizer, loaded.info, questions, None, loaded.config.generate)
+    with ThreadPoolExecutor(len(questions)) as pool:
+        served = list(pool.map(lambda q: grading.post("/v1/answer", json={"question": q}).json(), questions))
+    assert [answer["answer"] for answer in served] == expected
+    assert all(answer["parsed"] for answer in served)
+
+
 def test_the_openai_endpoints_of_a_grading_run_keep_the_raw_text(grading):
     answer = grading.post("/v1/answer", json={"question": QUESTION}).json()["answer"]
     chat = grading.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": QUESTION}]}).json()

@@ -517,3 +517,45 @@ def test_the_summary_and_the_start_log_say_what_a_request_needs(field_runs, scor
         log.setLevel(level)
     assert any("needs the column(s) ['score']" in line and '"fields": {"score": "..."}' in line for line in lines)
     assert any("reads a context" in line and "'context'" in line for line in lines), lines
+
+
+# --- one answer, whichever way it is asked
+
+def answer_cases(kind, runs, field_runs):
+    """(run, questions, contexts, fields) of each kind of answer: free (a causal LM, an encoder-decoder, LoRA
+    adapters), a span (extractive), held to the passage (grounded), a prompt with a column besides the question."""
+    if kind in ("causal", "seq2seq", "lora"):
+        return runs[kind], QUESTIONS, [None] * len(QUESTIONS), [{}] * len(QUESTIONS)
+    if kind == "extractive":
+        rows = xquad_rows()[:6]
+        return runs[kind], [r["question"] for r in rows], [r["context"] for r in rows], [{}] * len(rows)
+    if kind == "grounded":
+        items = range(2, 8)
+        return (field_runs["context"], [f"what is item {i}?" for i in items],
+                [f"item {i} is thing {i}." for i in items], [{}] * len(items))
+    return field_runs["score"], [f"what is item {i}?" for i in range(6)], [None] * 6, [{"score": str(i % 3)}
+                                                                                          for i in range(6)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["causal", "seq2seq", "lora", "extractive", "grounded", "fields"])
+def test_serve_batched_and_generate_give_the_same_answers_at_temperature_0(runs, field_runs, kind):
+    """qatune serve decodes in batches of its own (requests join a running batch); qatune generate through the
+    model's generate. At temperature 0 both give every kind of answer alike, asked all at once (batched) on serve."""
+    run, questions, contexts, fields = answer_cases(kind, runs, field_runs)
+    loaded = load_model_folder(run, device="cpu")
+    expected = answer_questions(loaded.model, loaded.tokenizer, loaded.info, questions, contexts,
+                                loaded.config.generate, fields=fields)
+    with serving(run, max_batch_size=8) as client:
+        def ask(i):
+            body = {"question": questions[i], **({"context": contexts[i]} if contexts[i] else {}),
+                    **({"fields": fields[i]} if fields[i] else {})}
+            response = client.post("/v1/answer", json=body)
+            assert response.status_code == 200, response.text
+            return response.json()["answer"]
+
+        with ThreadPoolExecutor(len(questions)) as pool:
+            answers = list(pool.map(ask, range(len(questions))))
+        batches = client.service.batcher.stats.batches
+    assert answers == expected
+    assert kind == "extractive" or batches < len(questions)  # answered together, not one by one
