@@ -18,6 +18,7 @@ from qatune.data.extractive import locate_answer
 from qatune.data.spreadsheet import column_key, resolve_column
 from qatune.data.tables import clean_cell, read_table, with_sheets_hint
 from qatune.errors import DataError, QatuneError
+from qatune.tasks import TASK_KINDS, guessed_task, model_does, task_kind
 
 QUESTION_NAMES = ("question", "questions", "query", "prompt", "q", "ask", "input", "instruction")
 ANSWER_NAMES = ("answer", "answers", "response", "reply", "a", "target", "output", "solution", "label",
@@ -114,12 +115,12 @@ def _guess(path: Path, header: list[str], rows: list[list[Any]], sheet: str | in
     if context.column:
         pairs = [(c, a) for c, a in zip(columns[context.column], columns[answer.column]) if c and a]
         share = sum(locate_answer(c, a) is not None for c, a in pairs) / len(pairs) if pairs else 0.0
-    if task == "auto":
-        task = "extractive" if share is not None and share >= 0.5 else "generative"
-    if task == "extractive" and context.column is None:
+    if task not in TASK_KINDS:  # auto
+        task = guessed_task(share)
+    if task_kind(task).context == "required" and context.column is None:
         raise DataError(f"--task extractive needs a context column and none was found in {path.name} "
                         f"(columns: {header})")
-    if task == "generative" and context.column and "context" not in given:
+    if task_kind(task).writes and context.column and "context" not in given:
         # Generative QA reads the passage too (the prompt puts it before the question; configs/smollm2-qa.yaml).
         context = Guess(context.column, context.reason + "; the prompt puts it before the question")
     return Inspection(task=task, question=question, answer=answer, context=context, answer_in_context=share,
@@ -153,19 +154,19 @@ def choose_model(task: str, given: str | None) -> Guess:
     """--model; else the usual hub model, or an installed packaged model when the hub is not reachable."""
     from qatune.model.sources import PACKAGED_MODELS, hub_reachable, installed_packaged_models
 
-    if given in PACKAGED_MODELS and PACKAGED_MODELS[given].task != task:
+    if given in PACKAGED_MODELS and not model_does(PACKAGED_MODELS[given].task, task):
         other = PACKAGED_MODELS[given].task
+        needs = " (the sheet needs a context column)" if task_kind(other).context == "required" else ""
         raise QatuneError(f"--model {given} does {other} QA only, and this sheet is set up for {task} QA; pass "
-                          f"--task {other}" + (" (the sheet needs a context column)" if other == "extractive" else "")
-                          + f" or a {task} model")
+                          f"--task {other}{needs} or a {task} model")
     if given:
         return Guess(given, "--model")
     if hub_reachable():
         return Guess(DEFAULT_MODELS[task], "from the Hugging Face hub")
-    installed = [name for name in installed_packaged_models() if PACKAGED_MODELS[name].task == task]
+    installed = [name for name in installed_packaged_models() if model_does(PACKAGED_MODELS[name].task, task)]
     if installed:
         return Guess(installed[0], "the Hugging Face hub is not reachable; this one is installed for offline use")
-    offline = [f"{name} ({p.install})" for name, p in PACKAGED_MODELS.items() if p.task == task]
+    offline = [f"{name} ({p.install})" for name, p in PACKAGED_MODELS.items() if model_does(p.task, task)]
     return Guess(DEFAULT_MODELS[task], "the Hugging Face hub is not reachable, so training will fail until it is; "
                                        f"or install a model for offline use: {', '.join(offline)}")
 
@@ -175,7 +176,8 @@ def write_config(path: Path, data_file: Path, found: Inspection, model: str | No
     if path.exists() and not force:
         raise QatuneError(f"{path} already exists; pass --force to replace it or choose another --output")
     model = model or DEFAULT_MODELS[found.task]
-    train = {"epochs": 3, "batch_size": 8, "learning_rate": 5.0e-5 if found.task == "generative" else 3.0e-5,
+    kind = task_kind(found.task)
+    train = {"epochs": 3, "batch_size": 8, "learning_rate": kind.init_learning_rate,
              "max_grad_norm": 1.0, "warmup_steps": 20, **MODEL_TRAIN_SETTINGS.get(model, {})}
     raw: dict[str, Any] = {
         "task": found.task,
@@ -191,7 +193,7 @@ def write_config(path: Path, data_file: Path, found: Inspection, model: str | No
             "context_column": found.context.column,
             "sheet": found.sheet,
             **({"delimiter": found.delimiter} if found.delimiter else {}),
-            "max_length": "auto" if found.task == "generative" else 384,
+            "max_length": kind.init_max_length,
         },
         "train": train,
     }

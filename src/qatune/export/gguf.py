@@ -28,6 +28,7 @@ from qatune.model.folder import LoadedModel, ModelInfo, load_model_folder
 from qatune.runs import layout
 from qatune.runs.atomic import atomic_write_text
 from qatune.runs.lock import RunLock
+from qatune.tasks import task_kind
 
 __all__ = ["Check", "ExportError", "export_gguf", "unsupported"]
 
@@ -78,11 +79,11 @@ def export_gguf(run_dir: str | Path, output: str | Path, quant: str = "f16", whi
 def unsupported(loaded: LoadedModel) -> str | None:
     """Why the loaded run cannot be written as GGUF (None: it can)."""
     info, model = loaded.info, loaded.model
-    if info.task == "scoring":
-        return ("it is a scoring model (heads that predict a sheet's columns; llama.cpp runs language models that "
-                "write their answers)")
-    if info.task != "generative":
-        return "it is an extractive model (llama.cpp runs language models that write their answers)"
+    kind = task_kind(info.task)
+    if not kind.writes:
+        article = "an" if kind.name[0] in "aeiou" else "a"
+        return (f"it is {article} {kind.name} model: its answer is {kind.answer_said} (llama.cpp runs language models "
+                "that write their answers)")
     if info.seq2seq:
         return "it is an encoder-decoder model (T5), which llama.cpp's GGUF does not hold"
     kind = type(model).__name__

@@ -26,6 +26,7 @@ from qatune.inference.generate import score_windows
 from qatune.inference.grounding import AllowedAnswers
 from qatune.model.folder import LoadedModel
 from qatune.serve.decoding import AnswerText, Decoder, Sampling
+from qatune.tasks import task_kind
 
 log = logging.getLogger("qatune")
 
@@ -128,7 +129,8 @@ class Batcher:
         self._current: list[Job] = []
         self._stopping = False
         info = loaded.info
-        if info.task == "generative":
+        self.kind = task_kind(info.task)
+        if self.kind.writes:
             self._decoder = Decoder(loaded.model, loaded.tokenizer, info.seq2seq)
 
     def start(self) -> None:
@@ -193,9 +195,9 @@ class Batcher:
         self._current = jobs
         try:
             with torch.inference_mode():
-                if self.loaded.info.task == "extractive":
+                if self.kind.points:
                     self._extract(jobs)
-                elif self.loaded.info.task == "scoring":
+                elif self.kind.scores:
                     self._score(jobs)
                 else:
                     more = self._more if self.max_batch_size > 1 else None

@@ -49,7 +49,7 @@ def serve(run_dir: str | Path, which: str, host: str, port: int, settings: Setti
         shown = f"[{bound_host}]" if ":" in bound_host else bound_host
         service = app.state.service
         log.info("serving %s (%s) at http://%s:%d/  (page: /, API: /v1, batches of up to %d; Ctrl-C stops)",
-                 service.model_id, service.kind, shown, bound_port, settings.max_batch_size)
+                 service.model_id, service.model_kind, shown, bound_port, settings.max_batch_size)
         if not is_loopback(host):
             log.warning("warning: listening on %s: anyone who can reach this machine on port %d can use the model%s",
                         host, bound_port, "" if settings.api_key else "; set --api-key KEY to require a key")

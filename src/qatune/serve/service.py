@@ -33,6 +33,7 @@ from qatune.serve.decoding import Sampling
 from qatune.serve.replies import Reply, SlotStreamingResponse
 from qatune.serve.request_checks import Gate
 from qatune.serve.schemas import AnswerRequest, ApiError, ChatRequest, CompletionRequest, ExtractRequest
+from qatune.tasks import TaskKind, task_kind
 
 log = logging.getLogger("qatune")
 
@@ -92,7 +93,7 @@ class Service:
         self.gate = Gate(settings.limits.max_concurrent)
         self.template = PromptTemplate(self.info.prompt_template, self.info.answer_prefix)
         self.answer_template = run_answer_template(self.info)  # a grading run's: its answers are parsed back
-        if self.info.task == "generative":
+        if self.kind.writes:
             encoder = Seq2SeqEncoder if self.info.seq2seq else PromptEncoder
             self.encoder = encoder(loaded.tokenizer, self.template)
         self.positions = None if self.info.seq2seq else model_max_positions(loaded.model.config, loaded.tokenizer)
@@ -114,7 +115,7 @@ class Service:
             return None
         context = body.context if body.context is not None else system
         if context is None or not context.strip():
-            what = ("this run does extractive QA: the answer is a span of a context" if self.info.task == "extractive"
+            what = ("this run does extractive QA: the answer is a span of a context" if self.kind.points
                     else "this run's prompt uses a context ({context})")
             raise ApiError(400, f"{what}; pass the passage as 'context' (or, in a chat, as the system message)",
                            param="context", code="missing_context")
@@ -122,7 +123,7 @@ class Service:
 
     def prompt_fields(self, given: dict[str, str] | None) -> dict[str, str]:
         """The request's values of the other columns the prompt names, by the prompt's names."""
-        template = self.template if self.info.task != "extractive" else PromptTemplate("")
+        template = PromptTemplate("") if self.kind.points else self.template
         values, unknown, missing = template.match_fields(given or {})
         if unknown:
             uses = f"it uses {template.fields}" if template.fields else "it uses no column besides the question"
@@ -264,10 +265,10 @@ class Service:
         question, named by errors)."""
         context = self.passage(body, system)
         fields = self.prompt_fields(body.fields)
-        if self.info.task == "extractive":
+        if self.kind.points:
             # max_tokens bounds the span, in the run's tokens, as it bounds a generated answer
             return self.extraction(question, context, self.requested_tokens(body), param=param)
-        if self.info.task == "scoring":
+        if self.kind.scores:
             return self.scoring(question, context, fields, param)
         request = self.generation(body, question, context, fields, param)
         return request, len(request.prompt)
@@ -295,7 +296,7 @@ class Service:
     async def extract(self, body: ExtractRequest) -> dict[str, Any]:
         self.check_model(body.model)
         body.check_supported()
-        if self.info.task != "extractive":
+        if not self.kind.points:
             raise ApiError(400, "this run is generative: ask it with POST /v1/chat/completions or /v1/completions",
                            code="unsupported_task")
         if not body.question.strip():
@@ -355,7 +356,8 @@ class Service:
             if isinstance(metrics, dict) and metrics.get("model_id", served) == served:
                 evaluations[path.stem.removeprefix(self.results_prefix)] = metrics
         return {
-            "id": self.model_id, "task": self.info.task, "kind": self.kind, "base_model": self.base_model,
+            "id": self.model_id, "task": self.info.task, "kind": self.model_kind, "answer": self.kind.answer,
+            "base_model": self.base_model,
             "prompt_template": self.info.prompt_template, "uses_context": self.uses_context,
             "fields": self.field_names, "answer_fields": self.info.answer_fields,
             "status": status.get("status"), "best_eval": result.get("best_eval"),
@@ -382,7 +384,7 @@ class Service:
     @property
     def field_names(self) -> list[str]:
         """Columns the run's prompt names besides the question and the context."""
-        return self.template.fields if self.info.task != "extractive" else []
+        return [] if self.kind.points else self.template.fields
 
     def request_needs(self) -> list[str]:
         """What a request must send besides the question, one line each (logged when the server starts)."""
@@ -396,12 +398,14 @@ class Service:
         return lines
 
     @property
-    def kind(self) -> str:
-        if self.info.task in ("extractive", "scoring"):
-            kind = self.info.task
-        else:
-            kind = "seq2seq" if self.info.seq2seq else "causal"
-        return f"{kind} + LoRA" if self.info.lora_base else kind
+    def kind(self) -> TaskKind:
+        return task_kind(self.info.task)
+
+    @property
+    def model_kind(self) -> str:
+        """What the run is, as the summary and the start line say it: causal, seq2seq, extractive or scoring."""
+        found = ("seq2seq" if self.info.seq2seq else "causal") if self.kind.writes else self.info.task
+        return f"{found} + LoRA" if self.info.lora_base else found
 
     @property
     def base_model(self) -> str:
