@@ -1,7 +1,7 @@
 """What every benchmark records about the machine it ran on, where its results go, and how it runs its arms.
 
-Imported by the scripts of bench/ (``python bench/NAME.py`` puts this folder on sys.path; the probes in
-bench/probes/ add it).
+Imported by the scripts of bench/ (``python bench/NAME.py`` puts this folder on sys.path; the scripts of
+bench/quality/ and bench/probes/ add it: ``sys.path.insert(0, str(Path(__file__).resolve().parents[1]))``).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@
     w2           SmolLM2-135M LoRA: qatune vs TRL's SFTTrainer                   bench/w2_lora_vs_trl.py
     extractive   MiniLM extractive QA: qatune vs Trainer + run_qa.py             bench/extractive_vs_trainer.py
     serve        `qatune serve` under load: batching on vs off                   bench/serve_load.py
-    smollm2-qa   SmolLM2 with the shipped configs: fine-tuned vs base, F1/EM     bench/smollm2_qa.py
+    smollm2-qa   SmolLM2 with the shipped configs: fine-tuned vs base, F1/EM     bench/quality/smollm2_qa.py
 
 Each script compares two (or more) arms side by side, alternating them round by round, prints the CPU it runs
 on and writes its JSON to bench/results/<this machine>/ (``--out`` elsewhere). On 2 CPU cores the whole set
@@ -36,7 +36,7 @@ SCRIPTS = {
     "w2": "w2_lora_vs_trl.py",
     "extractive": "extractive_vs_trainer.py",
     "serve": "serve_load.py",
-    "smollm2-qa": "smollm2_qa.py",
+    "smollm2-qa": "quality/smollm2_qa.py",
 }
 TRAINING = ("w1-loop", "w1-process", "w2", "extractive")
 """The headlines that train qatune against an anchor (they take --speedups and --precision)."""

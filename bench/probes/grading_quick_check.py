@@ -1,9 +1,9 @@
 """Verdict accuracy and score MAE of a grading run (or one of its checkpoints) on one split, in ~5 minutes on 2
 cores: greedy answers cut at 16 new tokens, enough for the "Verdict:" and "Score:" lines of
-configs/smollm2-grading.yaml's template (the feedback is not written, so not scored). bench/grading.py scores
-every field of every split and the baselines; this is the quick look between training runs.
+configs/smollm2-grading.yaml's template (the feedback is not written, so not scored). bench/quality/grading.py
+scores every field of every split and the baselines; this is the quick look between training runs.
 
-    cd bench && python grading_data.py --write /tmp/saf          # the split of bench/grading.py
+    python bench/quality/grading_data.py --write /tmp/saf      # the split of bench/quality/grading.py
     qatune train --config configs/smollm2-grading.yaml --output-dir /tmp/run --set data.train_file=/tmp/saf/train.csv \
         --set data.eval_file=null --set train.epochs=1
     python bench/probes/grading_quick_check.py /tmp/run /tmp/saf/unseen_answers.csv

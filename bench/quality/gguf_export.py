@@ -15,8 +15,8 @@ the JSON says why and the rest is still measured.
 
 Writes bench/results/<this machine>/gguf_export.json.
 
-    python bench/gguf_export.py                                   # train, export, score (~25 min on 2 cores)
-    python bench/gguf_export.py --run runs/smollm2-qa --eval-rows 50 --json /tmp/gguf.json
+    python bench/quality/gguf_export.py                                   # train, export, score (~25 min on 2 cores)
+    python bench/quality/gguf_export.py --run runs/smollm2-qa --eval-rows 50 --json /tmp/gguf.json
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/, for bench_machine
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing here may come from a model hub
 
 from bench_machine import ROOT, describe, headline, json_option, results_path, write_json

@@ -18,10 +18,10 @@ score MAE and within-tolerance, feedback token F1, ROUGE-L and BLEU, and the sha
 Writes bench/results/<this machine>/grading.json after every seed (an interrupted run keeps what it measured;
 --json FILE of an earlier run adds the arms and seeds asked for to it).
 
-    python bench/grading.py --arms minilm-scoring --seeds 3                    # ~30 min on 2 cores
-    python bench/grading.py --arms smollm2-grading --seeds 2 --json bench/results/epyc-avx512-bf16/grading.json
-    python bench/grading.py --arms minilm-scoring --seeds 1 --train-rows 300 --eval-rows 40 --json /tmp/g.json
-    python bench/grading.py --arms smollm2-grading --seeds 1 --json /tmp/g.json --keep /tmp/grading-runs
+    python bench/quality/grading.py --arms minilm-scoring --seeds 3                    # ~30 min on 2 cores
+    python bench/quality/grading.py --arms smollm2-grading --seeds 2 --json bench/results/epyc-avx512-bf16/grading.json
+    python bench/quality/grading.py --arms minilm-scoring --seeds 1 --train-rows 300 --eval-rows 40 --json /tmp/g.json
+    python bench/quality/grading.py --arms smollm2-grading --seeds 1 --json /tmp/g.json --keep /tmp/grading-runs
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/, for bench_machine
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing here may come from a model hub
 
 import grading_baselines
@@ -56,8 +57,8 @@ BASELINES = ("majority_label", "question_majority_label", "question_mean_score",
              "nearest_feedback")
 FIRST_SEED = 42
 RESUME_STATE = ("optimizer.pt", "scheduler.pt", "rng.pt")
-"""What --keep leaves out of a run's checkpoints: what only resuming needs (bench/probes/weight_averaging.py reads
-the weights of a run that saved a checkpoint every few steps)."""
+"""What --keep leaves out of a run's checkpoints: what only resuming needs (the weights stay, so that the snapshots of
+a run that saved a checkpoint every few steps can be averaged afterwards)."""
 HIGHER_IS_BETTER = {"parse_rate": True, "verdict_accuracy": True, "verdict_macro_f1": True, "score_mae": False,
                     "score_within_tolerance": True, "feedback_token_f1": True, "feedback_rouge_l": True,
                     "feedback_bleu": True}

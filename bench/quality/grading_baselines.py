@@ -13,12 +13,15 @@ question_median_score    the same with the median score (the score that makes th
 nearest_feedback         the score, label and feedback of the most similar train answer to the same question
                          by TF-IDF cosine (unseen questions: the most similar train answer to any question)
 
-    python bench/grading_baselines.py      # prints verdict accuracy, macro-F1, score MAE, feedback F1; writes nothing
+    python bench/quality/grading_baselines.py   # verdict accuracy, macro-F1, score MAE, feedback F1; writes nothing
 """
 
 from __future__ import annotations
 
 import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/, for workloads
 
 import numpy as np
 import pandas as pd

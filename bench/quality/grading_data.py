@@ -9,9 +9,9 @@ unseen_questions  whole questions held out (4-5 of the 26, 15-20% of the rows) f
 unseen_answers    UNSEEN_ANSWER_SHARE of each remaining question's answers, sampled per question
 train             the rest
 
-    python bench/grading_data.py                       # sizes and labels of the splits; writes nothing
-    python bench/grading_data.py --write /tmp/saf      # also writes train.csv, unseen_answers.csv, ...
-    python bench/grading_data.py --examples examples/grading   # rebuilds the example sheet (train, eval, xlsx)
+    python bench/quality/grading_data.py                       # sizes and labels of the splits; writes nothing
+    python bench/quality/grading_data.py --write /tmp/saf      # also writes train.csv, unseen_answers.csv, ...
+    python bench/quality/grading_data.py --examples examples/grading   # rebuilds the example sheet (train, eval, xlsx)
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/, for workloads
 
 import numpy as np
 import pandas as pd

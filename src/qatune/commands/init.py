@@ -29,7 +29,7 @@ SAMPLE_ROWS = 500
 MIN_ROWS_FOR_VALIDATION = 20
 """Fewer rows than this: nothing is held out (a 2-row sheet would lose half its rows)."""
 MODEL_TRAIN_SETTINGS = {
-    # Measured with bench/smollm2_qa.py (see configs/smollm2-qa.yaml).
+    # Measured with bench/quality/smollm2_qa.py (see configs/smollm2-qa.yaml).
     "smollm2-135m-instruct": {"learning_rate": 1.0e-4, "warmup_steps": 10},
 }
 
