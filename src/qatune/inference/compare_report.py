@@ -208,7 +208,7 @@ def compare_run(run_dir: str | Path, data_file: str | Path, other: str, which: s
     atomic.atomic_write_text(paths["markdown"], render_markdown(comparison, run.metrics["model"], other_name,
                                                                 Path(data_file).name, notes))
     atomic.atomic_write_text(paths["csv"], render_csv(comparison))
-    summary = {"other": other_name, **comparison.summary(), "notes": notes,
+    summary = {"other": other_name, **comparison.summary(), **({"notes": notes} if notes else {}),
                "files": {k: str(v) for k, v in paths.items()}}
     return run, summary
 
