@@ -11,6 +11,7 @@ from qatune.data.grading_fields import format_value, label_key
 from qatune.data.validate import warning
 from qatune.errors import row_list
 from qatune.model.scoring import Head
+from qatune.tasks import task_kind
 from qatune.train import Prepared
 from qatune.train.preparation import scoring_layout
 
@@ -49,7 +50,7 @@ def fields_section(prepared: Prepared) -> dict[str, Any]:
             entry.update(decimal=settled.decimals.get(name), tolerance=spec.tolerance,
                          not_numbers=[{"row": row, "cell": cell} for row, cell in settled.not_numbers.get(name, [])])
         columns[name] = entry
-    if prepared.config.task == "scoring":  # heads predict the columns: no answer is written
+    if task_kind(prepared.config.task).scores:  # heads predict the columns: no answer is written
         for head in scoring_layout(prepared.config, settled).heads:
             columns[head.name]["head"] = _describe_head(head)
         return {"template": prepared.info.answer_template, "columns": columns, "answer_tokens": None}

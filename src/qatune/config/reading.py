@@ -17,6 +17,7 @@ from pydantic import ValidationError
 from qatune.config.columns import column_key, template_fields
 from qatune.config.sections import Config, DataConfig, Section, section_class
 from qatune.errors import ConfigError
+from qatune.tasks import task_kind
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
@@ -210,19 +211,18 @@ def _cross_checks(config: Config) -> list[str]:
             "pick an n_embd that is a multiple of n_head"
         )
     if model.scratch is not None:
-        allowed = {"generative": ("auto", "gpt2", "t5"), "extractive": ("auto", "bert"),
-                   "scoring": ("auto", "bert", "gpt2")}[config.task]
+        allowed = task_kind(config.task).scratch_architectures
         if model.scratch.architecture not in allowed:
             problems.append(f"model.scratch.architecture: {model.scratch.architecture} does not do {config.task} QA; "
                             f"use one of {list(allowed)}")
     if data.train_file is None:
         problems.append("data.train_file: required; set it to your spreadsheet (.csv, .xlsx, .jsonl ...)")
-    if config.task == "extractive" and data.context_column is None:
+    if task_kind(config.task).points and data.context_column is None:
         problems.append("data.context_column: required for task extractive; name the column holding the passages")
-    if config.task == "generative":
+    if task_kind(config.task).writes:
         problems += _template_checks(data)
     problems += _answer_field_checks(config.task, data)
-    if config.task == "scoring":
+    if task_kind(config.task).scores:
         problems += _scoring_checks(config)
     else:
         if model.number_head != "regression":
@@ -265,12 +265,12 @@ def _answer_field_checks(task: str, data: DataConfig) -> list[str]:
     if columns is None:
         problems = [f"data.{key}: only used with data.answer_columns; list the answer columns there, or remove it"
                     for key in ("answer_template", "field_kinds", "field_weights") if getattr(data, key) is not None]
-        if task == "scoring":
+        if task_kind(task).scores:
             problems.append("data.answer_columns: required for task scoring; list the label and number columns to "
                             "predict, e.g. [verdict, score]")
         return problems
     problems = []
-    if task == "extractive":
+    if task_kind(task).points:
         problems.append("data.answer_columns: not for task extractive (the answer is a span of the context); set "
                         "task: generative or scoring, or remove data.answer_columns and use data.answer_column")
     if not columns:

@@ -12,6 +12,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
+from qatune.tasks import TASK_NAMES, task_kind
+
 
 class Section(BaseModel):
     """A config section: unknown keys are errors, field docstrings are the documentation."""
@@ -371,7 +373,7 @@ class GenerateConfig(Section):
 
 
 class Config(Section):
-    task: Literal["generative", "extractive", "scoring"] = "generative"
+    task: Literal[TASK_NAMES] = "generative"  # type: ignore[valid-type]
     """generative: a causal LM writes the answer; extractive: an encoder picks a span of the context; scoring: a
     model reads the row's text and predicts its label and number answer columns (a grading sheet's verdict and
     score) with a head per column."""
@@ -390,7 +392,7 @@ class Config(Section):
     @property
     def takes_lora(self) -> bool:
         """Whether model.lora can apply: a scoring model trains all its weights (its heads are new)."""
-        return self.task != "scoring"
+        return not task_kind(self.task).scores
 
 
 def section_class(annotation: Any) -> type[Section] | None:

@@ -18,6 +18,7 @@ import torch
 
 from qatune.data.padding import IGNORE_INDEX
 from qatune.errors import DataError
+from qatune.tasks import task_kind
 
 TINY_DATASET = 8
 
@@ -157,7 +158,7 @@ def validate_settings(*, learning_rate: float, max_grad_norm: float | None, warm
     if max_grad_norm is None and not findings:
         findings.append(warning("no-clipping", "no gradient clipping: one bad batch can blow up the weights; "
                                                "set train.max_grad_norm: 1.0"))
-    if precision == "fp16" and task == "extractive" and not loss_scaling:
+    if precision == "fp16" and task_kind(task).points and not loss_scaling:
         findings.append(warning("fp16-no-scaling", "fp16 on an encoder without loss scaling underflows gradients "
                                                    "and overflows logits; use bf16, or fp16 with a GradScaler"))
     elif precision == "fp16":

@@ -22,6 +22,7 @@ from qatune.data.templates import PromptTemplate
 from qatune.inference.batches import inference_precision
 from qatune.model.folder import ModelInfo
 from qatune.model.kv_cache import cache_argument
+from qatune.tasks import task_kind
 
 CHOSEN_KINDS = ("label", "number")
 
@@ -30,7 +31,7 @@ def chooses_fields(info: ModelInfo, generate: GenerateConfig) -> bool:
     """Whether a run's answers are written field by field: a causal LM's grading run with a label or number field
     whose values training saw, and generate.choose_fields on."""
     specs = info.specs() or {}
-    return (generate.choose_fields and info.task == "generative" and not info.seq2seq
+    return (generate.choose_fields and task_kind(info.task).writes and not info.seq2seq
             and any(spec.kind in CHOSEN_KINDS and spec.values for spec in specs.values()))
 
 

@@ -29,6 +29,7 @@ from qatune.inference.lockstep import Lockstep
 from qatune.model.folder import ModelInfo
 from qatune.model.objectives import span_logits, span_loss_sum
 from qatune.model.sources import model_max_positions
+from qatune.tasks import task_kind
 
 log = logging.getLogger("qatune")
 
@@ -41,10 +42,10 @@ def answer_questions(model: Any, tokenizer: Any, info: ModelInfo, questions: lis
     prompt template names."""
     generate = generate or GenerateConfig()
     contexts = contexts if contexts is not None else [None] * len(questions)
-    if info.task == "generative":
+    if task_kind(info.task).writes:
         fields = fields if fields is not None else [{}] * len(questions)
         return generate_answers(model, tokenizer, info, questions, contexts, generate, batch_size, progress, fields)
-    if info.task == "scoring":
+    if task_kind(info.task).scores:
         from qatune.inference.scoring import score_records, scored_answers
 
         rows = [QARecord(question=q, answers=[], context=c, row=i, fields=f or {})
@@ -198,7 +199,7 @@ def answer_one(run_dir: str | Path, question: str, context: str | None = None, c
 
 def uses_context(info: ModelInfo) -> bool:
     """Whether the run reads a passage besides the question: extractive runs, and prompts with {context}."""
-    return info.task == "extractive" or PromptTemplate(info.prompt_template).uses_context
+    return task_kind(info.task).points or PromptTemplate(info.prompt_template).uses_context
 
 
 def _check_context(info: ModelInfo, context: str | None) -> None:
@@ -210,7 +211,7 @@ def _check_context(info: ModelInfo, context: str | None) -> None:
         return
     if context and context.strip():
         return
-    if info.task == "extractive":
+    if task_kind(info.task).points:
         raise DataError("this run does extractive QA: pass the passage with --context TEXT or --context-file FILE")
     raise DataError("this run's prompt uses a context ({context}): pass the passage with --context TEXT or "
                     "--context-file FILE")
@@ -226,7 +227,7 @@ def run_answer_template(info: ModelInfo) -> AnswerTemplate | None:
 
 def _check_fields(info: ModelInfo, fields: dict[str, str]) -> dict[str, str]:
     """--field values by the names the run's prompt uses (matched ignoring case, spaces and _/-)."""
-    template = PromptTemplate(info.prompt_template if info.task != "extractive" else "")
+    template = PromptTemplate(info.prompt_template if not task_kind(info.task).points else "")
     given, unknown, missing = template.match_fields(fields)
     if unknown:
         raise DataError(f"--field {unknown[0]!r}: the run's prompt names no such column; it names "

@@ -22,6 +22,7 @@ from qatune.data.spreadsheet import QARecord
 from qatune.data.templates import PromptTemplate
 from qatune.errors import ConfigError
 from qatune.model.folder import ModelInfo
+from qatune.tasks import task_kind
 
 
 class AllowedAnswers:
@@ -261,7 +262,7 @@ def ground_scores(scores: torch.Tensor, allowed: Sequence[list[int] | None]) -> 
 
 def can_ground(info: ModelInfo) -> bool:
     """Whether a run writes free-text answers about a passage: generative, with {context}, without answer fields."""
-    return (info.task == "generative" and not info.answer_fields
+    return (task_kind(info.task).writes and not info.answer_fields
             and PromptTemplate(info.prompt_template).uses_context)
 
 
@@ -269,7 +270,7 @@ def grounded(info: ModelInfo, generate: GenerateConfig) -> bool:
     """Whether ``generate.grounded`` turns grounded decoding on for the run: ``auto`` as training decided it (runs
     whose training answers are spans of their passages); ``on`` refuses a run that cannot be grounded."""
     setting = generate.grounded
-    if setting == "off" or info.task in ("extractive", "scoring"):
+    if setting == "off" or not task_kind(info.task).writes:
         return False  # an extractive run's answers are spans already; a scoring run writes no text
     if setting == "on":
         if not can_ground(info):

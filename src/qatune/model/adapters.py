@@ -7,6 +7,7 @@ from typing import Any
 from qatune.config import ModelConfig
 from qatune.errors import ModelError
 from qatune.model.sources import model_source
+from qatune.tasks import task_kind
 
 
 def apply_lora(model: Any, lora: Any, task: str) -> Any:
@@ -15,10 +16,9 @@ def apply_lora(model: Any, lora: Any, task: str) -> Any:
         from peft import LoraConfig, TaskType, get_peft_model
     except ImportError:
         raise ModelError("model.lora needs the peft library: pip install 'qatune[lora]'") from None
-    if task == "extractive":
-        task_type = TaskType.QUESTION_ANS
-    else:
-        task_type = TaskType.SEQ_2_SEQ_LM if model.config.is_encoder_decoder else TaskType.CAUSAL_LM
+    kind = task_kind(task)
+    seq2seq = kind.writes and model.config.is_encoder_decoder
+    task_type = TaskType.SEQ_2_SEQ_LM if seq2seq else TaskType[kind.peft_task_type]
     settings = LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
                           target_modules=lora.target_modules, task_type=task_type,
                           layers_to_transform=_last_layers(model, lora.last_layers))

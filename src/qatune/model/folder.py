@@ -19,6 +19,7 @@ from qatune.data.grading_fields import FieldSpec
 from qatune.errors import ModelError, RunDirError
 from qatune.model.sources import auto_class, prepare_tokenizer, quiet_transformers, resolve_model_path
 from qatune.runs import atomic, layout
+from qatune.tasks import task_kind
 
 
 @dataclass
@@ -138,7 +139,7 @@ def load_model_folder(path: str | Path, which: str = layout.FINAL, device: str |
         raise RunDirError(f"the model in {folder} is damaged: {problem}; train again, or use another of the run's "
                           "model folders (--model best, or a checkpoint)")
     config, info = read_model_folder(folder)
-    auto = _ScoringLoader if info.task == "scoring" else auto_class(info.task, info.seq2seq)
+    auto = _ScoringLoader if task_kind(info.task).scores else auto_class(info.task, info.seq2seq)
     quiet_transformers()
     trust = config.model.trust_remote_code
     try:

@@ -21,6 +21,7 @@ from qatune.errors import ConfigError, ModelError, RunDirError
 from qatune.model import gguf_cache
 from qatune.model.folder import LoadedModel, ModelInfo
 from qatune.model.sources import load_pretrained, load_tokenizer, model_max_positions, model_source
+from qatune.tasks import task_kind
 
 log = logging.getLogger("qatune")
 
@@ -99,7 +100,7 @@ def load_gguf_run(file: Path, device: str | None = None, convert: bool = True) -
 def embedded_run(config: Config, info: ModelInfo) -> dict[str, str]:
     """The keys :func:`read_gguf_run` reads back: the run's config (its paths as names: :func:`without_paths`) and
     prompt info, for a file qatune writes."""
-    if info.task != "generative" or info.seq2seq:
+    if not task_kind(info.task).writes or info.seq2seq:
         raise ModelError("only a causal language model's run can be written as a GGUF file")
     import yaml
 

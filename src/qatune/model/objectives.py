@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from qatune.data.padding import IGNORE_INDEX
+from qatune.tasks import task_kind
 
 _BOOKKEEPING = {"row", "n_items", "n_tokens"}
 
@@ -112,9 +113,9 @@ def span_logits(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch
 
 def objective_for(task: str, model: nn.Module) -> nn.Module:
     """The training objective of a model, through its own forward."""
-    if task == "extractive":
+    if task_kind(task).points:
         return SpanObjective(model)
-    if task == "scoring":
+    if task_kind(task).scores:
         from qatune.model.scoring import scoring_objective
 
         return scoring_objective(model)
@@ -132,7 +133,7 @@ def count_items(batch: dict[str, torch.Tensor], task: str) -> int:
     batch."""
     if "n_items" in batch:
         return int(batch["n_items"])
-    if task == "generative":
+    if task_kind(task).writes:
         return int((batch["labels"][:, 1:] != IGNORE_INDEX).sum())
     return int((batch["start_positions"] != IGNORE_INDEX).sum())
 

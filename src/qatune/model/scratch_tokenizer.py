@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from qatune.model.sources import BERT_SPECIALS, GPT2_SPECIAL, T5_SPECIALS
+from qatune.tasks import task_kind
 
 
 def train_scratch_tokenizer(task: str, texts: list[str], vocab_size: int, architecture: str = "auto") -> Any:
@@ -26,7 +27,7 @@ def train_scratch_tokenizer(task: str, texts: list[str], vocab_size: int, archit
         tok.post_processor = processors.TemplateProcessing(single="$A </s>", pair="$A </s> $B </s>",
                                                            special_tokens=[("</s>", eos)])
         return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="</s>", unk_token="<unk>")
-    if task == "generative":
+    if task_kind(task).writes:
         tok = Tokenizer(models.BPE())
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
         tok.decoder = decoders.ByteLevel()

@@ -19,6 +19,7 @@ from typing import Any
 from qatune.config import ModelConfig, ScratchModel
 from qatune.errors import ModelError
 from qatune.model import gguf_cache
+from qatune.tasks import task_kind
 
 log = logging.getLogger("qatune")
 
@@ -230,14 +231,14 @@ def load_tokenizer(model: ModelConfig, task: str, convert: bool = True) -> Any:
 
 
 def prepare_tokenizer(tokenizer: Any, task: str, name: str) -> Any:
-    if task == "scoring":
+    if task_kind(task).scores:
         if tokenizer.pad_token_id is None:
             if tokenizer.eos_token_id is None:
                 raise ModelError(f"tokenizer of '{name}' has neither a PAD nor an EOS token to pad rows with")
             tokenizer.pad_token = tokenizer.eos_token  # padding is decided by the attention mask
         tokenizer.padding_side = "right"
         return tokenizer
-    if task == "extractive":
+    if task_kind(task).points:
         if not getattr(tokenizer, "is_fast", False):
             raise ModelError(f"extractive QA needs a fast tokenizer (character offsets) and '{name}' has none; "
                              "pick a model whose folder has tokenizer.json")
@@ -261,10 +262,10 @@ def load_pretrained(model: ModelConfig, task: str, tokenizer: Any, model_config:
     ``model_config`` as given (its heads set in it). ``convert``: as :func:`load_tokenizer`'s."""
     source = readable_source(model, convert)
     model_config = model_config if model_config is not None else load_model_config(model, convert)
-    seq2seq = task == "generative" and bool(getattr(model_config, "is_encoder_decoder", False))
+    seq2seq = task_kind(task).writes and bool(getattr(model_config, "is_encoder_decoder", False))
     auto = auto or auto_class(task, seq2seq)
     kwargs = _load_kwargs(model, source)
-    if task == "scoring":
+    if task_kind(task).scores:
         kwargs["config"] = model_config
     if model.dropout is not None:
         kwargs["config"] = with_dropout(kwargs.get("config", model_config), model.dropout)
@@ -286,7 +287,7 @@ def load_pretrained(model: ModelConfig, task: str, tokenizer: Any, model_config:
         loaded.hf_quantizer.remove_quantization_config(loaded)
     if source.path != model_source(model).path:
         loaded.config.name_or_path = model_source(model).path  # where it came from, not qatune's cache
-    if task == "generative" and getattr(loaded.config, "pad_token_id", None) is None:
+    if task_kind(task).writes and getattr(loaded.config, "pad_token_id", None) is None:
         loaded.config.pad_token_id = tokenizer.pad_token_id
     return loaded
 
@@ -308,18 +309,11 @@ def with_dropout(config: Any, probability: float) -> Any:
 
 
 def auto_class(task: str, seq2seq: bool = False) -> Any:
-    from transformers import (
-        AutoModelForCausalLM,
-        AutoModelForQuestionAnswering,
-        AutoModelForSeq2SeqLM,
-        AutoModelForSequenceClassification,
-    )
+    """The transformers auto class a pretrained model of ``task`` loads as (an encoder-decoder's where ``seq2seq``)."""
+    import transformers
 
-    if task == "extractive":
-        return AutoModelForQuestionAnswering
-    if task == "scoring":
-        return AutoModelForSequenceClassification
-    return AutoModelForSeq2SeqLM if seq2seq else AutoModelForCausalLM
+    kind = task_kind(task)
+    return getattr(transformers, kind.seq2seq_auto_class if seq2seq and kind.seq2seq_auto_class else kind.auto_class)
 
 
 def _load_failure(what: str, name: str, exc: Exception, task: str = "", offline: bool | None = False) -> str:
@@ -347,8 +341,7 @@ def _load_failure(what: str, name: str, exc: Exception, task: str = "", offline:
             return (f"{what} folder '{name}' has no model.safetensors; qatune loads safetensors only "
                     "(convert the .bin weights with save_pretrained)")
         if "Unrecognized model" in text or "does not appear" in text or "should be one of" in text:
-            kind = "a causal language model" if task == "generative" else "a question-answering encoder"
-            return f"'{name}' cannot be loaded as {kind} ({text})"
+            return f"'{name}' cannot be loaded as {task_kind(task).loads_as if task else 'a model'} ({text})"
         return f"cannot load the {what} from folder '{name}': {text}"
     if local.is_absolute() or name.startswith((".", "~")) or name.count("/") > 1:
         return f"model folder '{name}' not found; check model.name_or_path"
@@ -375,7 +368,7 @@ def build_scratch(shape: ScratchModel, task: str, tokenizer: Any, scoring_config
             eos_token_id=tokenizer.eos_token_id, decoder_start_token_id=tokenizer.pad_token_id,
         )
         return T5ForConditionalGeneration(config)
-    if task == "generative" or (task == "scoring" and shape.architecture == "gpt2"):
+    if task_kind(task).writes or (task_kind(task).scores and shape.architecture == "gpt2"):
         from transformers.models.gpt2 import GPT2Config, GPT2ForSequenceClassification, GPT2LMHeadModel
 
         config = GPT2Config(
@@ -387,7 +380,7 @@ def build_scratch(shape: ScratchModel, task: str, tokenizer: Any, scoring_config
             # the same function, built into the scratch model's config.
             activation_function="gelu_pytorch_tanh",
         )
-        if task == "scoring":
+        if task_kind(task).scores:
             return GPT2ForSequenceClassification(scoring_config(config))
         return GPT2LMHeadModel(config)
     from transformers.models.bert import BertConfig, BertForQuestionAnswering, BertForSequenceClassification
@@ -398,7 +391,7 @@ def build_scratch(shape: ScratchModel, task: str, tokenizer: Any, scoring_config
         max_position_embeddings=shape.n_positions, hidden_dropout_prob=shape.dropout,
         attention_probs_dropout_prob=shape.dropout, pad_token_id=tokenizer.pad_token_id,
     )
-    if task == "scoring":
+    if task_kind(task).scores:
         return BertForSequenceClassification(scoring_config(config))
     return BertForQuestionAnswering(config)
 

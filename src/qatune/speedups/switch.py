@@ -30,6 +30,7 @@ from qatune.speedups.clipping import folded_clipper
 from qatune.speedups.master_weights import MasterWeights
 from qatune.speedups.prefixes import PrefixPlanner
 from qatune.speedups.shapes import width_multiple
+from qatune.tasks import task_kind
 
 log = logging.getLogger("qatune")
 
@@ -66,7 +67,8 @@ PATHS = (
 )
 NAMES = tuple(path.name for path in PATHS)
 
-GPU_NOT_MEASURED = "no GPU benchmark has shown a gain yet (bench/gpu.sh measures them)"
+GPU_NOT_MEASURED = ("measured on a GPU for one small workload only, not yet for a whole run's gain (bench/gpu.sh "
+                    "measures them; speedups: all turns them on)")
 
 
 def auto_verdict(name: str, device_type: str, precision: str) -> str | None:
@@ -128,10 +130,9 @@ class Speedups:
         if self.on("fused_gelu"):
             activations.fuse_activations(model)
         self._attach_lora(model)
-        causal_lm = task == "generative" and not is_encoder_decoder(model)
+        causal_lm = task_kind(task).writes and not is_encoder_decoder(model)
         if not causal_lm:
-            kind = {"extractive": "an extractive model", "scoring": "a scoring model"}.get(task,
-                                                                                        "an encoder-decoder model")
+            kind = "an encoder-decoder model" if task_kind(task).writes else f"a {task} model"
             for name in causal.CAUSAL_PATHS:
                 self._off(name, f"{kind} has no causal LM loss")
         if self.on("attention_by_width"):

@@ -55,6 +55,7 @@ from qatune.model.sources import (
     quiet_transformers,
 )
 from qatune.runs import layout
+from qatune.tasks import task_kind
 from qatune.train.device import seed_everything
 from qatune.train.logs import check_trackers
 from qatune.train.sampler import training_batches
@@ -120,9 +121,9 @@ def prepare(config: Config, train_records: list[QARecord] | None = None,
     train_records, settled = settle_fields(config.data, train_records, train_report)
     eval_records = apply_spellings(eval_records, settled)
     built = _setup_model(config, train_records, with_model, settled)
-    if config.task == "generative":
+    if task_kind(config.task).writes:
         encoded = _encode_generative(config, built, train_records, train_report, reports, settled)
-    elif config.task == "scoring":
+    elif task_kind(config.task).scores:
         encoded = _encode_scoring(config, built, train_records, train_report, reports, settled)
     else:
         encoded = _encode_extractive(config, built, train_records, train_report, reports)
@@ -175,10 +176,10 @@ def _setup_model(config: Config, train_records: list[QARecord], with_model: bool
                  settled: SettledFields | None = None) -> _Model:
     """Tokenizer and model: trained on the rows and randomly initialised (scratch), or pretrained."""
     task, model = config.task, None
-    layout = scoring_layout(config, settled) if task == "scoring" and settled else None
+    layout = scoring_layout(config, settled) if task_kind(task).scores and settled else None
     if config.model.scratch is not None:
         shape = config.model.scratch
-        if task == "scoring":  # a scratch scorer is a BERT (WordPiece) or a GPT-2 (byte-level BPE)
+        if task_kind(task).scores:  # a scratch scorer is a BERT (WordPiece) or a GPT-2 (byte-level BPE)
             texts = [scoring_template(config.data).render(r.question, r.context, r.fields) for r in train_records]
             tokenizer = train_scratch_tokenizer("generative" if shape.architecture == "gpt2" else "extractive",
                                                 texts, shape.vocab_size, shape.architecture)
@@ -195,7 +196,7 @@ def _setup_model(config: Config, train_records: list[QARecord], with_model: bool
     else:
         tokenizer = load_tokenizer(config.model, task)
         model_config = load_model_config(config.model)
-        seq2seq = task == "generative" and bool(getattr(model_config, "is_encoder_decoder", False))
+        seq2seq = task_kind(task).writes and bool(getattr(model_config, "is_encoder_decoder", False))
         if with_model and layout is not None:
             model = build_scoring_model(config.model, tokenizer, layout, model_config,
                                         weights=config.data.field_weights)
@@ -373,7 +374,7 @@ def validate_first_batches(config: Config, dataset: ExampleDataset, collator: An
     seq2seq = isinstance(collator, Seq2SeqCollator)
     for indices in list(sampler)[:2]:
         items = [dataset[i] for i in indices]
-        answers = [getattr(item, "answer_text", None) for item in items] if config.task == "extractive" else None
+        answers = [getattr(item, "answer_text", None) for item in items] if task_kind(config.task).points else None
         for finding in validate_batch(collator(items), tokenizer=tokenizer, answers=answers, seq2seq=seq2seq):
             if finding not in findings:
                 findings.append(finding)
@@ -389,7 +390,7 @@ def validate_first_batches(config: Config, dataset: ExampleDataset, collator: An
 
 
 def _tokenizer_corpus(task: str, template: PromptTemplate, records: list[QARecord]) -> list[str]:
-    if task == "generative":
+    if task_kind(task).writes:
         return [template.render(r.question, r.context, r.fields) + template.answer_prefix + r.answer for r in records]
     return [text for r in records for text in (r.question, r.context or "")]
 

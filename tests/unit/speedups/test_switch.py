@@ -172,12 +172,12 @@ def test_a_path_listed_without_what_it_needs_says_so():
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_auto_turns_nothing_on_on_a_gpu_until_a_gpu_benchmark_shows_a_gain(precision):
-    assert all(auto_verdict(name, "cuda", precision) == "no GPU benchmark has shown a gain yet (bench/gpu.sh "
-               "measures them)" for name in NAMES)
+    verdict = ("measured on a GPU for one small workload only, not yet for a whole run's gain (bench/gpu.sh measures "
+               "them; speedups: all turns them on)")
+    assert all(auto_verdict(name, "cuda", precision) == verdict for name in NAMES)
     speedups = Speedups("auto", precision, "cuda")
     assert not any(speedups.on(name) for name in NAMES)
-    assert speedups.describe() == ("speedups (auto): none on: no GPU benchmark has shown a gain yet (bench/gpu.sh "
-                                   "measures them)")
+    assert speedups.describe() == f"speedups (auto): none on: {verdict}"
     assert all(Speedups(list(NAMES), precision, "cuda").on(name) for name in NAMES)  # a list asks for them
 
 
