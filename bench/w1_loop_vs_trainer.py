@@ -136,11 +136,14 @@ def arm_trainer(args, paths) -> dict:
 
 
 def _training_set_loss(model, tokenizer, records) -> float:
-    """Loss of the final model over the whole training set, by the same code for both arms."""
-    from qatune.inference.evaluate import causal_lm_eval_loss
+    """Mean cross-entropy per supervised answer token of the final model over the whole training set (teacher
+    forcing), by the same code for both arms."""
+    from qatune.inference.evaluate import teacher_forced_loss
     from qatune.model.folder import ModelInfo
 
-    return causal_lm_eval_loss(model, tokenizer, ModelInfo(task="generative", max_length=W1.positions), records, 64)
+    total, count = teacher_forced_loss(model, tokenizer, ModelInfo(task="generative", max_length=W1.positions),
+                                       records, 64)
+    return total / count if count else None
 
 
 def _result(seconds, counter, final_loss) -> dict:

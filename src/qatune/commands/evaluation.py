@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from qatune.errors import QatuneError
+from qatune.inference.metric_records import ANSWER, metrics_of
 
 
 @dataclass
@@ -62,8 +63,8 @@ def result_lines(result: EvalResult) -> list[str]:
 
     metrics, paths = result.metrics, result.paths
     lines = []
-    for key in ("exact_match", "f1", "loss", "perplexity"):
-        value = metrics[key]
+    for key in metrics_of(ANSWER):
+        value = metrics.get(key)
         lines.append(f"{key:<12} {value:.4f}" if isinstance(value, float) else f"{key:<12} n/a")
     lines.append(f"{'num_examples':<12} {metrics['num_examples']}")
     if "grounded" in metrics:

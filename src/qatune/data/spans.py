@@ -43,11 +43,6 @@ def pieces(text: str) -> list[Piece]:
     return found
 
 
-def span_text(text: str, parts: list[Piece], first: int, last: int) -> str:
-    """The text of the span from piece ``first`` to piece ``last`` (inclusive), whitespace runs as one space."""
-    return " ".join(text[parts[first].start : parts[last].end].split())
-
-
 def in_passage(answer: str, passage: str) -> bool:
     """Whether ``answer`` is a span of ``passage``, ignoring case and the kind and amount of whitespace."""
     wanted = _keys(answer, pieces(answer))

@@ -20,6 +20,7 @@ from typing import Any
 
 from qatune.data.grading_fields import AnswerTemplate, FieldSpec, label_key
 from qatune.data.spreadsheet import QARecord
+from qatune.inference.metric_records import ANSWER, metrics_of
 from qatune.inference.metrics import best_scores, f1
 
 BASE = "base"
@@ -27,13 +28,6 @@ BASE = "base"
 
 RIGHT_TO_WRONG, WRONG_TO_RIGHT, SAME = "right->wrong", "wrong->right", "same"
 """A row's ``change``: right with the other and wrong with the run, the reverse, or neither."""
-
-MAIN_METRICS = {"number": ("mae", "within_tolerance", "exact", "spearman"), "label": ("accuracy", "macro_f1"),
-                "text": ("token_f1", "rouge_l", "bleu")}
-"""The metrics of a field that a comparison shows, by the field's kind."""
-
-ANSWER_METRICS = ("exact_match", "f1", "loss")
-"""The metrics a comparison of runs with one answer shows."""
 
 TEXT_RIGHT_F1 = 50.0
 """A text field is right when its token F1 against the gold text is at least this (0-100)."""
@@ -225,14 +219,16 @@ def field_right(spec: FieldSpec | str, predicted: str | None, gold: str, toleran
 def metric_deltas(run_metrics: dict[str, Any], other_metrics: dict[str, Any],
                   kinds: Specs | None = None) -> dict[str, Any]:
     """``{METRIC: {"run", "other", "delta"}}`` of exact match, F1 and loss; for a grading run (``kinds``) the share
-    of answers that parse and each field's MAIN_METRICS instead. A delta is run minus other (None when either is)."""
+    of answers that parse and each field's metrics instead (those metric_records marks compared). A delta is run minus
+    other (None when either is)."""
     if not kinds:
-        return {name: _delta(run_metrics.get(name), other_metrics.get(name)) for name in ANSWER_METRICS}
+        return {name: _delta(run_metrics.get(name), other_metrics.get(name))
+                for name in metrics_of(ANSWER, compared=True)}
     run_fields, other_fields = run_metrics.get("fields", {}), other_metrics.get("fields", {})
     return {
         "parse_rate": _delta(run_metrics.get("parse_rate"), other_metrics.get("parse_rate")),
         "fields": {name: {metric: _delta(run_fields.get(name, {}).get(metric), other_fields.get(name, {}).get(metric))
-                          for metric in MAIN_METRICS[spec.kind]}
+                          for metric in metrics_of(spec.kind, compared=True)}
                    for name, spec in _specs(kinds).items()},
     }
 

@@ -24,16 +24,11 @@ from qatune.inference.evaluate import (
 from qatune.inference.field_metrics import grading_metrics
 from qatune.inference.generate import run_answer_template, uses_context
 from qatune.inference.grounding import with_grounding
+from qatune.inference.metric_records import METRICS
 from qatune.inference.run_model import load_run_model, read_run
 from qatune.model.folder import ModelInfo
 from qatune.runs import atomic, layout
-
-_NAMES = {"mae": "MAE (lower is better)", "within_tolerance": "within tolerance (%)", "exact": "exact (%)",
-          "spearman": "Spearman", "accuracy": "accuracy (%)", "macro_f1": "macro F1", "token_f1": "token F1",
-          "rouge_l": "ROUGE-L", "bleu": "BLEU", "exact_match": "exact match", "f1": "F1",
-          "loss": "loss (lower is better)", "parse_rate": "answers that parse (%)"}
-_THREE_DIGITS = {"mae", "spearman", "loss"}
-
+from qatune.tasks import task_kind
 
 # --- files
 
@@ -115,9 +110,9 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
 
 def _delta_rows(deltas: dict[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:
     """(label, metric, its delta) for each metric of ``deltas``, in order."""
-    rows = [(_NAMES.get(metric, metric), metric, d) for metric, d in deltas.items() if metric != "fields"]
+    rows = [(_heading(metric), metric, d) for metric, d in deltas.items() if metric != "fields"]
     for name, metrics in deltas.get("fields", {}).items():
-        rows += [(f"{name}: {_NAMES.get(metric, metric)}", metric, d) for metric, d in metrics.items()]
+        rows += [(f"{name}: {_heading(metric)}", metric, d) for metric, d in metrics.items()]
     return rows
 
 
@@ -145,10 +140,11 @@ def _cell(text: str) -> str:
 
 
 def _number(value: float | None, metric: str, sign: bool = False) -> str:
-    if value is None:
-        return "n/a"
-    digits = 3 if metric in _THREE_DIGITS else 1
-    return f"{value:+.{digits}f}" if sign else f"{value:.{digits}f}"
+    return METRICS[metric].shown(value, sign) if metric in METRICS else "n/a" if value is None else f"{value:.1f}"
+
+
+def _heading(metric: str) -> str:
+    return METRICS[metric].heading if metric in METRICS else metric
 
 
 def _flag(value: bool | None) -> str:
@@ -223,7 +219,7 @@ def check_comparable(info: ModelInfo, other: ModelInfo, run_name: str, other_nam
                         "same answer columns with the same data.answer_template")
     if uses_context(other) and not uses_context(info):
         problems.append(f"it reads a context, which {run_name} does not, so the rows are read without one")
-    if other.task != "extractive":
+    if not task_kind(other.task).points:
         given = set(PromptTemplate(info.prompt_template).fields)
         missing = sorted(set(PromptTemplate(other.prompt_template).fields) - given)
         if missing:

@@ -41,6 +41,7 @@ from qatune.inference.generate import (
 from qatune.inference.grounding import grounded as grounded_on
 from qatune.inference.grounding import passage_metrics, with_grounding
 from qatune.inference.lockstep import Lockstep, in_step
+from qatune.inference.metric_records import METRICS, metrics_of
 from qatune.inference.metrics import best_scores, corpus_scores
 from qatune.inference.run_model import load_run_model, model_id, read_run, results_place
 from qatune.model.folder import ModelInfo
@@ -54,6 +55,7 @@ from qatune.model.sources import (
 )
 from qatune.runs import atomic, layout
 from qatune.speedups import evaluation_loss
+from qatune.tasks import task_kind
 
 log = logging.getLogger("qatune")
 
@@ -78,14 +80,14 @@ def evaluation_parts(model: Any, tokenizer: Any, info: ModelInfo, records: list[
     """Predictions plus the summed loss and its item count: parts that add up across data shards.
     ``lockstep``: this process's share of the rows of a sharded model (every process passes at least one row)."""
     generate = generate or GenerateConfig()
-    if info.task == "scoring":
+    if task_kind(info.task).scores:
         from qatune.inference.scoring import score_records, scored_answers
 
         values, loss_sum, count = score_records(model, tokenizer, info, records, batch_size, progress,
                                                 generate.precision, lockstep)
         return scored_answers(info, values), loss_sum, count
-    if info.task == "generative":
-        loss_sum, count = _teacher_forced_loss(model, tokenizer, info, records, batch_size, generate.precision,
+    if task_kind(info.task).writes:
+        loss_sum, count = teacher_forced_loss(model, tokenizer, info, records, batch_size, generate.precision,
                                                speedups, lockstep)
         predictions = generate_answers(model, tokenizer, info, [r.question for r in records],
                                        [r.context for r in records], generate, batch_size, progress,
@@ -102,7 +104,7 @@ def metrics_from(info: ModelInfo, records: list[QARecord], predictions: list[str
     """exact_match, f1, loss, perplexity and num_examples; for a run with answer fields (a grading sheet's) also
     parse_rate, unparsed and fields (:func:`qatune.inference.field_metrics.grading_metrics`)."""
     loss = loss_sum / count if count else None
-    perplexity = _safe_exp(loss) if info.task == "generative" else None
+    perplexity = _safe_exp(loss) if task_kind(info.task).writes else None
     scores = corpus_scores(predictions, [r.answers for r in records])
     metrics = {**scores, "loss": loss, "perplexity": perplexity, "num_examples": len(records)}
     template = run_answer_template(info)
@@ -120,32 +122,24 @@ def field_summary(metrics: dict[str, Any]) -> list[str]:
     lines = [f"fields: {parsed} of {metrics['num_examples']} answers have every field of the answer template"
              f" ({_number(metrics['parse_rate'], '%')}); a field an answer misses counts as wrong"]
     for name, field in metrics["fields"].items():
-        if "mae" in field:
-            scores = (f"MAE {_number(field['mae'], digits=3)}, exact {_number(field['exact'], '%')}, within "
-                      f"{field['tolerance']:g} {_number(field['within_tolerance'], '%')}, Spearman "
-                      f"{_number(field['spearman'], digits=3)}")
-        elif "accuracy" in field:
-            scores = f"accuracy {_number(field['accuracy'], '%')}, macro F1 {_number(field['macro_f1'])}"
-        else:
-            scores = (f"token F1 {_number(field['token_f1'])}, ROUGE-L {_number(field['rouge_l'])}, "
-                      f"BLEU {_number(field['bleu'])}")
+        kind = "number" if "mae" in field else "label" if "accuracy" in field else "text"
+        scores = ", ".join(_field_score(metric, field) for metric in metrics_of(kind))
         found = "" if field.get("parse_rate") in (None, 100.0) else f", found in {_number(field['parse_rate'], '%')}"
         lines.append(f"  {name}: {scores} ({field['rows']} rows{found})")
     return lines
+
+
+def _field_score(name: str, field: dict[str, Any]) -> str:
+    metric = METRICS[name]
+    label = f"within {field['tolerance']:g}" if name == "within_tolerance" else metric.label
+    return f"{label} {metric.shown(field.get(name), unit=True)}"
 
 
 def _number(value: float | None, unit: str = "", digits: int = 1) -> str:
     return "n/a" if value is None else f"{value:.{digits}f}{unit}"
 
 
-def causal_lm_eval_loss(model: Any, tokenizer: Any, info: ModelInfo, records: list[QARecord],
-                        batch_size: int) -> float | None:
-    """Mean cross-entropy per supervised answer token (teacher forcing)."""
-    total, count = _teacher_forced_loss(model, tokenizer, info, records, batch_size)
-    return total / count if count else None
-
-
-def _teacher_forced_loss(model: Any, tokenizer: Any, info: ModelInfo, records: list[QARecord],
+def teacher_forced_loss(model: Any, tokenizer: Any, info: ModelInfo, records: list[QARecord],
                          batch_size: int, precision: str = "fp32", speedups: str | list[str] = "auto",
                          lockstep: Lockstep | None = None) -> tuple[float, int]:
     template = PromptTemplate(info.prompt_template, info.answer_prefix)
@@ -253,7 +247,7 @@ def evaluate_base(config: Config, data_file: str | Path | None = None, batch_siz
 def check_base(config: Config, flag: str = "--base") -> None:
     """Refuse, before anything loads, a config whose model before fine-tuning cannot answer (``flag``: the option
     that asked for it, named by the error)."""
-    if config.task == "scoring":
+    if task_kind(config.task).scores:
         raise ConfigError(f"{flag} evaluates a model before fine-tuning, and a scoring model's heads are built for "
                           "its answer columns when it trains: there is no base to ask; compare the run with another "
                           "run instead (--compare RUN)")
@@ -263,7 +257,7 @@ def check_base(config: Config, flag: str = "--base") -> None:
 
 
 def base_name(config: Config) -> str:
-    if config.task == "extractive":
+    if task_kind(config.task).points:
         return f"{config.model.name_or_path} (base, its span head untrained)"
     return f"{config.model.name_or_path} (base, not fine-tuned)"
 
@@ -280,7 +274,7 @@ def base_predictions(config: Config, records: list[QARecord], batch_size: int | 
     model_config = load_model_config(config.model)
     torch.manual_seed(config.seed)  # an extractive model's untrained span head: the same weights at every comparison
     model = load_pretrained(config.model, config.task, tokenizer, model_config)
-    if config.task == "extractive":
+    if task_kind(config.task).points:
         info = ModelInfo(task="extractive", max_length=window_length(config.data.max_length,
                                                                      model_max_positions(model_config, tokenizer)),
                          doc_stride=config.data.doc_stride)

@@ -148,11 +148,6 @@ def model_folder_from(checkpoint: Path, folder: Path) -> Path:
     return atomic.write_folder(folder, fill)
 
 
-def checkpoint_step(checkpoint: Path) -> int | None:
-    match = _NAME.match(Path(checkpoint).name)
-    return int(match.group(1)) if match else None
-
-
 def find_checkpoint(path: Path) -> Path:
     """``path`` itself when it is a checkpoint, else the newest intact checkpoint of a run directory.
 

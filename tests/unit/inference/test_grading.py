@@ -54,7 +54,7 @@ def test_the_summary_has_a_line_per_field():
     lines = field_summary(metrics_from(INFO, records(), PREDICTIONS, 6.0, 3))
     assert lines[0] == ("fields: 2 of 3 answers have every field of the answer template (66.7%); a field an answer "
                         "misses counts as wrong")
-    assert lines[1] == "  score: MAE 0.167, exact 66.7%, within 0.125 66.7%, Spearman 0.866 (3 rows)"
+    assert lines[1] == "  score: MAE 0.167, within 0.125 66.7%, exact 66.7%, Spearman 0.866 (3 rows)"
     assert lines[2] == "  label: accuracy 33.3%, macro F1 22.2 (3 rows)"
     assert lines[3].startswith("  feedback: token F1 ") and lines[3].endswith(" (3 rows, found in 66.7%)")
     assert field_summary({"exact_match": 0.0, "num_examples": 3}) == []
