@@ -1,9 +1,11 @@
 """qatune ui in a real headless browser (Debian's Chromium driven by selenium), the whole path a person takes: a broken
-sheet's message, then examples/data/faq.csv uploaded, init's guesses accepted, the config edited and checked, a tiny
-model trained (the loss curve moving, the page reloaded mid-training, stopped and resumed), compared with its base,
-asked a question on serve's page, and taken away: the answered sheet, final/ as a zip, a GGUF file.
+sheet's message (and nothing of it kept), then examples/data/faq.csv uploaded, init's guesses accepted, the config
+edited and checked, a tiny model trained (the loss curve moving, the page reloaded mid-training, stopped and resumed,
+validation's EM and F1 per epoch), compared with its base, asked a question on serve's page, and taken away: the
+answered sheet, final/ as a zip of bf16 weights that qatune generate loads, a GGUF file with how Ollama asks it.
 
-With QATUNE_UI_SCREENSHOTS=DIR (docs/ui for the docs), a screenshot of each step is written there."""
+With QATUNE_UI_SCREENSHOTS=DIR (docs/ui for the docs), a screenshot of each step after the Sheet step is written
+there (test_ui_newcomer.py takes the Sheet step's, of a sheet of passages)."""
 
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, cli_ok
 from tests.serve_runs import QatuneProcess
 
 pytestmark = pytest.mark.slow
@@ -106,6 +108,8 @@ class Page:
 
 
 def test_from_a_sheet_to_a_tried_compared_exported_model(ui, browser, tmp_path):
+    from safetensors import safe_open
+
     server, workspace = ui
     downloads = tmp_path / "downloads"
     downloads.mkdir()
@@ -123,6 +127,8 @@ def test_from_a_sheet_to_a_tried_compared_exported_model(ui, browser, tmp_path):
     page.until(lambda: page.text("sheet-error"), "no message for the broken sheet")
     assert "line 2 has 3 cells but the header has 2" in page.text("sheet-error")
     assert not page.find("sheet-form").is_displayed()
+    assert not (workspace / "sheets" / "broken.csv").exists()  # a sheet that cannot be read is not kept
+    assert page.find("sheet-error").value_of_css_property("color") == "rgba(180, 35, 24, 1)"  # an error is red
 
     # 1. Sheet: faq.csv, init's guesses accepted, the model a folder of the workspace.
     page.choose_file("file", FAQ)
@@ -145,8 +151,8 @@ def test_from_a_sheet_to_a_tried_compared_exported_model(ui, browser, tmp_path):
     yaml_box.send_keys(edited)
     page.find("save-config").click()
     page.until(lambda: "saved" in page.text("config-status"))
+    assert page.find("config-status").value_of_css_property("color") == "rgba(26, 127, 55, 1)"  # a success is green
     assert "learning_rate: 0.003" in (workspace / "configs" / "faq.yaml").read_text(encoding="utf-8")
-    page.screenshot("sheet")
 
     # 2. Check.
     page.find("steps").find_element("css selector", "[data-step=check]").click()
@@ -162,6 +168,7 @@ def test_from_a_sheet_to_a_tried_compared_exported_model(ui, browser, tmp_path):
 
     # 3. Train: the curve moves; the page reloaded mid-training finds it again; stop, then resume.
     page.find("steps").find_element("css selector", "[data-step=train]").click()
+    page.until(lambda: page.find("train-start").is_enabled(), "Start was not enabled once the check passed")
     page.find("train-start").click()
     page.until(lambda: int(page.data("curve", "points") or 0) >= 3, "no loss curve")
     assert page.text("train-command") == "$ qatune train --config configs/faq.yaml"
@@ -185,8 +192,14 @@ def test_from_a_sheet_to_a_tried_compared_exported_model(ui, browser, tmp_path):
     metrics = (workspace / "runs" / "faq" / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
     losses = [line["loss"] for line in map(json.loads, metrics) if line["event"] == "train"]
     assert losses[-1] < 0.8 * losses[0], losses
+    evaluations = [line for line in map(json.loads, metrics) if line["event"] == "eval"]
+    assert page.data("validation-table", "rows") == str(len(evaluations)) and len(evaluations) >= 20
+    last = page.find("validation-table").find_elements("css selector", "tr")[-1].text.split()
+    assert last[:2] == [str(evaluations[-1]["epoch"]), str(evaluations[-1]["step"])]
+    assert last[3:5] == [f"{evaluations[-1]['exact_match']:.1f}", f"{evaluations[-1]['f1']:.1f}"]
 
     # 4. Compare with the base model on the held-out rows.
+    page.until(lambda: page.text("train-next") == "Next: compare with the base", "no way on to Compare")
     page.find("train-next").click()
     page.find("run-compare").click()
     page.until(lambda: page.data("compare-status", "state") in ("done", "failed"), "the comparison did not end")
@@ -217,13 +230,22 @@ def test_from_a_sheet_to_a_tried_compared_exported_model(ui, browser, tmp_path):
     with open(page.downloaded("answers-faq.csv"), encoding="utf-8") as f:
         answered = list(csv.DictReader(f))
     assert len(answered) == 150 and "answer" in answered[0]
-    page.find("download-zip").click()
+    page.find("download-zip").click()  # bf16 weights by default: a folder qatune loads as it loads final/
     with zipfile.ZipFile(page.downloaded("faq-final.zip")) as archive:
         names = archive.namelist()
+        archive.extractall(tmp_path / "unzipped")
     assert "final/qatune.json" in names and "final/model.safetensors" in names
+    with safe_open(tmp_path / "unzipped" / "final" / "model.safetensors", framework="pt") as weights:
+        assert {weights.get_slice(name).get_dtype() for name in weights.keys()} == {"BF16"}
+    answered = cli_ok("generate", tmp_path / "unzipped" / "final", "what character did natalie portman play in "
+                      "star wars?")
+    assert answered.stdout.strip()
     page.find("export-run").click()
     page.until(lambda: page.data("export-status", "state") in ("done", "failed"), "the export did not end")
     assert page.data("export-status", "state") == "done", page.text("export-status")
     assert page.text("export-status").startswith("check on 15 rows of the run's validation rows")
     assert {p.name for p in (workspace / "exports").iterdir()} == {"faq-f16.gguf", "faq-f16.Modelfile"}
+    usage = page.text("ollama-usage").splitlines()  # beside the download: how Ollama asks it, a held-out question
+    assert usage[0] == "ollama create faq-f16 -f faq-f16.Modelfile"
+    assert usage[1].startswith("ollama run faq-f16 ") and page.data("ollama", "passage") == "no"
     page.screenshot("try")

@@ -9,16 +9,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import shutil
 import tempfile
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import yaml
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, Response
 from pydantic import BaseModel, TypeAdapter
@@ -28,12 +29,13 @@ from starlette.exceptions import HTTPException
 from starlette.routing import Mount
 
 from qatune.config import load_config
+from qatune.data.tables import read_table
 from qatune.errors import QatuneError
 from qatune.runs import layout
 from qatune.serve.guard import Access, Guard
 from qatune.ui import PageError, sheet, steps
 from qatune.ui.jobs import Job, Jobs
-from qatune.ui.progress import training_progress
+from qatune.ui.progress import BAR, training_progress
 from qatune.ui.trying import MOUNT, Trying, serve_page
 from qatune.ui.workspace import EXPORTS, LOGS, RUNS, SHEETS, Workspace
 
@@ -101,6 +103,14 @@ class CompareBody(BaseModel):
     """An uploaded sheet to compare on; the run's held-out rows when None."""
 
 
+class TasksQuery(BaseModel):
+    sheet_name: str | None = None
+    delimiter: str | None = None
+    question: str = ""
+    answer: str = ""
+    context: str | None = None
+
+
 class AnswerBody(BaseModel):
     run: str
     sheet: str
@@ -155,37 +165,83 @@ def create_app(workspace: Workspace, settings: UiSettings = UiSettings()) -> Fas
     app.router.routes.append(Mount(MOUNT, app=trying))
 
     @app.get("/api/state")
-    async def state() -> dict[str, Any]:
+    async def state(config: str | None = None) -> dict[str, Any]:
+        """Everything a tab shows besides a step's own results; ``config``: the config its Train step would start
+        (the one written last, by any tab, when None)."""
         latest = {kind: jobs.latest(kind) for kind in ("check", "train", "compare", "answer", "export")}
         return {"workspace": str(workspace.root), "key_required": bool(access.secrets),
                 "max_upload_bytes": settings.max_upload_bytes, "project": project.__dict__,
-                "sheets": workspace.sheets(), "runs": workspace.runs(), "trying": trying.run,
-                "jobs": {kind: job_json(job) for kind, job in latest.items() if job is not None}}
+                "sheets": workspace.sheets(), "runs": await run_in_threadpool(workspace.runs),
+                "trying": trying.run, "jobs": {kind: job_json(job) for kind, job in latest.items() if job is not None},
+                "training": training_summary(latest["train"]),
+                "trainable": trainable(config or project.written["config"]) if config or project.written else None}
+
+    def training_summary(job: Job | None) -> dict[str, Any] | None:
+        """The training that runs (every tab shows it): its run, step and time left."""
+        if job is None or job.state != "running":
+            return None
+        bar = next((m for line in reversed(job.log_lines(20)) if (m := BAR.search(line))), None)
+        return {"run": job.target, "job": job.id, "stopping": job.stopping,
+                "step": int(bar.group(1)) if bar else None, "total_steps": int(bar.group(2)) if bar else None,
+                "validating": job.row_bar()}
+
+    def trainable(config: str) -> dict[str, Any]:
+        """Whether the Train step may start ``config`` now, and why not (no refusal to meet after a click)."""
+        try:
+            _require_passed_check(jobs, workspace, config)
+        except PageError as exc:
+            return {"config": config, "ok": False, "why": str(exc)}
+        running = jobs.running("train")
+        if running:
+            return {"config": config, "ok": False, "why": f"a training is running ({running[0].target}); one at a "
+                                                          "time: it starts once that one ends or is stopped"}
+        return {"config": config, "ok": True, "why": None}
 
     @app.post(UPLOAD_PATH)
     async def upload(request: Request, name: str, purpose: str = "train") -> dict[str, Any]:
-        """A sheet to train on (read, and its columns guessed), or with ``purpose=answer`` one to answer."""
+        """A sheet to train on (read, and its columns guessed), or with ``purpose=answer`` one to answer (read, to
+        know it can be). One that cannot be read is not kept; the same file again is the one already there."""
         saved = await workspace.save_upload(name, request.stream(), settings.max_upload_bytes)
-        if purpose == "answer":
-            return {"sheet": saved}
-        project.sheet, project.sheet_name, project.described, project.written = saved, None, None, None
-        return await run_in_threadpool(describe, saved, None)
+        upload = {"sheet": saved.name, "uploaded_as": name, "reused": saved.reused, "renamed": saved.renamed}
+        try:
+            if purpose == "answer":
+                await run_in_threadpool(readable, saved.name)
+                return upload
+            described = await run_in_threadpool(describe, saved.name, None, None)
+        except Exception:
+            if not saved.reused:  # the upload made it: nothing unreadable stays to fill later lists
+                workspace.remove_sheet(saved.name)
+            raise
+        project.sheet, project.sheet_name, project.described, project.written = saved.name, None, described, None
+        return {**described, "upload": upload}
 
     @app.get("/api/sheets/{name}")
-    async def sheet_columns(name: str, sheet_name: str | None = None) -> dict[str, Any]:
-        project.sheet, project.sheet_name = name, sheet_name
-        return await run_in_threadpool(describe, name, sheet_name)
+    async def sheet_columns(name: str, sheet_name: str | None = None, delimiter: str | None = None
+                            ) -> dict[str, Any]:
+        described = await run_in_threadpool(describe, name, sheet_name, delimiter)
+        project.sheet, project.sheet_name, project.described = name, sheet_name, described
+        return described
 
-    def describe(name: str, sheet_name: str | None) -> dict[str, Any]:
+    @app.get("/api/sheets/{name}/tasks")
+    async def sheet_tasks(name: str, query: Annotated[TasksQuery, Query()]) -> dict[str, Any]:
+        """The tasks and models for the columns chosen on the page (asked again as they change)."""
+        return await run_in_threadpool(read_errors, name, sheet.sheet_tasks, workspace, name, query.sheet_name,
+                                       query.delimiter, query.question, query.answer, query.context)
+
+    def describe(name: str, sheet_name: str | None, delimiter: str | None) -> dict[str, Any]:
+        return read_errors(name, sheet.describe, workspace, name, sheet_name, delimiter)
+
+    def readable(name: str) -> None:
+        read_errors(name, read_table, workspace.sheet(name))
+
+    def read_errors(name: str, read: Any, *args: Any) -> Any:
         try:
-            described = sheet.describe(workspace, name, sheet_name)
+            return read(*args)
         except QatuneError:
             raise
         except Exception as exc:  # a reader's own error on a damaged file: its message, on the page
             log.debug("reading %s", name, exc_info=True)
             raise PageError(sheet.read_error_message(exc, name)) from None
-        project.described = described
-        return described
 
     @app.post("/api/configs")
     async def write_config(choices: sheet.Choices) -> dict[str, Any]:
@@ -242,7 +298,8 @@ def create_app(workspace: Workspace, settings: UiSettings = UiSettings()) -> Fas
     async def progress(name: str) -> dict[str, Any]:
         run_dir = workspace.path(f"{RUNS}/{name}")  # not there before its training starts: nothing logged yet
         job = jobs.latest("train", f"{RUNS}/{name}")
-        found = training_progress(run_dir, job.log_lines(50) if job else [])
+        found = await run_in_threadpool(training_progress, run_dir, job.log_lines(50) if job else [],
+                                        job.row_bar() if job else None)
         return {**found, "run": f"{RUNS}/{name}", "job": job_json(job) if job else None}
 
     @app.post("/api/runs/{name}/open")
@@ -292,11 +349,22 @@ def create_app(workspace: Workspace, settings: UiSettings = UiSettings()) -> Fas
             raise PageError(f"{path}: the page downloads files of {', '.join(DOWNLOADABLE)} only", 404)
         return FileResponse(found, filename=found.name)
 
+    @app.get("/api/runs/{name}/final")
+    async def final_sizes(name: str) -> dict[str, Any]:
+        """The bytes of final/ as a zip, its weights as trained (fp32) and in bf16."""
+        return await run_in_threadpool(steps.final_sizes, workspace.run(name))
+
     @app.get("/api/runs/{name}/final.zip")
-    async def final_zip(name: str) -> FileResponse:
+    async def final_zip(name: str, dtype: str = "bf16") -> FileResponse:
         run_dir = workspace.run(name)
+        if dtype not in steps.ZIP_DTYPES:
+            raise PageError(f"dtype {dtype!r}: choose {' or '.join(steps.ZIP_DTYPES)}")
         folder = Path(tempfile.mkdtemp(prefix="zip-", dir=workspace.folder(LOGS)))
-        archive = await run_in_threadpool(steps.zip_final, run_dir, folder / f"{name}-final.zip")
+        try:
+            archive = await run_in_threadpool(steps.zip_final, run_dir, folder / f"{name}-final.zip", dtype)
+        except Exception:
+            _remove(folder)
+            raise
         return FileResponse(archive, filename=archive.name, media_type="application/zip",
                             background=BackgroundTask(_remove, folder))
 
@@ -312,7 +380,7 @@ def create_app(workspace: Workspace, settings: UiSettings = UiSettings()) -> Fas
         elif job.kind == "answer":
             found["result"] = steps.answer_result(workspace, job)
         elif job.kind == "export":
-            found["result"] = steps.export_result(job)
+            found["result"] = steps.export_result(workspace, job)
         return found
 
     return app
@@ -368,9 +436,7 @@ def _static(name: str) -> str:
 
 
 def _remove(folder: Path) -> None:
-    for path in folder.iterdir():
-        path.unlink(missing_ok=True)
-    folder.rmdir()
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 def _add_error_handlers(app: FastAPI) -> None:

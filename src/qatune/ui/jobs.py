@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from qatune.ui import PageError
+from qatune.ui.progress import RowBars
 from qatune.ui.workspace import LOGS, Workspace
 
 log = logging.getLogger("qatune")
@@ -31,6 +32,9 @@ log = logging.getLogger("qatune")
 STOP_WAIT_S = 120
 """How long ``qatune ui`` waits, when it stops, for a training to write its checkpoint."""
 LOG_TAIL_BYTES = 64_000
+ESCAPES = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+"""The cursor moves tqdm writes around a second bar (validation's, under training's): not text to show."""
+BAR_DESC = re.compile(r"^(\w+): +\d+%\|")
 
 
 @dataclass
@@ -49,6 +53,10 @@ class Job:
     stopping: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
     """What its step reads afterwards (the file it writes)."""
+    bars: RowBars = field(default_factory=RowBars)
+    read_to: int = 0
+    """How much of its stderr ``bars`` has read."""
+    reading: threading.Lock = field(default_factory=threading.Lock)
 
     @property
     def command(self) -> str:
@@ -78,10 +86,25 @@ class Job:
                 text = f.read().decode("utf-8", errors="replace")
         except OSError:
             return []
-        lines = [line for line in re.split(r"[\r\n]+", text) if line.strip()]
-        bar = re.compile(r"^\w+: +\d+%\|")  # tqdm's "train:  45%|"
-        shown = [line for line, after in zip(lines, [*lines[1:], ""]) if not (bar.match(line) and bar.match(after))]
+        lines = [line for line in re.split(r"[\r\n]+", ESCAPES.sub("\n", text)) if line.strip()]
+        bars = [BAR_DESC.match(line) for line in lines]  # tqdm's "train:  45%|", "generate:  10%|"
+        shown = [line for line, this, after in zip(lines, bars, [*bars[1:], None])
+                 if not (this and after and this.group(1) == after.group(1))]  # the same bar drawn again
         return shown[-count:]
+
+    def row_bar(self) -> dict[str, Any] | None:
+        """The bar of rows it drew last (RowBars.current), its stderr read on from where the last call stopped."""
+        with self.reading:  # read and fed in order, whichever request asks
+            try:
+                with open(self.log, "rb") as f:
+                    f.seek(self.read_to)
+                    data = f.read()
+            except OSError:
+                data = b""
+            self.read_to += len(data)
+            if data:
+                self.bars.feed(data.decode("utf-8", errors="replace"))
+        return self.bars.current()
 
     def output_text(self) -> str:
         try:
@@ -101,7 +124,7 @@ class Job:
         return {"id": self.id, "kind": self.kind, "target": self.target, "command": self.command,
                 "state": self.state, "returncode": self.returncode, "started": self.started,
                 "seconds": round((self.finished or time.time()) - self.started, 1), "stopping": self.stopping,
-                "error": self.error_line(), "log": self.log_lines()}
+                "error": self.error_line(), "log": self.log_lines(), "bar": self.row_bar()}
 
 
 class Jobs:

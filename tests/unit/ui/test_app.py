@@ -139,3 +139,61 @@ def test_the_page_never_runs_a_models_own_code(client, tmp_path):
         response = client.post(f"/api/{step}", json=body)
         assert response.status_code == 403 and message(response).endswith(command), step
     assert client.get("/api/state").json()["jobs"] == {}
+
+
+def test_an_upload_that_cannot_be_read_is_not_kept_and_the_same_file_again_is_reused(client, tmp_path):
+    sheets = tmp_path / "ws" / "sheets"
+    broken = client.post("/api/sheets?name=broken.csv", content=b"question,answer\nwhat?,this,and that\n")
+    assert broken.status_code == 400 and not list(sheets.iterdir())
+    assert client.post("/api/sheets?name=empty.csv", content=b"question,answer\n").status_code == 400
+    assert client.post("/api/sheets?name=x.csv&purpose=answer", content=b"\x00\x01binary").status_code == 400
+    assert client.get("/api/state").json()["sheets"] == []  # no later list offers them
+    first = client.post("/api/sheets?name=faq.csv", content=FAQ).json()
+    assert first["upload"] == {"sheet": "faq.csv", "uploaded_as": "faq.csv", "reused": False, "renamed": False}
+    again = client.post("/api/sheets?name=faq.csv", content=FAQ).json()
+    assert again["upload"]["reused"] and again["sheet"] == "faq.csv"
+    other = client.post("/api/sheets?name=faq.csv", content=FAQ.replace(b"Padm", b"Padd")).json()
+    assert other["upload"] == {"sheet": "faq-2.csv", "uploaded_as": "faq.csv", "reused": False, "renamed": True}
+    assert client.get("/api/state").json()["sheets"] == ["faq-2.csv", "faq.csv"]
+    # A sheet put there by other means that cannot be read stays: only what an upload made is removed.
+    (sheets / "mine.csv").write_bytes(b"question,answer\nwhat?,this,and that\n")
+    assert client.post("/api/sheets?name=mine.csv", content=(sheets / "mine.csv").read_bytes()).status_code == 400
+    assert (sheets / "mine.csv").exists()
+
+
+def test_the_tasks_follow_the_columns_chosen(client):
+    with open(ROOT / "tests" / "fixtures" / "xquad_slice.csv", "rb") as f:
+        rows = b"".join(f.readlines()[:8])  # under the test client's upload limit
+    described = client.post("/api/sheets?name=rc.csv", content=rows).json()
+    assert described["guesses"]["context"]["column"] == "context"
+    assert [t["value"] for t in described["tasks"]["tasks"]] == ["generative", "extractive"]
+    alone = client.get("/api/sheets/rc.csv/tasks?question=question&answer=answer&context=").json()
+    assert [t["value"] for t in alone["tasks"]] == ["generative"]
+    both = client.get("/api/sheets/rc.csv/tasks?question=question&answer=answer&context=context").json()
+    assert both["share"] == 1.0 and len(both["tasks"]) == 2
+    missing = client.get("/api/sheets/rc.csv/tasks?question=question&answer=nope&context=context")
+    assert missing.status_code == 400 and "nope" in message(missing)
+    assert client.get("/api/sheets/rc.csv?delimiter=%3A").status_code == 400
+
+
+def test_the_state_says_whether_training_can_start_and_why_not(client):
+    client.post("/api/sheets?name=faq.csv", content=FAQ)
+    client.post("/api/configs", json={"sheet": "faq.csv", "question": "question", "answers": ["answer"],
+                                      "model": "scratch", "run": "faq", "held_out": 0})
+    state = client.get("/api/state").json()
+    assert state["trainable"] == {"config": "configs/faq.yaml", "ok": False,
+                                  "why": "check configs/faq.yaml first: the Check step runs qatune check on it (it has "
+                                         "not been checked)"}
+    assert state["training"] is None and state["project"]["written"]["notes"][0].startswith("nothing is held out")
+    other = client.get("/api/state?config=configs/other.yaml").json()["trainable"]
+    assert other["ok"] is False and "no config 'configs/other.yaml'" in other["why"]
+    refused = client.post("/api/compare", json={"run": "runs/faq"})
+    assert refused.status_code == 404  # not trained: no run directory
+    (client.app.state.workspace.root / "runs" / "faq").mkdir(parents=True)
+    (client.app.state.workspace.root / "runs" / "faq" / "config.yaml").write_text(
+        (client.app.state.workspace.root / "configs" / "faq.yaml").read_text(encoding="utf-8"), encoding="utf-8")
+    no_base = client.post("/api/compare", json={"run": "runs/faq"})
+    assert no_base.status_code == 409 and "a model from scratch knew nothing before training" in message(no_base)
+    assert message(client.get("/api/runs/faq/final.zip?dtype=fp16")) == "dtype 'fp16': choose bf16 or fp32"
+    assert client.get("/api/runs/faq/final.zip").status_code == 404
+    assert not list((client.app.state.workspace.root / ".qatune-ui").iterdir())  # no zip folder left behind

@@ -58,7 +58,8 @@ def test_one_training_at_a_time_and_stop_asks_it_to_stop(tmp_path, monkeypatch):
 
 def test_a_finished_command_its_output_and_its_error_line(tmp_path, monkeypatch):
     fake_qatune(monkeypatch, "import sys\nprint('{\"ok\": true}')\n"
-                             "sys.stderr.write('loading\\rtrain:  50%|#  | 1/2\\rtrain: 100%|## | 2/2\\n"
+                             "sys.stderr.write('loading\\rtrain:  50%|#  | 1/2\\rtrain: 100%|## | 2/2\\r"
+                             "generate:  50%|#  | 1/2\\rgenerate: 100%|## | 2/2\\n"
                              "error: the sheet is gone\\n')\nsys.exit(len(sys.argv) - 1)")
     jobs = Jobs(Workspace(tmp_path))
     ok = jobs.start("check", [], "configs/a.yaml")
@@ -66,7 +67,27 @@ def test_a_finished_command_its_output_and_its_error_line(tmp_path, monkeypatch)
     wait_for(lambda: ok.state != "running" and failed.state != "running")
     assert (ok.state, ok.output_text().strip(), ok.error_line()) == ("done", '{"ok": true}', None)
     assert (failed.state, failed.error_line()) == ("failed", "error: the sheet is gone")
-    assert failed.log_lines() == ["loading", "train: 100%|## | 2/2", "error: the sheet is gone"]
+    # each bar's last drawing: validation's after training's steps keeps the steps' line
+    assert failed.log_lines() == ["loading", "train: 100%|## | 2/2", "generate: 100%|## | 2/2",
+                                  "error: the sheet is gone"]
     assert jobs.latest("check") is failed and jobs.latest("check", "configs/a.yaml") is ok
     with pytest.raises(PageError, match="no command 'check-9'"):
         jobs.get("check-9")
+
+
+def test_a_commands_bar_of_rows_read_on_from_where_it_stopped(tmp_path, monkeypatch):
+    fake_qatune(monkeypatch, "import sys, time\n"
+                             "sys.stderr.write('loading\\n\\rgenerate:   0%|   | 0/4 [00:00<?, ?row/s]')\n"
+                             "sys.stderr.flush()\ntime.sleep(1.5)\n"
+                             "sys.stderr.write('\\rgenerate:  50%|#  | 2/4 [00:02<00:02,  1.00row/s]\\x1b[A')\n"
+                             "sys.stderr.flush()\ntime.sleep(60)")
+    jobs = Jobs(Workspace(tmp_path))
+    job = jobs.start("compare", [], "runs/a")
+    wait_for(lambda: job.row_bar() is not None)
+    assert job.row_bar()["done"] == 0
+    wait_for(lambda: job.row_bar()["done"] == 2)
+    found = job.as_json()
+    assert {k: found["bar"][k] for k in ("desc", "done", "total", "remaining_s", "bar", "active")} == {
+        "desc": "generate", "done": 2, "total": 4, "remaining_s": 2, "bar": 1, "active": True}
+    assert found["log"] == ["loading", "generate:  50%|#  | 2/4 [00:02<00:02,  1.00row/s]"]  # no cursor moves
+    jobs.shutdown(wait_s=30)
