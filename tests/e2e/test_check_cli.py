@@ -2,9 +2,11 @@
 
 import json
 
+import pytest
 from click.testing import CliRunner
 
 from qatune.cli import cli
+from qatune.train.memory_estimate import processes_here
 
 
 def write_config(tmp_path, rows, extra=""):
@@ -52,6 +54,19 @@ def test_json_report_and_warnings_keep_exit_0(tmp_path):
     assert {"tiny-dataset", "batch-larger-than-dataset", "no-validation"} <= codes
     assert report["supervision"]["eos_supervised"] is True
     assert report["lengths"]["max"] == report["max_length"]
+    time = report["training_time"]  # the estimate: an epoch's batches and validation at a rate timed here
+    assert time["seconds"] == pytest.approx(3 * (time["epoch_seconds"] + time["validation_seconds"]), abs=0.2)
+    assert time["seconds"] > 0 and "3 epochs" in time["basis"] and "matrix product timed on this CPU" in time["basis"]
+    runnable = {s["setup"]: s["runnable"] for s in report["memory"]["setups"]}
+    assert runnable["1 process"] is True
+    assert runnable["ddp x 2"] is (processes_here() >= 2)  # one process per two cores, or per GPU
+
+
+def test_the_report_says_about_how_long_training_takes(tmp_path):
+    result = CliRunner().invoke(cli, ["check", "--config", str(write_config(tmp_path, ROWS))])
+    lines = result.stdout.splitlines()
+    time = lines[lines.index("Time") + 1]
+    assert time.startswith("  training: about ") and " on this machine (" in time and "3 epochs" in time
 
 
 def test_overfit_passes_when_wired_and_fails_when_it_cannot_learn(tmp_path):

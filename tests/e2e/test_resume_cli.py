@@ -36,7 +36,7 @@ def train_lines(run):
     """Every training-loss line, its measured fields left out (speed; the peak memory of this test process, which
     other tests in it raise)."""
     lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    return [{k: v for k, v in line.items() if k not in ("tokens_per_s", "peak_memory_mb")} for line in lines
+    return [{k: v for k, v in line.items() if k not in ("tokens_per_s", "peak_memory_mb", "rss_mb")} for line in lines
             if line["event"] == "train"]
 
 

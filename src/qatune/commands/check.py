@@ -7,6 +7,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import torch
+
 from qatune.commands.check_fields import field_findings, fields_section, render_fields
 from qatune.config import Config, LoraSettings
 from qatune.data.generative import PromptEncoder, percentile
@@ -16,8 +18,20 @@ from qatune.data.spreadsheet import describe_validation, normalize_question
 from qatune.data.templates import PromptTemplate
 from qatune.data.validate import error, warning
 from qatune.errors import row_list
+from qatune.tasks import task_kind
 from qatune.train import Prepared, fit, prepare, sharding
-from qatune.train.memory_estimate import GIB, available_bytes, estimate, meta_model, resident_bytes, verdicts
+from qatune.train.duration_estimate import MATMUL_SHARE, batch_widths, matmul_rate, training_seconds
+from qatune.train.memory_estimate import (
+    GIB,
+    available_bytes,
+    estimate,
+    measured_activations,
+    meta_model,
+    processes_here,
+    resident_bytes,
+    shape,
+    verdicts,
+)
 
 OVERFIT_STEPS = 50
 OVERFIT_TARGET = 0.1
@@ -41,7 +55,7 @@ def run_check(config: Config, overfit: int | None = None, overfit_steps: int = O
     if report["leakage"]["count"]:
         findings.append(warning("leakage", f"{report['leakage']['count']} questions appear in both the training and "
                                            "the evaluation data: evaluation scores will be too optimistic"))
-    if config.task == "generative":
+    if task_kind(config.task).writes:
         report.update(_generative_section(prepared))
         report["grounding"] = _grounding(prepared)
         if not report["supervision"]["eos_supervised"]:
@@ -50,7 +64,7 @@ def run_check(config: Config, overfit: int | None = None, overfit_steps: int = O
         if prepared.info.answer_fields:
             report["fields"] = fields_section(prepared)
             findings += field_findings(report["fields"], config)
-    elif config.task == "scoring":
+    elif task_kind(config.task).scores:
         report["lengths"] = {**prepared.reports["encoding"]["lengths"], "what": "tokens per row"}
         report["truncated_rows"] = prepared.reports["encoding"]["truncated_rows"]
         report["prompt_template"] = prepared.info.prompt_template
@@ -64,7 +78,9 @@ def run_check(config: Config, overfit: int | None = None, overfit_steps: int = O
     refusal = sharding.config_refusal(config)
     if refusal:
         findings.append(error("distributed", refusal))
-    report["memory"], memory_finding = _memory(prepared, processes)
+    model = meta_model(config, prepared.tokenizer, prepared.info.seq2seq)
+    report["memory"], memory_finding = _memory(prepared, processes, model)
+    report["training_time"] = _duration(prepared, model)
     if memory_finding is not None:
         findings.append(memory_finding)
     if not prepared.eval_records:
@@ -88,7 +104,39 @@ def remote_code_warning(config: Config) -> Any:
                    "authors you trust" + ("" if pinned else ", and pin the code you read with model.revision"))
 
 
-def _memory(prepared: Prepared, processes: int | None) -> tuple[dict[str, Any], Any]:
+def duration_text(seconds: float) -> str:
+    if seconds < 90:
+        return f"{max(seconds, 1):.0f} seconds"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} minutes"
+    return f"{seconds / 3600:.1f} hours"
+
+
+def _duration(prepared: Prepared, model: Any) -> dict[str, Any]:
+    """About how long training takes on this machine (train/duration_estimate.py)."""
+    config, items = prepared.config, prepared.dataset.items
+    gpu = torch.cuda.is_available() and config.train.device != "cpu"
+    dtype = torch.bfloat16 if prepared.precision == "bf16" else torch.float32
+    rate = matmul_rate(dtype, "cuda" if gpu else "cpu") * MATMUL_SHARE
+    answers = [len(i.input_ids) - i.prompt_length for i in items if hasattr(i, "prompt_length")]
+    prompts = [i.prompt_length for i in items if hasattr(i, "prompt_length")] or list(prepared.dataset.lengths)
+    writes = task_kind(config.task).writes
+    mean = (lambda values: round(sum(values) / len(values)) if values else 0)  # noqa: E731
+    eval_rows = [(mean(prompts), mean(answers) if writes else 0)] * len(prepared.eval_records)
+    dims = shape(model)
+    # a language model's head: on the supervised positions (supervised_head), else on every one
+    head_tokens = (sum(answers) if config.train.speedups != "off" else sum(prepared.dataset.lengths)) if writes else 0
+    found = training_seconds(model, batch_widths(list(prepared.dataset.lengths), config.train.batch_size),
+                             config.train.epochs, config.model.lora is not None, eval_rows, rate, dims["layers"],
+                             dims["hidden"], head_tokens)
+    where = "this GPU" if gpu else "this CPU"
+    found["basis"] = (f"{found['tflops_per_epoch']} TFLOP an epoch at {rate / 1e9:.0f} GFLOP/s ({MATMUL_SHARE:.0%} of "
+                      f"a {str(dtype).removeprefix('torch.')} matrix product timed on {where}), "
+                      f"{config.train.epochs} epoch{'s' if config.train.epochs != 1 else ''}, validation included")
+    return found
+
+
+def _memory(prepared: Prepared, processes: int | None, model: Any) -> tuple[dict[str, Any], Any]:
     """The estimated peak per process of each set-up, whether it fits (the processes of one machine sharing its
     RAM), and a warning with the cheapest change that makes the configured one fit."""
     config = prepared.config
@@ -96,13 +144,14 @@ def _memory(prepared: Prepared, processes: int | None) -> tuple[dict[str, Any], 
     longest = max(prepared.dataset.lengths, default=0)
     supervised = max((len(i.input_ids) - i.prompt_length for i in items if hasattr(i, "prompt_length")), default=0)
     rows = config.train.batch_size
-    model = meta_model(config, prepared.tokenizer, prepared.info.seq2seq)
     baseline = resident_bytes()  # what a training process holds besides the model: libraries, data, tokenizer
     shown = processes or 2
+    measured = measured_activations(prepared, model)
 
     def setups(batch_rows: int, changed: Config = config, model: Any = model) -> list[dict[str, Any]]:
+        scaled = measured and (measured[0], measured[1] * batch_rows // rows)  # a smaller batch computes less
         return verdicts(estimate(model, changed, prepared.precision, (batch_rows, longest), supervised, shown,
-                                 baseline), available, shared)
+                                 baseline, scaled), available, shared)
 
     available, where = available_bytes()
     shared = where.startswith("RAM")
@@ -110,6 +159,9 @@ def _memory(prepared: Prepared, processes: int | None) -> tuple[dict[str, Any], 
     # The rows are one process, ddp and fsdp (absent for a model without repeated blocks).
     index = 2 if config.train.distributed == "fsdp" and len(table) > 2 else 1 if processes else 0
     configured = table[index]
+    usable = processes or processes_here()
+    for row in table:  # what this machine can run: the page shows those set-ups only
+        row["runnable"] = row["processes"] <= usable
     memory = {"available_gib": round(available / GIB, 2), "device": where, "batch": [rows, longest],
               "setups": table, "configured": configured["setup"]}
     if configured["fits"]:
@@ -280,11 +332,11 @@ def render_report(report: dict[str, Any]) -> str:
               (f"  {lengths['what']}: min {lengths['min']}, median {lengths['median']}, p95 {lengths['p95']}, "
                f"max {lengths['max']}"),
               f"  max_length: {report['max_length']}"]
-    if report["task"] == "scoring":
+    if task_kind(report["task"]).scores:
         lines += [f"  rows cut at max_length (their end is not read): {len(report['truncated_rows'])}", "",
                   "What the model reads", f"  text template: {report['prompt_template']!r}",
                   "  examples, as tokens read back:"]
-    elif report["task"] == "generative":
+    elif task_kind(report["task"]).writes:
         lines.append(f"  rows truncated (question shortened): {len(report['truncated_rows'])}; "
                      f"dropped (does not fit): {len(report['dropped_rows'])}")
         sup = report["supervision"]
@@ -324,6 +376,9 @@ def render_report(report: dict[str, Any]) -> str:
         lines.append(f"  {setup['setup']:<12} {setup['total_gib']:6.2f} GiB ({parts}){together}: "
                      f"{'fits' if setup['fits'] else 'does NOT fit'}{configured}")
     lines += [f"  available: {memory['available_gib']:.1f} GiB ({memory['device']})", ""]
+    if report.get("training_time"):
+        lines += ["Time", f"  training: about {duration_text(report['training_time']['seconds'])} on this machine "
+                          f"({report['training_time']['basis']})", ""]
     if "overfit" in report:
         lines += ["Overfit check", f"  {report['overfit']['message']}", ""]
     errors = [f for f in report["findings"] if f["level"] == "error"]

@@ -282,9 +282,12 @@ class SpanCollator:
     pad_to_multiple_of: int = 1
     max_width: int | None = None
     """The model's positions: no width past them (None: no limit known)."""
+    bucketed: bool = False
+    """Widths rounded up to one of few sizes (padding.bucket): bf16 on a CPU keeps kernels for every shape."""
 
     def __call__(self, batch: list[Feature]) -> dict[str, torch.Tensor]:
-        width = batch_width(max(len(feature) for feature in batch), self.pad_to_multiple_of, self.max_width)
+        width = batch_width(max(len(feature) for feature in batch), self.pad_to_multiple_of, self.max_width,
+                            self.bucketed)
         input_ids = torch.full((len(batch), width), self.pad_token_id, dtype=torch.long)
         attention_mask = torch.zeros((len(batch), width), dtype=torch.long)
         with_types = batch[0].token_type_ids is not None

@@ -210,9 +210,12 @@ class Seq2SeqCollator:
     pad_to_multiple_of: int = 1
     max_width: int | None = None
     """The encoder's positions (None: no limit known)."""
+    bucketed: bool = False
+    """Widths rounded up to one of few sizes (padding.bucket): bf16 on a CPU keeps kernels for every shape."""
 
     def __call__(self, batch: list[Seq2SeqExample]) -> dict[str, Any]:
-        width = batch_width(max(len(e.input_ids) for e in batch), self.pad_to_multiple_of, self.max_width)
+        width = batch_width(max(len(e.input_ids) for e in batch), self.pad_to_multiple_of, self.max_width,
+                            self.bucketed)
         target_width = round_up(max(len(e.target_ids) for e in batch), self.pad_to_multiple_of)
         input_ids = torch.full((len(batch), width), self.pad_token_id, dtype=torch.long)
         attention_mask = torch.zeros((len(batch), width), dtype=torch.long)
@@ -289,11 +292,14 @@ class CausalCollator:
     uncounted_columns: int = 0
     """Trailing columns the model does not compute (1 where the loss leaves the last column out): the width
     rounded up is the one computed."""
+    bucketed: bool = False
+    """Widths rounded up to one of few sizes (padding.bucket): bf16 on a CPU keeps kernels for every shape."""
 
     def __call__(self, batch: list[Example]) -> dict[str, torch.Tensor]:
         longest = max(len(example) for example in batch)
         cut = self.uncounted_columns
-        width = cut + batch_width(longest - cut, self.pad_to_multiple_of, self.max_width and self.max_width - cut)
+        width = cut + batch_width(longest - cut, self.pad_to_multiple_of, self.max_width and self.max_width - cut,
+                                  self.bucketed)
         input_ids = torch.full((len(batch), width), self.pad_token_id, dtype=torch.long)
         attention_mask = torch.zeros((len(batch), width), dtype=torch.long)
         labels = torch.full((len(batch), width), IGNORE_INDEX, dtype=torch.long)

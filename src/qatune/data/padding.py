@@ -14,10 +14,17 @@ def round_up(width: int, multiple: int) -> int:
     return -(-width // multiple) * multiple
 
 
-def batch_width(longest: int, multiple: int, limit: int | None) -> int:
-    """What a batch is padded to: its longest row rounded up to ``multiple``, but not past ``limit`` (the
-    model's positions: a model with position embeddings cannot read a wider batch, even of padding)."""
-    width = round_up(longest, multiple)
+def bucket(width: int) -> int:
+    """``width`` rounded up to one of a few sizes: a multiple of the largest power of two at most an eighth of it,
+    so at most an eighth longer, and eight sizes an octave (..., 64, 72, ..., 120, 128, 144, ..., 480, 512, ...)."""
+    return round_up(width, 1 << max(0, width.bit_length() - 4))
+
+
+def batch_width(longest: int, multiple: int, limit: int | None, bucketed: bool = False) -> int:
+    """What a batch is padded to: its longest row (``bucketed``: rounded up to one of few sizes, :func:`bucket`)
+    rounded up to ``multiple``, but not past ``limit`` (the model's positions: a model with position embeddings
+    cannot read a wider batch, even of padding)."""
+    width = round_up(bucket(longest) if bucketed else longest, multiple)
     return max(longest, min(width, limit)) if limit else width
 
 

@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from qatune.data.padding import batch_width
 from qatune.data.spreadsheet import QARecord
 from qatune.data.templates import PromptTemplate
 
@@ -71,10 +72,13 @@ class ScoringCollator:
 
     pad_token_id: int
     pad_to_multiple_of: int = 1
+    max_width: int | None = None
+    """The model's positions: no width past them (None: no limit known)."""
+    bucketed: bool = False
+    """Widths rounded up to one of few sizes (padding.bucket): bf16 on a CPU keeps kernels for every shape."""
 
     def __call__(self, examples: list[ScoringExample]) -> dict[str, torch.Tensor]:
-        longest = max(len(e) for e in examples)
-        width = -(-longest // self.pad_to_multiple_of) * self.pad_to_multiple_of
+        width = batch_width(max(len(e) for e in examples), self.pad_to_multiple_of, self.max_width, self.bucketed)
         ids = torch.full((len(examples), width), self.pad_token_id, dtype=torch.long)
         mask = torch.zeros((len(examples), width), dtype=torch.long)
         for i, example in enumerate(examples):

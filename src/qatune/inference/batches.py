@@ -30,5 +30,8 @@ def length_sorted_batches(lengths: list[int], batch_size: int, progress: bool, d
     batches of the process with the most."""
     order = sorted(range(len(lengths)), key=lambda i: lengths[i])
     chunks = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
-    yield from tqdm(in_step(chunks, lockstep, []), total=len(chunks), desc=desc, unit="batch",
-                    disable=not progress, leave=False)
+    with tqdm(total=len(lengths), desc=desc, unit="row", disable=not progress, leave=False) as bar:
+        for chunk, mine in in_step(chunks, lockstep, []):
+            yield chunk, mine
+            if mine:
+                bar.update(len(chunk))  # rows done: what the page's bar counts

@@ -43,7 +43,7 @@ from qatune.model.objectives import CausalLMObjective, absmax, weighted_cross_en
 from qatune.speedups import fewer_rows, gpt2, prefixes
 from qatune.speedups.attention import AttentionByWidth, each_attention
 from qatune.speedups.checks import close_enough, close_to_scale, remembered
-from qatune.speedups.shapes import HEAD_ROWS_MULTIPLE, kernels_per_shape
+from qatune.speedups.shapes import HEAD_ROWS_MULTIPLE, kernels_per_shape, rows_multiple
 
 log = logging.getLogger("qatune")
 
@@ -59,7 +59,8 @@ def supervised_hidden(model: nn.Module, input_ids: torch.Tensor, attention_mask:
         return _grouped(net, input_ids, attention_mask, selected, groups, last_rows, unpadded)
     prefix = prefix if 0 < prefix < input_ids.shape[1] and input_ids.shape[0] > 1 else 0
     index = selected[:, prefix:].reshape(-1).nonzero().squeeze(1)  # flat, row-major: as boolean indexing orders
-    fewer = fewer_rows.hooks(net, attention_mask[:, prefix:], index if last_rows else None, unpadded)
+    multiple = rows_multiple(next(net.parameters()))
+    fewer = fewer_rows.hooks(net, attention_mask[:, prefix:], index if last_rows else None, unpadded, multiple)
     if not prefix:
         with fewer:
             hidden = net(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
@@ -88,11 +89,12 @@ def _grouped(net: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tens
     chosen = selected.gather(1, columns) & inside
     index = chosen.reshape(-1).nonzero().squeeze(1)
     name = cache_argument(net)
-    with fewer_rows.hooks(net, prefix_mask, None, unpadded):
+    multiple = rows_multiple(next(net.parameters()))
+    with fewer_rows.hooks(net, prefix_mask, None, unpadded, multiple):
         first = net(input_ids=prefix_ids, attention_mask=prefix_mask, use_cache=True)
     cache = getattr(first, name)
     _select_rows(cache, group)
-    with fewer_rows.hooks(net, mask, index if last_rows else None, unpadded):
+    with fewer_rows.hooks(net, mask, index if last_rows else None, unpadded, multiple):
         hidden = net(input_ids=input_ids.gather(1, columns), position_ids=columns, use_cache=True,
                      attention_mask=torch.cat([prefix_mask.index_select(0, group), mask], 1),
                      **{name: cache}).last_hidden_state

@@ -11,10 +11,11 @@ import torch
 from torch import nn
 
 
-def hooks(net: nn.Module, mask: torch.Tensor, read: torch.Tensor | None, unpadded: bool) -> Any:
+def hooks(net: nn.Module, mask: torch.Tensor, read: torch.Tensor | None, unpadded: bool, multiple: int = 1) -> Any:
     """What runs on fewer rows in a forward over ``mask`` ((B, T), 1 on real tokens): with ``read`` (the
     flattened positions the loss reads) the last layer's output projection and MLP on those; with
-    ``unpadded`` every other position-wise module on the real tokens, where the batch holds padding."""
+    ``unpadded`` every other position-wise module on the real tokens, where the batch holds padding.
+    ``multiple``: the rows gathered are rounded up to it with zero rows (whose outputs are dropped)."""
     modules: list[tuple[nn.Module, torch.Tensor]] = []
     if read is not None:
         last = net.layers[-1]
@@ -24,7 +25,7 @@ def hooks(net: nn.Module, mask: torch.Tensor, read: torch.Tensor | None, unpadde
         taken = {id(module) for module, _ in modules}
         modules += [(module, real) for layer in net.layers for module in position_wise(layer)
                     if id(module) not in taken]
-    return Rows(modules) if modules else contextlib.nullcontext()
+    return Rows(modules, multiple) if modules else contextlib.nullcontext()
 
 
 def position_wise(layer: nn.Module) -> list[nn.Module]:
@@ -38,10 +39,13 @@ def position_wise(layer: nn.Module) -> list[nn.Module]:
 class Rows:
     """While entered: each module computes the rows at its index (of the flattened positions) only: a forward
     pre-hook gathers its input rows, a forward hook scatters its output rows into zeros. Modules called on
-    one tensor with one index in turn (the query, key and value projections) share its gather."""
+    one tensor with one index in turn (the query, key and value projections) share its gather. ``multiple``: the
+    gathered rows are rounded up to it with zero rows, whose outputs are dropped (their gradients are zero), so
+    that the products meet few distinct shapes."""
 
-    def __init__(self, modules: list[tuple[nn.Module, torch.Tensor]]):
+    def __init__(self, modules: list[tuple[nn.Module, torch.Tensor]], multiple: int = 1):
         self.modules = modules
+        self.multiple = multiple
         self.handles: list[Any] = []
         self.shapes: dict[int, torch.Size] = {}
         self.gathered: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
@@ -61,11 +65,16 @@ class Rows:
         x = args[0]
         self.shapes[id(module)] = x.shape[:-1]
         if self.gathered is None or self.gathered[0] is not x or self.gathered[1] is not index:
-            self.gathered = (x, index, x.reshape(-1, x.shape[-1]).index_select(0, index))
+            rows = x.reshape(-1, x.shape[-1]).index_select(0, index)
+            extra = -len(index) % self.multiple
+            if extra:
+                rows = torch.cat([rows, rows.new_zeros(extra, rows.shape[1])])
+            self.gathered = (x, index, rows)
         return (self.gathered[2], *args[1:])
 
     def _scatter(self, index: torch.Tensor, module: nn.Module, args: tuple, out: torch.Tensor) -> torch.Tensor:
         shape = self.shapes.pop(id(module))
+        out = out[:len(index)]
         full = out.new_zeros(shape.numel(), out.shape[-1]).index_copy_(0, index, out)
         return full.view(*shape, out.shape[-1])
 

@@ -13,7 +13,9 @@ GPU_WIDTH_MULTIPLE = 32
 CPU_WIDTH_MULTIPLE = 2
 """On a CPU, batch widths are rounded up to this (bf16: larger multiples padded more than they saved)."""
 HEAD_ROWS_MULTIPLE = 64
-"""The LM head's rows (a batch's supervised tokens, new at almost every step) are rounded up to this."""
+"""The LM head's rows (a batch's supervised tokens, new at almost every step) are rounded up to this, and so are
+the rows ``unpadded_rows`` and ``last_layer_rows`` gather (a batch's real tokens): each count never met before
+costs oneDNN a kernel build and keeps a few MB of it (bench/results/*/memory_epochs*.json)."""
 
 
 def width_multiple(device_type: str) -> int:
@@ -22,6 +24,14 @@ def width_multiple(device_type: str) -> int:
 
 
 def kernels_per_shape(tensor: torch.Tensor) -> bool:
-    """Whether products with ``tensor`` are prepared per shape: oneDNN (bf16 on CPU) builds kernels for each new
-    one, a GPU warms them up; MKL (fp32 on CPU) prepares nothing."""
-    return not (tensor.device.type == "cpu" and tensor.dtype == torch.float32)
+    """Whether products with ``tensor`` are prepared per shape: oneDNN (bf16 on CPU, weights in bf16 or under
+    autocast) builds kernels for each new one and keeps them, a GPU warms them up; MKL (fp32 on CPU) prepares
+    nothing."""
+    if tensor.device.type == "cpu" and tensor.dtype == torch.float32:
+        return torch.is_autocast_enabled("cpu")
+    return True
+
+
+def rows_multiple(tensor: torch.Tensor) -> int:
+    """What the rows of products with ``tensor`` (its weights) are rounded up to (1: none)."""
+    return HEAD_ROWS_MULTIPLE if kernels_per_shape(tensor) else 1

@@ -32,6 +32,7 @@ from qatune.train import sharding
 from qatune.train.averaging import WeightAverage
 from qatune.train.checkpoint import TrainState, model_folder_from, restore, save_checkpoint
 from qatune.train.device import check_same_setup, make_accelerator, peak_memory_mb
+from qatune.train.heap import Heap, few_shapes
 from qatune.train.logs import LogWindow, MetricsLog
 from qatune.train.memory_estimate import checkpoint_activations
 from qatune.train.nan_guard import NonFiniteGuard
@@ -56,6 +57,7 @@ def fit(prepared: Prepared, run_dir: Path | None, progress: bool = True, resume_
     """
     train_cfg = prepared.config.train
     loop = Loop.setup(prepared, run_dir, resume_from)
+    loop.progress = progress
     state = loop.state
     bar = tqdm(total=loop.total_steps(), initial=state.step, desc="train", unit="step", file=sys.stderr,
                disable=not (progress and loop.main), dynamic_ncols=True)
@@ -157,6 +159,9 @@ class Loop:
     average: WeightAverage | None = None
     """train.ema_decay: the moving average of the weights that validation, best/ and final/ see."""
     logged: LogWindow = field(default_factory=LogWindow)
+    heap: Heap = field(default_factory=Heap)
+    progress: bool = False
+    """Bars on stderr: training's steps, validation's rows."""
     last_checkpoint: Path | None = None
     checkpointed: int | None = None
     """The step of the last checkpoint written (known to every process; its path only to the main one)."""
@@ -175,6 +180,7 @@ class Loop:
         if sharded:
             log.info("%s", sharding.shard(prepared.model, prepared.precision, accelerator.device,
                                           offload=train_cfg.cpu_offload))
+        few_shapes(prepared.collator, prepared.precision, accelerator.device.type)
         collator = speedups.collator(prepared.collator)
         optimizer = build_optimizer(speedups.parameters(objective), train_cfg.learning_rate, train_cfg.weight_decay)
         sampler = training_batches(prepared.dataset, config)
@@ -300,10 +306,12 @@ class Loop:
             self.schedulers["decay"].step()
         self.logged.add(done["loss"], done["items"], done["tokens"])
         bar.update(1)
+        rss_mb = self.heap.after_update()
         if state.step == 1 or state.step % train_cfg.logging_steps == 0:
             record = self.logged.flush(step=state.step, epoch=state.epoch + 1, lr=done["lr"],
                                        grad_norm=done["grad_norm"], supervised=done["items"])
             record["peak_memory_mb"] = round(peak_memory_mb(self.accelerator.device), 1)
+            record["rss_mb"] = rss_mb
             self.metrics_log.write({"event": "train", **record})
             bar.set_postfix(loss=f"{record['loss']:.4f}", lr=f"{done['lr']:.2e}",
                             tok_s=f"{record['tokens_per_s']:.0f}")
@@ -327,7 +335,7 @@ class Loop:
             run_dir = self.run_dir if self.main else None
             with self.delivered():
                 improved = evaluate_epoch(self.prepared, self.model(), run_dir, self.state, self.metrics_log,
-                                          self.accelerator, sharded=self.sharded)
+                                          self.accelerator, sharded=self.sharded, progress=self.progress)
                 if improved and self.run_dir is not None:
                     weights = self.gathered()
                     if self.main:
@@ -336,6 +344,7 @@ class Loop:
                                    prepared.info, weights)
             if improved:
                 self.state.best_checkpoint = f"step-{self.state.step:07d}"
+        self.heap.end_epoch(self.state.epoch, self.state.step, self.metrics_log)
         if before_checkpoint is not None and self.main:
             before_checkpoint()
         self.checkpoint()

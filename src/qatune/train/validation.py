@@ -19,8 +19,9 @@ log = logging.getLogger("qatune")
 
 
 def evaluate_epoch(prepared: Prepared, model: torch.nn.Module, run_dir: Path | None, state: TrainState,
-                   metrics_log: MetricsLog, accelerator: Any, sharded: bool = False) -> bool:
+                   metrics_log: MetricsLog, accelerator: Any, sharded: bool = False, progress: bool = False) -> bool:
     """Evaluate on the validation rows; returns whether the chosen metric improved (the caller saves best/).
+    ``progress``: a bar of the rows answered on stderr (the main process's, as training's own bar).
 
     With several processes each evaluates every n-th row; predictions and loss sums are gathered so that every
     process computes the same metrics (and takes the same early-stopping decision). A ``sharded`` model's
@@ -40,6 +41,7 @@ def evaluate_epoch(prepared: Prepared, model: torch.nn.Module, run_dir: Path | N
     predictions, loss_sum, count = evaluation_parts(model, prepared.tokenizer, prepared.info,
                                                     [records[i] for i in mine], config.generate,
                                                     config.train.eval_batch_size,
+                                                    progress=progress and accelerator.is_main_process,
                                                     speedups="off" if sharded else config.train.speedups,
                                                     lockstep=lockstep)
     if world > 1:

@@ -43,7 +43,7 @@ def test_resume_continues_exactly_where_it_stopped(tmp_path, monkeypatch):
 def train_lines(run_dir):
     """Every training-loss line of metrics.jsonl, its measured fields (speed, the process's peak memory) left out."""
     lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return [{k: v for k, v in line.items() if k not in ("tokens_per_s", "peak_memory_mb")} for line in lines
+    return [{k: v for k, v in line.items() if k not in ("tokens_per_s", "peak_memory_mb", "rss_mb")} for line in lines
             if line["event"] == "train"]
 
 

@@ -1,0 +1,93 @@
+"""The process's memory while it trains: few batch shapes under bf16 on a CPU, freed memory handed back before it
+piles up, and a warning when it climbs.
+
+Under bf16 on a CPU, oneDNN builds kernels for each matrix shape it meets and keeps a few MB of each, whatever its
+primitive cache holds (measured: ~1.4-3 MB for every new width of two linear layers, none for a width met before).
+Batches of every length meet new shapes epoch after epoch, so :func:`few_shapes` rounds their widths up to one of a
+few sizes (at most an eighth longer: data/padding.bucket), whatever train.speedups says; the speed paths that run
+a layer on a batch's real tokens round those rows up too (speedups/shapes.rows_multiple).
+
+glibc's malloc keeps the blocks a step frees in its heaps for the next allocation. Batches of many widths (rows of
+every length, grouped by length) free blocks of ever other sizes; the holes they leave fit the next width's blocks
+badly, so each width never met before takes fresh memory and the resident set climbs with every new width, epoch
+after epoch, whatever the precision and whether or not ``malloc_reuse`` is on (bench/results/*/memory_epochs*.json;
+the memory is free, not leaked: ``malloc_trim`` returns it). A fixed set of widths does not climb.
+
+:class:`Heap` reads the resident set after every update (``/proc/self/statm``, microseconds) and trims glibc's heaps
+when it exceeds, by ``TRIM_SLACK``, the most a settled step has held: memory stays near what the widest batch needs,
+and a run that does not fragment never trims (a trim costs the next step its page faults).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from qatune.speedups.malloc_reuse import glibc, hand_back_freed_memory
+from qatune.train.memory_estimate import resident_bytes
+
+log = logging.getLogger("qatune")
+
+def few_shapes(collator: Any, precision: str, device_type: str) -> bool:
+    """Have the collator pad batches to few widths where each new shape keeps memory (bf16 on a CPU); whether it
+    does."""
+    if precision != "bf16" or device_type != "cpu" or not hasattr(collator, "bucketed"):
+        return False
+    collator.bucketed = True
+    return True
+
+
+TRIM_SLACK = 0.08
+"""Freed memory kept beyond what a settled step held, as a share of it, before it is handed back."""
+EPOCH_GROWTH_WARNING = 0.25
+"""The resident set's growth from one epoch to the next (the same rows) that the log warns of."""
+MIB = 2**20
+
+
+class Heap:
+    """Called after every update and at every epoch's end; ``trims`` counts the hand-backs."""
+
+    def __init__(self, enabled: bool | None = None, resident: Callable[[], int] = resident_bytes,
+                 trim: Callable[[], object] = hand_back_freed_memory):
+        self.enabled = glibc() if enabled is None else enabled
+        self.resident, self.trim = resident, trim
+        self.settled = 0
+        """The most the resident set held after a step that followed a trim (or the run's first step)."""
+        self.fresh = True
+        self.trims = 0
+        self.epoch_highs: list[int] = []
+        self.high = 0
+
+    def after_update(self) -> float:
+        """Trim if freed memory piled up; returns the resident set in MiB (after any trim), for the log."""
+        rss = self.resident()
+        self.high = max(self.high, rss)
+        if self.fresh:
+            self.settled, self.fresh = max(self.settled, rss), False
+        elif self.enabled and rss > self.settled * (1 + TRIM_SLACK):
+            self.trim()
+            self.trims += 1
+            self.fresh = True
+            rss = self.resident()
+        return round(rss / MIB, 1)
+
+    def end_epoch(self, epoch: int, step: int = 0, metrics_log: Any = None) -> str | None:
+        """Compare this epoch's highest resident set with the last one's: a warning when it grew by more than
+        EPOCH_GROWTH_WARNING (the same rows should need the same memory), logged and written to ``metrics_log``
+        (metrics.jsonl), and returned. Validation's memory is trimmed too."""
+        if self.enabled:
+            self.trim()
+            self.fresh = True
+        previous = self.epoch_highs[-1] if self.epoch_highs else None
+        self.epoch_highs.append(self.high)
+        self.high = 0
+        if not previous or self.epoch_highs[-1] <= previous * (1 + EPOCH_GROWTH_WARNING):
+            return None
+        grown = (f"memory grew from {previous / MIB:.0f} MB in epoch {epoch - 1} to {self.epoch_highs[-1] / MIB:.0f}"
+                 f" MB in epoch {epoch}, which saw the same rows: something keeps memory from one step to the next "
+                 "(please report it with this run's metrics.jsonl)")
+        log.warning("warning: %s", grown)
+        if metrics_log is not None:
+            metrics_log.write({"event": "memory_warning", "step": step, "epoch": epoch, "message": grown})
+        return grown

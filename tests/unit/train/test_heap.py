@@ -1,0 +1,139 @@
+"""The process's memory while it trains (qatune.train.heap): freed memory handed back when it piles up beyond what
+a settled step held, never while it does not, and a warning when an epoch holds much more than the one before."""
+
+from qatune.train.heap import Heap
+
+MB = 2**20
+
+
+class FakeProcess:
+    """A resident set that the test moves: ``freed`` MB of it are free memory a trim gives back."""
+
+    def __init__(self, live: int):
+        self.live, self.freed, self.trims = live, 0, 0
+
+    def resident(self) -> int:
+        return (self.live + self.freed) * MB
+
+    def trim(self) -> None:
+        self.trims += 1
+        self.freed = 0
+
+
+def test_freed_memory_is_handed_back_only_when_it_piles_up():
+    process = FakeProcess(live=1000)
+    heap = Heap(enabled=True, resident=process.resident, trim=process.trim)
+    assert heap.after_update() == 1000.0  # the first step settles what a step holds
+    for _ in range(5):  # steps that hold what the first did: nothing to give back
+        assert heap.after_update() == 1000.0
+    process.freed = 79  # 7.9% more: within the slack
+    assert heap.after_update() == 1079.0 and process.trims == 0
+    process.freed = 81  # 8.1% more: handed back, and the step after the trim settles again
+    assert heap.after_update() == 1000.0 and process.trims == 1
+    process.live = 1200  # a wider batch needs more, for real: it becomes what a settled step holds
+    assert heap.after_update() == 1200.0
+    process.freed = 90
+    assert heap.after_update() == 1290.0 and process.trims == 1
+    assert heap.trims == 1
+
+
+def test_without_glibc_nothing_is_trimmed():
+    process = FakeProcess(live=1000)
+    heap = Heap(enabled=False, resident=process.resident, trim=process.trim)
+    heap.after_update()
+    process.freed = 500
+    assert heap.after_update() == 1500.0 and process.trims == 0
+
+
+def test_an_epoch_that_holds_a_quarter_more_than_the_last_is_warned_of():
+    process = FakeProcess(live=1000)
+    heap = Heap(enabled=False, resident=process.resident, trim=process.trim)
+    heap.after_update()
+    assert heap.end_epoch(1) is None
+    process.live = 1240
+    heap.after_update()
+    assert heap.end_epoch(2) is None  # 24% more
+    process.live = 1560
+    heap.after_update()
+    assert heap.end_epoch(3) == ("memory grew from 1240 MB in epoch 2 to 1560 MB in epoch 3, which saw the same rows: "
+                                 "something keeps memory from one step to the next (please report it with this run's "
+                                 "metrics.jsonl)")
+
+
+def widths_by_epoch(tmp_path, monkeypatch, precision: str) -> dict[int, set]:
+    """The widths of the batches a tiny Llama trains on in each epoch of a 4-epoch run (``precision``) on rows of
+    every length, reshuffled each epoch."""
+    import random
+
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from qatune.config import load_config
+    from qatune.data import generative
+    from qatune.train import loop, prepare
+    from qatune.train.loop import fit
+    from tests.conftest import chat_tokenizer
+
+    tmp_path.mkdir()
+    rng = random.Random(0)
+    words = "the river city north south bridge castle king queen year war people music art".split()
+    rows = [(" ".join(rng.choice(words) for _ in range(rng.randint(4, 900))) + "?", rng.choice(words))
+            for _ in range(96)]
+    (tmp_path / "rows.csv").write_text("question,answer\n" + "".join(f"{q},{a}\n" for q, a in rows), encoding="utf-8")
+    tokenizer = chat_tokenizer([f"{q} {a}" for q, a in rows])
+    folder = tmp_path / "llama"
+    LlamaForCausalLM(LlamaConfig(vocab_size=len(tokenizer), hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                 num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=1024,
+                                 tie_word_embeddings=True, pad_token_id=tokenizer.pad_token_id)).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    config = load_config(None, [f"data.train_file={tmp_path / 'rows.csv'}", f"model.name_or_path={folder}",
+                                "data.prompt_template=Q: {question}\nA:", "data.max_length=1024", "train.epochs=4",
+                                "train.batch_size=4", f"train.precision={precision}", "train.learning_rate=1e-3",
+                                "train.group_by_length=false"])  # new batches, new widths, every epoch
+    seen: dict[int, set] = {}
+    epoch = [None]  # set when training starts: the start-up checks' batches before it are not counted
+    start, width_of = loop.Loop.start_epoch, generative.batch_width
+
+    def started(self, number):
+        epoch[0] = number
+        start(self, number)
+
+    def recorded(*args, **kwargs):
+        width = width_of(*args, **kwargs)
+        if epoch[0] is not None:
+            seen.setdefault(epoch[0], set()).add(width)
+        return width
+
+    monkeypatch.setattr(loop.Loop, "start_epoch", started)
+    monkeypatch.setattr(generative, "batch_width", recorded)
+    fit(prepare(config), None, progress=False)
+    return seen
+
+
+def test_the_warning_goes_to_metrics_jsonl_as_an_event():
+    process, written = FakeProcess(live=1000), []
+    heap = Heap(enabled=False, resident=process.resident, trim=process.trim)
+    heap.after_update()
+    heap.end_epoch(1, step=10, metrics_log=type("Log", (), {"write": staticmethod(written.append)}))
+    process.live = 1300
+    heap.after_update()
+    grown = heap.end_epoch(2, step=20, metrics_log=type("Log", (), {"write": staticmethod(written.append)}))
+    assert written == [{"event": "memory_warning", "step": 20, "epoch": 2, "message": grown}]
+
+
+def test_bf16_training_on_a_cpu_meets_few_widths_whatever_its_rows(tmp_path, monkeypatch):
+    """Under bf16 on a CPU oneDNN keeps memory for every matrix shape it meets (a few MB each for SmolLM2's), so memory
+    climbed as long as batches met new widths: rows of every length met a new one at almost every step of every
+    epoch. Under bf16 batches are padded to one of eight widths an octave (at most an eighth longer): the widths a run
+    meets are bounded by its rows' range, not by its steps; fp32, which keeps nothing per shape, pads to the longest
+    row."""
+    from qatune.data.padding import bucket
+
+    few = widths_by_epoch(tmp_path / "bf16", monkeypatch, "bf16")
+    monkeypatch.undo()
+    every = widths_by_epoch(tmp_path / "fp32", monkeypatch, "fp32")
+    met, met_fp32 = set().union(*few.values()), set().union(*every.values())
+    assert all(bucket(width) == width for width in met), [w for w in sorted(met) if bucket(w) != w]
+    octaves = max(met).bit_length() - min(met).bit_length() + 1
+    assert len(met) <= 8 * octaves
+    assert len(met_fp32) > 2 * len(met), (sorted(met_fp32), sorted(met))  # a width of its own for most batches
+    assert any(bucket(width) != width for width in met_fp32)
