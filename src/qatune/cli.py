@@ -184,7 +184,7 @@ def eval_command(run_dir: str | None, data_file: str | None, which: str, base: b
     from qatune.commands.evaluation import result_lines, run_eval
 
     result = run_eval(run_dir, data_file, which, base, config_path, overrides, batch_size, compare_with,
-                      progress=not as_json, grounded=grounded)
+                      progress=True, grounded=grounded)  # bars on stderr: --json keeps stdout
     if as_json:
         click.echo(json.dumps(result.as_json(), indent=2))
         return

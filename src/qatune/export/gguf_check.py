@@ -173,7 +173,7 @@ def _answers(loaded: LoadedModel, records: list[QARecord]) -> list[str]:
     generate = GenerateConfig(max_new_tokens=loaded.config.generate.max_new_tokens, temperature=0.0,
                               grounded="off")  # the two models compared, not their decoding
     return answer_questions(loaded.model, loaded.tokenizer, loaded.info, [r.question for r in records],
-                            [r.context for r in records], generate, fields=[r.fields for r in records])
+                            [r.context for r in records], generate, progress=True, fields=[r.fields for r in records])
 
 
 @torch.no_grad()
