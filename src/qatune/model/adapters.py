@@ -6,12 +6,15 @@ from typing import Any
 
 from qatune.config import ModelConfig
 from qatune.errors import ModelError
+from qatune.model.families import family_of
 from qatune.model.sources import model_source
 from qatune.tasks import task_kind
 
 
 def apply_lora(model: Any, lora: Any, task: str) -> Any:
-    """Wrap a model with LoRA adapters; only the adapters (and a QA head) are trained."""
+    """Wrap a model with LoRA adapters; only the adapters (and a QA head) are trained. Without
+    ``lora.target_modules`` they go on the modules the model's family names (peft's default for a family qatune does
+    not know)."""
     try:
         from peft import LoraConfig, TaskType, get_peft_model
     except ImportError:
@@ -20,14 +23,26 @@ def apply_lora(model: Any, lora: Any, task: str) -> Any:
     seq2seq = kind.writes and model.config.is_encoder_decoder
     task_type = TaskType.SEQ_2_SEQ_LM if seq2seq else TaskType[kind.peft_task_type]
     settings = LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
-                          target_modules=lora.target_modules, task_type=task_type,
+                          target_modules=lora.target_modules or _family_targets(model), task_type=task_type,
                           layers_to_transform=_last_layers(model, lora.last_layers))
     try:
         return get_peft_model(model, settings)
     except ValueError as exc:
-        names = sorted({name.rsplit(".", 1)[-1] for name, _ in model.named_modules() if name})
         raise ModelError(f"model.lora: {str(exc).splitlines()[0]}; set model.lora.target_modules to some of "
-                         f"{names[:30]}") from None
+                         f"{_weight_layers(model)[:30]}") from None
+
+
+def _family_targets(model: Any) -> list[str] | None:
+    family = family_of(model.config)
+    return list(family.lora_targets) if family is not None else None
+
+
+def _weight_layers(model: Any) -> list[str]:
+    """The names of the modules LoRA can adapt: those that hold a weight matrix themselves (linear layers,
+    GPT-2's Conv1D, embeddings), not their containers."""
+    return sorted({name.rsplit(".", 1)[-1] for name, module in model.named_modules()
+                   if name and not next(module.children(), None)
+                   and getattr(getattr(module, "weight", None), "ndim", 0) == 2})
 
 
 def _last_layers(model: Any, last: int | None) -> list[int] | None:

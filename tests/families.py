@@ -1,0 +1,183 @@
+"""A tiny random model folder per model family, as a user's local folder of that family looks: the family's
+transformers config (2 layers, hidden size 32) and a tokenizer of its kind, a byte-level BPE trained offline on
+tests/fixtures/xquad_slice.csv with the family's special tokens, its end-of-turn token and its own chat template
+(the templates below keep what qatune reads of the real ones: the turn markup, a default system message, a thinking
+block, a system message folded into the user's, a BOS the template writes itself)."""
+
+from __future__ import annotations
+
+import csv
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from tests.conftest import CHATML_TEMPLATE, FIXTURES
+
+LLAMA3_TEMPLATE = (  # Llama 3.2's: a system message with its dates always, the content trimmed
+    "{{ bos_token }}{% if messages[0]['role'] == 'system' %}{% set system = messages[0]['content'] | trim %}"
+    "{% set messages = messages[1:] %}{% else %}{% set system = '' %}{% endif %}"
+    "{{ '<|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge Date: December 2023\n"
+    "Today Date: 26 Jul 2024\n\n' + system + '<|eot_id|>' }}"
+    "{% for message in messages %}{{ '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n'"
+    " + message['content'] | trim + '<|eot_id|>' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}"
+)
+QWEN2_TEMPLATE = (  # Qwen2.5's: ChatML with a default system message
+    "{% if messages[0]['role'] != 'system' %}{{ '<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are "
+    "a helpful assistant.<|im_end|>\n' }}{% endif %}{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+QWEN3_TEMPLATE = (  # Qwen3's: the last answer written after an empty thinking block
+    "{% for message in messages %}{% if message['role'] == 'assistant' %}"
+    "{{ '<|im_start|>assistant\n<think>\n\n</think>\n\n' + message['content'] + '<|im_end|>\n' }}"
+    "{% else %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}{% endif %}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+GEMMA2_TEMPLATE = (  # Gemma 2's: no system role, the assistant is the model, the BOS written by the template
+    "{{ bos_token }}{% for message in messages %}{% if message['role'] == 'system' %}"
+    "{{ raise_exception('System role not supported') }}{% endif %}"
+    "{% set role = 'model' if message['role'] == 'assistant' else message['role'] %}"
+    "{{ '<start_of_turn>' + role + '\n' + message['content'] | trim + '<end_of_turn>\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<start_of_turn>model\n' }}{% endif %}"
+)
+GEMMA3_TEMPLATE = (  # Gemma 3's: a system message is the start of the first user turn
+    "{{ bos_token }}{% if messages[0]['role'] == 'system' %}{% set first = messages[0]['content'] + '\n\n' %}"
+    "{% set messages = messages[1:] %}{% else %}{% set first = '' %}{% endif %}{% for message in messages %}"
+    "{% set role = 'model' if message['role'] == 'assistant' else message['role'] %}"
+    "{{ '<start_of_turn>' + role + '\n' + (first if loop.first else '') + message['content'] | trim"
+    " + '<end_of_turn>\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<start_of_turn>model\n' }}{% endif %}"
+)
+PHI3_TEMPLATE = (  # Phi-4-mini's: <|end|> ends a turn, the EOS (<|endoftext|>) the conversation
+    "{% for message in messages %}{{ '<|' + message['role'] + '|>' + message['content'] + '<|end|>' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|assistant|>' }}{% else %}{{ eos_token }}{% endif %}"
+)
+MISTRAL_TEMPLATE = (  # Mistral's: [INST] ... [/INST], the answer ended by the EOS, a system message in the user's
+    "{{ bos_token }}{% for message in messages %}{% if message['role'] == 'user' %}"
+    "{{ '[INST] ' + (messages[0]['content'] + '\n\n' if messages[0]['role'] == 'system' else '')"
+    " + message['content'] + '[/INST]' }}{% elif message['role'] == 'assistant' %}"
+    "{{ message['content'] + eos_token }}{% endif %}{% endfor %}"
+)
+SMOLLM3_TEMPLATE = (  # SmolLM3's without reasoning: a metadata system block, an empty thinking block to answer after
+    "{{ '<|im_start|>system\n## Metadata\n\nKnowledge Cutoff Date: June 2025\nReasoning Mode: /no_think\n\n"
+    "## Custom Instructions\n\n' }}{% if messages[0]['role'] == 'system' %}{{ messages[0]['content'] }}"
+    "{% set messages = messages[1:] %}{% else %}{{ 'You are a helpful AI assistant named SmolLM.' }}{% endif %}"
+    "{{ '\n\n<|im_end|>\n' }}{% for message in messages %}"
+    "{% if message['role'] == 'assistant' %}{{ '<|im_start|>assistant\n<think>\n\n</think>\n' }}"
+    "{% else %}{{ '<|im_start|>' + message['role'] + '\n' }}{% endif %}{{ message['content'] + '<|im_end|>\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n<think>\n\n</think>\n' }}{% endif %}"
+)
+
+LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
+                r"\s*[\r\n]+|\s+(?!\S)|\s+")
+QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
+               r"\s*[\r\n]+|\s+(?!\S)|\s+")
+
+DECODER = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+           "num_key_value_heads": 2, "max_position_embeddings": 512}
+
+
+@dataclass(frozen=True)
+class FamilyCase:
+    """A family as the tests build it: its transformers config and its tokenizer's kind."""
+
+    id: str
+    model_type: str
+    config: dict
+    """The config's keys besides the vocabulary and the special tokens' ids."""
+    specials: tuple[str, ...]
+    bos: str | None
+    eos: str
+    pad: str | None
+    end_of_turn: str
+    """The token that ends an answer."""
+    template: str | None
+    split: str | None = None
+    """The pre-tokenizer's split expression (None: GPT-2's byte-level split)."""
+    tied: bool = True
+
+
+CASES = (
+    FamilyCase("llama3", "llama", DECODER, ("<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>",
+               "<|end_header_id|>", "<|eot_id|>"), "<|begin_of_text|>", "<|eot_id|>", None, "<|eot_id|>",
+               LLAMA3_TEMPLATE, split=LLAMA3_SPLIT),
+    FamilyCase("smollm2", "llama", DECODER, ("<|endoftext|>", "<|im_start|>", "<|im_end|>"), "<|im_start|>",
+               "<|im_end|>", "<|im_end|>", "<|im_end|>", CHATML_TEMPLATE),
+    FamilyCase("qwen2", "qwen2", DECODER, ("<|endoftext|>", "<|im_start|>", "<|im_end|>"), None, "<|im_end|>",
+               "<|endoftext|>", "<|im_end|>", QWEN2_TEMPLATE, split=QWEN2_SPLIT),
+    FamilyCase("qwen3", "qwen3", {**DECODER, "head_dim": 8}, ("<|endoftext|>", "<|im_start|>", "<|im_end|>"), None,
+               "<|im_end|>", "<|endoftext|>", "<|im_end|>", QWEN3_TEMPLATE, split=QWEN2_SPLIT),
+    FamilyCase("gemma2", "gemma2", {**DECODER, "head_dim": 8}, ("<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>",
+               "<end_of_turn>"), "<bos>", "<eos>", "<pad>", "<end_of_turn>", GEMMA2_TEMPLATE),
+    FamilyCase("gemma3", "gemma3_text", {**DECODER, "head_dim": 8}, ("<pad>", "<eos>", "<bos>", "<unk>",
+               "<start_of_turn>", "<end_of_turn>"), "<bos>", "<eos>", "<pad>", "<end_of_turn>", GEMMA3_TEMPLATE),
+    FamilyCase("phi3", "phi3", DECODER, ("<|endoftext|>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>"),
+               "<|endoftext|>", "<|endoftext|>", "<|endoftext|>", "<|end|>", PHI3_TEMPLATE),
+    FamilyCase("mistral", "mistral", DECODER, ("<unk>", "<s>", "</s>", "[INST]", "[/INST]"), "<s>", "</s>", None,
+               "</s>", MISTRAL_TEMPLATE, tied=False),
+    FamilyCase("smollm3", "smollm3", DECODER, ("<|begin_of_text|>", "<|end_of_text|>", "<|im_start|>", "<|im_end|>"),
+               None, "<|im_end|>", "<|im_end|>", "<|im_end|>", SMOLLM3_TEMPLATE, split=LLAMA3_SPLIT),
+    FamilyCase("gpt2", "gpt2", {"n_embd": 32, "n_layer": 2, "n_head": 4, "n_positions": 512}, ("<|endoftext|>",),
+               "<|endoftext|>", "<|endoftext|>", None, "<|endoftext|>", None),
+)
+
+
+def sheet_rows(n: int) -> list[dict[str, str]]:
+    """The first ``n`` rows of the XQuAD fixture with a short answer, the passage cut to the sentence that holds
+    it: (question, context, answer) rows whose answers are spans of their passages."""
+    rows = []
+    with open(FIXTURES / "xquad_slice.csv", encoding="utf-8", newline="") as f:
+        for row in csv.DictReader(f):
+            sentence = next((s for s in re.split(r"(?<=[.!?]) ", row["context"]) if row["answer"] in s), None)
+            if sentence and len(row["answer"].split()) <= 3 and row["question"] not in {r["question"] for r in rows}:
+                rows.append({"question": row["question"], "context": sentence, "answer": row["answer"]})
+    return rows[:n]
+
+
+def sheet_texts() -> list[str]:
+    with open(FIXTURES / "xquad_slice.csv", encoding="utf-8", newline="") as f:
+        return [" ".join(row.values()) for row in csv.DictReader(f)] + ["system user assistant model"] * 5
+
+
+def family_tokenizer(case: FamilyCase, vocab_size: int = 500):
+    """A byte-level BPE of the family's kind trained on the fixture sheet."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    if case.split is None:
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    else:
+        tok.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(case.split), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(case.specials),
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(sheet_texts(), trainer)
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=case.bos, eos_token=case.eos,
+                                        pad_token=case.pad, unk_token=case.specials[0])
+    if case.template is not None:
+        tokenizer.chat_template = case.template
+    return tokenizer
+
+
+def family_model(case: FamilyCase, tokenizer, seed: int = 0):
+    """A random model built from the family's transformers config."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    ids = {name: tokenizer.convert_tokens_to_ids(token) if token else None
+           for name, token in (("bos_token_id", case.bos), ("eos_token_id", case.eos), ("pad_token_id", case.pad))}
+    config = AutoConfig.for_model(case.model_type, vocab_size=len(tokenizer), tie_word_embeddings=case.tied,
+                                  **ids, **case.config)
+    torch.manual_seed(seed)
+    return AutoModelForCausalLM.from_config(config)
+
+
+def family_folder(case: FamilyCase, folder: Path) -> Path:
+    """The family's tiny model and tokenizer saved as a local model folder (what model.name_or_path names)."""
+    tokenizer = family_tokenizer(case)
+    family_model(case, tokenizer).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
