@@ -23,7 +23,8 @@ from qatune.data.templates import PromptTemplate
 from qatune.export import ExportError
 from qatune.export.gguf_check import ANSWER_ROWS, CHECK_ROWS, Check, check_file, check_records, failure_message
 from qatune.export.gguf_prompt import modelfile, unwritable_characters
-from qatune.export.gguf_write import ARCHITECTURES, QUANTS, pre_tokenizer, write_gguf
+from qatune.export.gguf_write import QUANTS, pre_tokenizer, write_gguf
+from qatune.model.families import gguf_refusal
 from qatune.model.folder import LoadedModel, ModelInfo, load_model_folder
 from qatune.runs import layout
 from qatune.runs.atomic import atomic_write_text
@@ -86,9 +87,9 @@ def unsupported(loaded: LoadedModel) -> str | None:
                 "that write their answers)")
     if info.seq2seq:
         return "it is an encoder-decoder model (T5), which llama.cpp's GGUF does not hold"
-    kind = type(model).__name__
-    if kind not in ARCHITECTURES:
-        return f"its architecture {kind} is not one qatune writes as GGUF ({', '.join(sorted(ARCHITECTURES))})"
+    refusal = gguf_refusal(model.config)
+    if refusal:
+        return refusal
     if not getattr(loaded.tokenizer, "is_fast", False):
         return "its tokenizer is not a fast (tokenizer.json) one"
     if json.loads(loaded.tokenizer.backend_tokenizer.to_str())["model"]["type"] != "BPE":

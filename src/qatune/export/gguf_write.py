@@ -16,13 +16,10 @@ from qatune.data.generative import PromptEncoder
 from qatune.data.templates import PromptTemplate
 from qatune.export import ExportError
 from qatune.export.gguf_prompt import chat_template
+from qatune.model.families import family_of
 from qatune.model.folder import LoadedModel
 from qatune.model.gguf_file import embedded_run
 from qatune.runs import layout
-
-ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2",
-                 "GPT2LMHeadModel": "gpt2"}
-"""The transformers classes written, and the GGUF architecture each becomes (llama.cpp runs Mistral as Llama)."""
 
 QUANTS = ("f32", "f16", "bf16", "q8_0")
 
@@ -81,7 +78,7 @@ def write_gguf(loaded: LoadedModel, path: Path, quant: str) -> None:
     import gguf
 
     model, config = loaded.model, loaded.model.config
-    arch = ARCHITECTURES[type(model).__name__]
+    arch = family_of(config).gguf_architecture
     writer = gguf.GGUFWriter(str(path), arch)
     writer.add_type(gguf.GGUFType.MODEL)
     writer.add_name(loaded.folder.parent.name if loaded.folder.name in (layout.FINAL, layout.BEST)
@@ -205,9 +202,8 @@ def _named_tensors(model: Any, arch: str) -> Any:
     import gguf
 
     config = model.config
-    names = gguf.get_tensor_name_map({"llama": gguf.MODEL_ARCH.LLAMA, "qwen2": gguf.MODEL_ARCH.QWEN2,
-                                      "gpt2": gguf.MODEL_ARCH.GPT2}[arch],
-                                     config.n_layer if arch == "gpt2" else config.num_hidden_layers)
+    architecture = next(key for key, name in gguf.MODEL_ARCH_NAMES.items() if name == arch)
+    names = gguf.get_tensor_name_map(architecture, config.n_layer if arch == "gpt2" else config.num_hidden_layers)
     tied = bool(getattr(config, "tie_word_embeddings", False))
     for hf_name, tensor in model.state_dict().items():
         if hf_name == "lm_head.weight" and tied:
@@ -247,7 +243,7 @@ def round_like_file(model: Any, quant: str) -> None:
     holds, read back (Q8_0's blocks run along the rows llama.cpp multiplies, which reordering rows keeps)."""
     import gguf
 
-    arch = ARCHITECTURES[type(model).__name__]
+    arch = family_of(model.config).gguf_architecture
     state = model.state_dict()
     for hf_name, name, data in _named_tensors(model, arch):
         array, kind = _quantize(data.contiguous().numpy(), name, quant)
