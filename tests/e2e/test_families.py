@@ -1,0 +1,181 @@
+"""Each model family qatune knows (qatune.model.families) through the commands, as a user with a local folder of that
+family runs them: a tiny random model built from the family's transformers config, with a tokenizer of its kind and
+its own chat template (tests/families.py), checked, trained in full and with LoRA on the targets its record names,
+asked freely and held to a passage, evaluated, served, and exported to GGUF where qatune writes the family. The
+check needs no training and runs in the fast suite; the cells on a trained run are marked slow."""
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+
+from qatune.model.families import family_of
+from tests.conftest import LOCAL, cli_ok
+from tests.families import CASES, family_folder, sheet_rows
+
+ROWS = 8
+
+
+@pytest.fixture(scope="module", params=CASES, ids=[case.id for case in CASES])
+def setup(request, tmp_path_factory):
+    """(case, model folder, config file, rows file) of one family."""
+    case = request.param
+    tmp = tmp_path_factory.mktemp(case.id)
+    folder = family_folder(case, tmp / f"tiny-{case.id}")
+    data = tmp / "rows.csv"
+    with open(data, "w", encoding="utf-8", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=["question", "context", "answer"])
+        writer.writeheader()
+        writer.writerows(sheet_rows(ROWS))
+    config = tmp / "config.yaml"
+    config.write_text(f"""
+task: generative
+seed: 0
+output_dir: {tmp / "run"}
+model: {{name_or_path: {folder}}}
+data: {{train_file: {data}, context_column: context}}
+train: {{epochs: 60, batch_size: {ROWS}, learning_rate: 1.0e-2, weight_decay: 0.0, warmup_steps: 2, logging_steps: 1,
+        precision: fp32}}
+generate: {{max_new_tokens: 8}}
+""", encoding="utf-8")
+    return case, folder, config, data
+
+
+@pytest.fixture(scope="module")
+def family(setup):
+    """(case, model folder, config file, trained run, rows file) of one family: trained in full."""
+    case, folder, config, data = setup
+    run = Path(cli_ok("train", "--config", config, "--quiet").stdout.strip().splitlines()[-1])
+    return case, folder, config, run, data
+
+
+def test_check_trains_the_family_chat_prompt_and_its_end_of_turn(setup):
+    case, folder, config, _ = setup
+    report = json.loads(cli_ok("check", "--config", config, "--json").stdout)
+    assert report["supervision"]["eos_supervised"]
+    assert report["supervision"]["end_token"] == case.end_of_turn
+    row = sheet_rows(1)[0]
+    shown = report["examples"][0]
+    prompt, trained = shown.split("⟦", 1)[0], shown.split("⟦", 1)[1].rstrip("⟧")
+    if case.template is None:  # qatune's own template
+        assert prompt == f"Context: {row['context']}\nQuestion: {row['question']}\nAnswer:"
+        assert trained == f" {row['answer']}{case.eos}"
+        return
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    user = {"role": "user", "content": f"{row['context']}\n\nQuestion: {row['question']}"}
+    # The prompt is the family's own chat rendering, and the trained tokens its assistant turn up to the end of turn.
+    assert prompt == tokenizer.apply_chat_template([user], tokenize=False, add_generation_prompt=True)
+    full = tokenizer.apply_chat_template([user, {"role": "assistant", "content": row["answer"]}], tokenize=False)
+    assert full.startswith(prompt + trained) and trained.endswith(row["answer"] + case.end_of_turn)
+
+
+@pytest.mark.slow
+def test_full_training_learns_the_rows(family):
+    _, _, _, run, _ = family
+    losses = [json.loads(line)["loss"] for line in (run / "metrics.jsonl").read_text().splitlines()
+              if "loss" in json.loads(line)]
+    assert losses[-1] < losses[0] / 5
+    assert (run / "final" / "model.safetensors").is_file()
+
+
+def answer_prefix_bug(request, run, what):
+    """A run whose answer prefix is more than blanks (Qwen3's empty thinking block before every answer) is answered
+    wrongly today: the cell is an expected failure, and passes once qatune answers it."""
+    prefix = json.loads((run / "final" / "qatune.json").read_text())["answer_prefix"]
+    if prefix.strip():
+        reasons = {"free": f"generate writes the answer prefix {prefix!r} into the answer, within max_new_tokens",
+                   "grounded": "grounded decoding after the answer prefix reaches a token with nothing allowed "
+                               "(IndexError in inference/grounding.py ground_scores)"}
+        request.applymarker(pytest.mark.xfail(strict=True, reason=reasons[what]))
+
+
+@pytest.mark.slow
+def test_generate_answers_the_learned_rows(family, request, tmp_path):
+    _, _, _, run, data = family
+    answer_prefix_bug(request, run, "free")
+    written = cli_ok("generate", run, "--file", data, "--output", tmp_path / "answers.csv", "--grounded", "off")
+    with open(written.stdout.strip(), encoding="utf-8", newline="") as f:
+        answered = [(row["answer"], gold["answer"]) for row, gold in zip(csv.DictReader(f), sheet_rows(ROWS))]
+    assert sum(got == gold for got, gold in answered) > ROWS // 4, answered  # an untrained model: none
+
+
+@pytest.mark.slow
+def test_generate_held_to_a_new_passage_answers_with_a_span_of_it(family, request):
+    _, _, _, run, _ = family
+    answer_prefix_bug(request, run, "grounded")
+    passage = "The council met in Brussels in 1999 and again in 2004."
+    question = sheet_rows(2)[1]["question"]
+    grounded = cli_ok("generate", run, question, "--context", passage, "--grounded", "on").stdout.strip()
+    assert grounded and grounded[1:] in passage and grounded[0].lower() in passage.lower()
+
+
+@pytest.mark.slow
+def test_eval_scores_the_learned_rows(family, request):
+    _, _, _, run, data = family
+    answer_prefix_bug(request, run, "grounded")  # the rows' answers are spans: eval holds them to their passages
+    metrics = json.loads(cli_ok("eval", run, "--data", data, "--json").stdout)
+    assert metrics["num_examples"] == ROWS and metrics["exact_match"] >= 50
+
+
+@pytest.mark.slow
+def test_lora_trains_adapters_on_the_targets_of_the_family_record(family, tmp_path):
+    pytest.importorskip("peft")
+    _, folder, config, _, _ = family
+    run = Path(cli_ok("train", "--config", config, "--output-dir", tmp_path / "lora", "--quiet", "--set",
+                      "model.lora.r=8", "--set", "train.epochs=4").stdout.strip().splitlines()[-1])
+    from safetensors.torch import load_file
+    from transformers import AutoConfig
+
+    record = family_of(AutoConfig.from_pretrained(folder))
+    adapter = json.loads((run / "final" / "adapter_config.json").read_text())
+    assert sorted(adapter["target_modules"]) == sorted(record.lora_targets)
+    layers = AutoConfig.from_pretrained(folder).get_text_config().num_hidden_layers
+    adapted = [key for key in load_file(run / "final" / "adapter_model.safetensors") if "lora_A" in key]
+    assert len(adapted) == layers * len(record.lora_targets)
+
+
+@pytest.mark.slow
+def test_serve_answers_as_generate_does_at_temperature_0(family, request):
+    pytest.importorskip("fastapi")
+    from fastapi.testclient import TestClient
+
+    from qatune.inference.generate import answer_questions
+    from qatune.model.folder import load_model_folder
+    from qatune.serve.app import Settings, create_app
+
+    _, _, _, run, _ = family
+    answer_prefix_bug(request, run, "grounded")
+    rows = sheet_rows(3)
+    loaded = load_model_folder(run, device="cpu")
+    expected = answer_questions(loaded.model, loaded.tokenizer, loaded.info, [r["question"] for r in rows],
+                                [r["context"] for r in rows], loaded.config.generate)
+    with TestClient(create_app(loaded, Settings(max_batch_size=4)), base_url=LOCAL) as client:
+        answers = []
+        for row in rows:
+            response = client.post("/v1/answer", json={"question": row["question"], "context": row["context"]})
+            assert response.status_code == 200, response.text
+            answers.append(response.json()["answer"])
+    assert answers == expected
+
+
+@pytest.mark.slow
+def test_export_gguf_writes_the_family_or_refuses_it_in_one_line(family, tmp_path):
+    pytest.importorskip("gguf")
+    from click.testing import CliRunner
+    from transformers import AutoConfig
+
+    from qatune.cli import cli
+
+    _, folder, _, run, _ = family
+    record = family_of(AutoConfig.from_pretrained(folder))
+    result = CliRunner().invoke(cli, ["export", str(run), "--gguf", str(tmp_path / "tiny.gguf")])
+    if record.gguf_written:
+        assert result.exit_code == 0, result.output + result.stderr
+        assert (tmp_path / "tiny.gguf").is_file() and (tmp_path / "tiny.Modelfile").is_file()
+    else:
+        assert result.exit_code == 1 and not (tmp_path / "tiny.gguf").exists()
+        assert len(result.stderr.strip().splitlines()) == 1
+        assert f"qatune does not write {record.name} models" in result.stderr
