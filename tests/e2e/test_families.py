@@ -53,6 +53,10 @@ def family(setup):
 def test_check_trains_the_family_chat_prompt_and_its_end_of_turn(setup):
     case, folder, config, _ = setup
     report = json.loads(cli_ok("check", "--config", config, "--json").stdout)
+    from transformers import AutoConfig
+
+    written = family_of(AutoConfig.from_pretrained(folder)).gguf_written  # said at check time, before training
+    assert any(f["code"] == "gguf" for f in report["findings"]) is (not written)
     assert report["supervision"]["eos_supervised"]
     assert report["supervision"]["end_token"] == case.end_of_turn
     row = sheet_rows(1)[0]

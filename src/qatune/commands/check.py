@@ -18,6 +18,7 @@ from qatune.data.spreadsheet import describe_validation, normalize_question
 from qatune.data.templates import PromptTemplate
 from qatune.data.validate import error, warning
 from qatune.errors import row_list
+from qatune.model.families import gguf_refusal
 from qatune.tasks import task_kind
 from qatune.train import Prepared, fit, prepare, sharding
 from qatune.train.duration_estimate import MATMUL_SHARE, batch_widths, matmul_rate, training_seconds
@@ -79,6 +80,11 @@ def run_check(config: Config, overfit: int | None = None, overfit_steps: int = O
     if refusal:
         findings.append(error("distributed", refusal))
     model = meta_model(config, prepared.tokenizer, prepared.info.seq2seq)
+    if task_kind(config.task).writes and not prepared.info.seq2seq:
+        unwritten = gguf_refusal(model.config)
+        if unwritten:
+            findings.append(warning("gguf", f"qatune export --gguf cannot write this model: {unwritten}; "
+                                            "qatune export RUN --merge FOLDER writes a plain transformers folder"))
     report["memory"], memory_finding = _memory(prepared, processes, model)
     report["training_time"] = _duration(prepared, model)
     if memory_finding is not None:

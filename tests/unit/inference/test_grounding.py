@@ -176,7 +176,7 @@ def test_generate_and_eval_take_grounded(span_run, tmp_path):
     data.write_text(f"question,context,answer\n{QUESTION},{ELSEWHERE},grey\nwhat is item 1?,item 1 is thing 1.,"
                     "thing 1\n", encoding="utf-8")
     for flag, on, share in (("off", False, 50.0), ("on", True, 100.0)):
-        metrics = json.loads(cli_ok("eval", span_run, "--data", data, "--json", "--grounded", flag).output)
+        metrics = json.loads(cli_ok("eval", span_run, "--data", data, "--json", "--grounded", flag).stdout)
         assert (metrics["grounded"], metrics["in_passage"]) == (on, share)
         lines = (span_run / "predictions-held.csv").read_text(encoding="utf-8").splitlines()
         assert lines[0].endswith(",grounded,in_passage")
