@@ -131,7 +131,9 @@ def chat_template(tokenizer: Any, user_template: str, system_prompt: str | None 
 
     The result is a plain template whose text holds the chat markup (special tokens included) with
     the user message's placeholders inside; ``answer_prefix`` is what the chat template puts between
-    the opening of the assistant's turn and its content (usually nothing).
+    the opening of the assistant's turn and its content when that is blanks (usually nothing); markup the template
+    writes before every answer (an empty thinking block) ends the prompt instead, as the template's own generation
+    prompt for answers without thinking does.
     """
     messages = [{"role": "system", "content": system_prompt}] if system_prompt is not None else []
     messages.append({"role": "user", "content": _USER_MARK})
@@ -148,8 +150,11 @@ def chat_template(tokenizer: Any, user_template: str, system_prompt: str | None 
         raise ConfigError(f"the chat template of {model_name} does not keep the user's message and the answer apart "
                           "as qatune needs; set data.prompt_template to a template of your own")
     before, after = prompt.split(_USER_MARK)
+    prefix = full[len(prompt): full.index(_ANSWER_MARK, len(prompt))]
+    if prefix.strip():  # markup before every answer (Qwen3's empty thinking block): the prompt's, never trained
+        after, prefix = after + prefix, ""
     text = _escape(before) + user_template + _escape(after)
-    return PromptTemplate(text, answer_prefix=full[len(prompt): full.index(_ANSWER_MARK, len(prompt))])
+    return PromptTemplate(text, answer_prefix=prefix)
 
 
 def end_of_turn_id(tokenizer: Any) -> int | None:

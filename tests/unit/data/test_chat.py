@@ -31,6 +31,25 @@ def test_auto_is_the_chat_template_rendered_once_around_the_placeholders(tokeniz
     assert resolve_template(data(prompt_template="chat"), tokenizer) == template
 
 
+def test_markup_a_template_writes_before_every_answer_ends_the_prompt_and_is_not_trained():
+    """Qwen3's template writes an empty thinking block before the last answer: it belongs to the prompt (as the
+    template's own generation prompt without thinking has it), so the trained tokens are the answer alone."""
+    thinking = ("{% for message in messages %}{% if message['role'] == 'assistant' %}"
+                "{{ '<|im_start|>assistant\n<think>\n\n</think>\n\n' + message['content'] + '<|im_end|>\n' }}"
+                "{% else %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}"
+                "{% endif %}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+    tokenizer = chat_tokenizer(template=thinking)
+    template = resolve_template(data(), tokenizer)
+    assert template.template == ("<|im_start|>user\n{question}<|im_end|>\n<|im_start|>assistant\n"
+                                 "<think>\n\n</think>\n\n")
+    assert template.answer_prefix == ""
+    encoder = PromptEncoder(tokenizer, template)
+    example = encoder.example(QARecord("what is item 3?", ["thing 21"], row=5), max_length=512)
+    trained = example.input_ids[example.prompt_length:]
+    assert tokenizer.decode(example.input_ids[:example.prompt_length]).endswith("<think>\n\n</think>\n\n")
+    assert tokenizer.decode(trained) == "thing 21<|im_end|>"
+
+
 def test_auto_without_a_chat_template_is_the_plain_template():
     plain = chat_tokenizer(template=None)
     assert resolve_template(data(), plain) == PromptTemplate("Question: {question}\nAnswer:", " ")
