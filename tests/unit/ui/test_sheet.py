@@ -131,7 +131,7 @@ def passages(workspace):
 
 def both_installed(monkeypatch, *names):
     installed = {name: "/models/" + name for name in names}
-    monkeypatch.setattr("qatune.ui.sheet.installed_packaged_models", lambda: installed)
+    monkeypatch.setattr("qatune.ui.offers.installed_packaged_models", lambda: installed)
 
 
 def test_a_sheet_with_passages_offers_reading_comprehension_first_and_span_extraction(passages, monkeypatch):
