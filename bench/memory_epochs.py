@@ -1,5 +1,6 @@
 """Memory over epochs: each shipped config trained for several epochs, the process's peak at the end of every epoch
-(metrics.jsonl's peak_memory_mb, and rss_mb where the run logs it) against what ``qatune check`` estimated.
+(metrics.jsonl's peak_memory_mb, and rss_mb where the run logs it) against what ``qatune check`` estimated. An
+epoch's peak counts its validation (the config's held-out rows, answered after the epoch), where the run logs it.
 
 An epoch after the first sees the same rows: its peak should stay where the first epoch's was. Each config trains on
 the first --rows rows of its own files (fewer for SmolLM2, whose steps are slow), in a fresh process per arm, one
@@ -93,6 +94,10 @@ def arm(name: str, precision: str, speedups: str, epochs: int, src: Path, work: 
         epoch["peak_mb"] = max(epoch["peak_mb"], line["peak_memory_mb"])
         if "rss_mb" in line:
             epoch["rss_mb"].append(line["rss_mb"])
+    for line in lines:   # validation after an epoch: its eval line's epoch counts the epochs done
+        if line.get("event") == "eval" and "peak_memory_mb" in line and line["epoch"] in per_epoch:
+            epoch = per_epoch[line["epoch"]]
+            epoch["peak_mb"] = max(epoch["peak_mb"], line["peak_memory_mb"])
     result = json.loads((run / "run.json").read_text(encoding="utf-8")).get("result", {})
     epochs_out = [{"epoch": k, "peak_mb": v["peak_mb"],
                    **({"rss_end_mb": v["rss_mb"][-1], "rss_max_mb": max(v["rss_mb"])} if v["rss_mb"] else {})}
@@ -114,7 +119,7 @@ def main() -> None:
     parser.add_argument("--precisions", nargs="+", default=None, choices=["bf16", "fp32"],
                         help="default: bf16 (where native) and fp32")
     parser.add_argument("--speedups", nargs="+", default=["auto"], choices=["auto", "off"])
-    parser.add_argument("--epochs", type=int, default=4)
+    parser.add_argument("--epochs", type=int, default=5)
     parser.add_argument("--src", type=Path, default=ROOT / "src", help="the qatune source to run (another checkout's)")
     json_option(parser, STEM)
     args = parser.parse_args()

@@ -12,6 +12,7 @@ from qatune.inference.evaluate import evaluation_parts, metrics_from, write_pred
 from qatune.inference.lockstep import Lockstep
 from qatune.runs import layout
 from qatune.train.checkpoint import TrainState
+from qatune.train.device import peak_memory_mb
 from qatune.train.logs import MetricsLog
 from qatune.train.preparation import Prepared
 
@@ -53,7 +54,8 @@ def evaluate_epoch(prepared: Prepared, model: torch.nn.Module, run_dir: Path | N
         loss_sum, count = sum(s for s, _ in sums), sum(c for _, c in sums)
     metrics = metrics_from(prepared.info, records, predictions, loss_sum, count)
     model.train()
-    metrics_log.write({"event": "eval", "epoch": state.epoch, "step": state.step, **metrics})
+    metrics_log.write({"event": "eval", "epoch": state.epoch, "step": state.step, **metrics,
+                       "peak_memory_mb": round(peak_memory_mb(accelerator.device), 1)})
     if run_dir is not None:
         write_predictions(run_dir / layout.VALIDATION_PREDICTIONS, records, predictions, prepared.info)
     log.info("epoch %d: eval loss %s, exact match %.1f, F1 %.1f (%d examples)", state.epoch,
