@@ -67,3 +67,19 @@ def metrics_of(kind: str, compared: bool = False) -> tuple[str, ...]:
     return tuple(name for name, metric in METRICS.items()
                  if kind in metric.applies_to and (metric.compared or not compared))
 
+
+
+VALIDATED = ("loss", "exact_match", "f1")
+"""What validation after each epoch reports of a run's whole answer, in this order: the training log, report.md's
+table and the page's read it (a grading run's fields have their own section)."""
+
+
+def said(values: dict, names: tuple[str, ...] = VALIDATED) -> str:
+    """``loss 1.234, exact match 48.7, F1 57.6``: the metrics ``names`` of ``values`` (a metrics dict), each as its
+    record shows it."""
+    return ", ".join(f"{METRICS[name].label} {METRICS[name].shown(values.get(name), unit=True)}" for name in names)
+
+
+def columns(names: tuple[str, ...] = VALIDATED) -> list[dict]:
+    """The metrics ``names`` as a table's columns: key, label and digits (the page draws its tables from them)."""
+    return [{"name": name, "label": METRICS[name].label, "digits": METRICS[name].digits} for name in names]

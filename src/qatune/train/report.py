@@ -22,6 +22,7 @@ from typing import Any
 from qatune.data.spreadsheet import describe_validation
 from qatune.inference.evaluate import field_summary
 from qatune.inference.field_plots import write_field_pictures
+from qatune.inference.metric_records import METRICS, VALIDATED
 from qatune.runs import atomic, layout
 
 log = logging.getLogger("qatune")
@@ -75,9 +76,11 @@ def write_report(run_dir: str | Path, drawn: Future[bytes | None] | None = None)
              "not installed; pip install matplotlib)", ""]
     text += ["## Evaluation", ""]
     if evals:
-        text += ["| epoch | step | loss | exact match | F1 | examples |", "|---:|---:|---:|---:|---:|---:|"]
-        text += [f"| {e['epoch']} | {e['step']} | {_num(e.get('loss'))} | {e['exact_match']:.1f} | {e['f1']:.1f} | "
-                 f"{e['num_examples']} |" for e in evals]
+        shown = [METRICS[name] for name in VALIDATED]
+        text += ["| epoch | step | " + " | ".join(m.label for m in shown) + " | examples |",
+                 "|---:|---:|" + "---:|" * len(shown) + "---:|"]
+        text += [f"| {e['epoch']} | {e['step']} | " + " | ".join(m.shown(e.get(m.name)) for m in shown)
+                 + f" | {e['num_examples']} |" for e in evals]
         best = result.get("best_eval")
         if best:
             text += ["", f"Best: epoch {best['epoch']} (saved in best/)."]

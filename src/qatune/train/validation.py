@@ -10,6 +10,7 @@ import torch
 
 from qatune.inference.evaluate import evaluation_parts, metrics_from, write_predictions
 from qatune.inference.lockstep import Lockstep
+from qatune.inference.metric_records import said
 from qatune.runs import layout
 from qatune.train.checkpoint import TrainState
 from qatune.train.device import peak_memory_mb
@@ -58,9 +59,7 @@ def evaluate_epoch(prepared: Prepared, model: torch.nn.Module, run_dir: Path | N
                        "peak_memory_mb": round(peak_memory_mb(accelerator.device), 1)})
     if run_dir is not None:
         write_predictions(run_dir / layout.VALIDATION_PREDICTIONS, records, predictions, prepared.info)
-    log.info("epoch %d: eval loss %s, exact match %.1f, F1 %.1f (%d examples)", state.epoch,
-             f"{metrics['loss']:.4f}" if metrics["loss"] is not None else "n/a", metrics["exact_match"],
-             metrics["f1"], metrics["num_examples"])
+    log.info("epoch %d: eval %s (%d examples)", state.epoch, said(metrics), metrics["num_examples"])
     if not better(metrics, state.best, config.train.best_metric):
         state.stale_evals += 1
         return False

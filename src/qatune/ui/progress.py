@@ -1,9 +1,9 @@
 """What a command has drawn and logged, for the page's live views. A training's loss curves (train and validation),
-validation EM/F1 per epoch, step, epoch, tokens/s and time left come from the run directory (metrics.jsonl, run.json,
-config.yaml) and the last line of its progress bar, which has the steps in all and the time left. The rows a command
-answers (validation after each epoch, eval --compare's two models, generate --file, export's check) come from the
-bars inference draws on stderr (``generate:  40%|####  | 80/200 [00:10<00:15,  8.00row/s]``), read as they come
-(RowBars)."""
+validation's metrics per epoch (metric_records.VALIDATED), step, epoch, tokens/s and time left come from the run
+directory (metrics.jsonl, run.json, config.yaml) and the last line of its progress bar, which has the steps in all and
+the time left. The rows a command answers (validation after each epoch, eval --compare's two models, generate --file,
+export's check) come from the bars inference draws on stderr (``generate:  40%|####  | 80/200 [00:10<00:15,
+8.00row/s]``), read as they come (RowBars)."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from typing import Any
 
 import yaml
 
+from qatune.inference.metric_records import VALIDATED, columns
 from qatune.runs import layout
 
 BAR = re.compile(r"^train: .*?(\d+)/(\d+) \[([\d:]+)<([\d:?]+)")
@@ -55,9 +56,10 @@ def training_progress(run_dir: Path, log_lines: list[str] = (), validating: dict
         "train": thin([[r["step"], _finite(r.get("loss"))] for r in train]),
         "validation": [[r["step"], _finite(r.get("loss")), _finite(r.get("exact_match")), _finite(r.get("f1"))]
                        for r in evals],
-        "evaluations": [{"epoch": r.get("epoch"), "step": r["step"], "loss": _finite(r.get("loss")),
-                         "exact_match": _finite(r.get("exact_match")), "f1": _finite(r.get("f1")),
-                         "rows": r.get("num_examples")} for r in evals],
+        "evaluations": [{"epoch": r.get("epoch"), "step": r["step"],
+                         **{name: _finite(r.get(name)) for name in VALIDATED}, "rows": r.get("num_examples")}
+                        for r in evals],
+        "validation_columns": columns(VALIDATED),
         "result": {key: result.get(key) for key in ("steps", "final_train_loss", "first_train_loss")
                    if _finite(result.get(key)) is not None},
     }

@@ -81,6 +81,8 @@ def test_validation_while_a_training_runs(tmp_path):
     assert found["validating"]["done"] == 6
     assert found["evaluations"] == [{"epoch": 1, "step": 10, "loss": 1.5, "exact_match": 25.0, "f1": 40.5,
                                      "rows": 12}]
+    assert [(c["name"], c["label"], c["digits"]) for c in found["validation_columns"]] == [
+        ("loss", "loss", 3), ("exact_match", "exact match", 1), ("f1", "F1", 1)]
     bars.feed("\r" + BAR)
     assert bars.current() is None  # training goes on: no rows being answered
     (tmp_path / "run" / "run.json").write_text(json.dumps({"status": "complete"}))

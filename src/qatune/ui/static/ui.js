@@ -690,7 +690,7 @@ function renderProgress(p) {
   $("train-stats").dataset.running = running ? "yes" : "no";
   rowBar("validation-bar", validating, "validating after epoch " + (p.epoch || 1) + " (the held-out rows)");
   drawCurve(p);
-  renderValidation(p.evaluations || []);
+  renderValidation(p.evaluations || [], p.validation_columns || []);
   $("train-log").textContent = job ? job.log.join("\n") : "";
   $("train-log").scrollTop = $("train-log").scrollHeight;
   if (job && job.state === "failed" && job.error) $("train-error").textContent = job.error;
@@ -700,16 +700,17 @@ function renderProgress(p) {
   updateTrainControls();
 }
 
-function renderValidation(evaluations) {
+// columns: the server's metric records (name, label, digits) of what validation reports, in their order.
+function renderValidation(evaluations, columns) {
   const table = $("validation-table");
   table.classList.toggle("hidden", !evaluations.length);
   table.dataset.rows = String(evaluations.length);
   const number = (v, digits) => (v === null || v === undefined ? "–" : v.toFixed(digits));
   table.replaceChildren(
-    el("tr", {}, el("th", {}, "validation after epoch"), el("th", {}, "step"), el("th", {}, "loss"),
-       el("th", {}, "exact match"), el("th", {}, "F1"), el("th", {}, "rows")),
-    ...evaluations.map((e) => el("tr", {}, el("td", {}, e.epoch), el("td", {}, e.step), el("td", {}, number(e.loss, 3)),
-                              el("td", {}, number(e.exact_match, 1)), el("td", {}, number(e.f1, 1)),
+    el("tr", {}, el("th", {}, "validation after epoch"), el("th", {}, "step"),
+       ...columns.map((c) => el("th", {}, c.label)), el("th", {}, "rows")),
+    ...evaluations.map((e) => el("tr", {}, el("td", {}, e.epoch), el("td", {}, e.step),
+                              ...columns.map((c) => el("td", {}, number(e[c.name], c.digits))),
                               el("td", {}, e.rows === null || e.rows === undefined ? "–" : e.rows))));
   table.parentElement.scrollTop = table.parentElement.scrollHeight; // the latest epoch in view
 }
