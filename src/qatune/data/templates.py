@@ -4,7 +4,9 @@ A prompt template is a text with ``{placeholders}``: ``{question}``, ``{context}
 the spreadsheet (``{Total Marks}``). A chat model's template is rendered once around those placeholders
 (:func:`chat_template`), so the template a run saves is the exact text the model reads; such a template
 writes the special tokens itself, and its answers end with the chat template's end-of-turn token
-(:func:`end_of_turn_id`).
+(:func:`end_of_turn_id`). A base model whose tokenizer has no chat template but has its family's turn markers
+(Gemma's ``<start_of_turn>``) is given its family's template (:data:`BASE_CHAT_TEMPLATES`), written into the
+tokenizer so that the run's ``final/`` carries it.
 """
 
 from __future__ import annotations
@@ -28,6 +30,25 @@ DEFAULT_USER_MESSAGE = "{question}"
 DEFAULT_CONTEXT_USER_MESSAGE = "{context}\n\nQuestion: {question}"
 ROLES = ("question", "context")
 """Placeholders that stand for data.question_column and data.context_column; any other name is a column."""
+
+GEMMA_TURNS = (
+    "{{ bos_token }}{% if messages[0]['role'] == 'system' %}"
+    "{% set first = messages[0]['content'] + '\\n\\n' if messages[0]['content'] else '' %}"
+    "{% set messages = messages[1:] %}{% else %}{% set first = '' %}{% endif %}"
+    "{% for message in messages %}"
+    "{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}"
+    "{% set role = 'model' if message['role'] == 'assistant' else message['role'] %}"
+    "{{ '<start_of_turn>' + role + '\\n' + (first if loop.first else '') + message['content'] | trim"
+    " + '<end_of_turn>\\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<start_of_turn>model\\n' }}{% endif %}"
+)
+"""Gemma 3 instruct's chat template for text: the BOS, a system message as the start of the first user turn (an
+empty one adds nothing), the assistant's turn as the model's, each turn ended by ``<end_of_turn>``."""
+BASE_CHAT_TEMPLATES = {("<start_of_turn>", "<end_of_turn>"): GEMMA_TURNS}
+"""The chat template of a base model whose tokenizer has none, by the turn markers its vocabulary holds as special
+tokens: Gemma's base models (Gemma 3 270M's GGUF file, Gemma 2's) have their instruct models' markers, and are
+fine-tuned to answer in those turns."""
 
 # Private-use characters no spreadsheet cell or chat template is likely to hold.
 _USER_MARK, _ANSWER_MARK = "\ue000qatune-user\ue001", "\ue000qatune-answer\ue001"
@@ -101,11 +122,14 @@ def scoring_template(data: DataConfig) -> PromptTemplate:
 def resolve_template(data: DataConfig, tokenizer: Any = None, model_name: str = "the model") -> PromptTemplate:
     """The template a run trains with, from the config's data section (and the tokenizer's chat template).
 
-    ``auto`` is the chat template when the tokenizer has one, else the plain question/answer template.
-    Placeholders that name the question or context column are written as {question}/{context}, so
-    truncation cuts them like the roles they are.
+    ``auto`` is the chat template when the tokenizer has one (or is given its family's here, in the tokenizer
+    itself: :func:`give_base_chat_template`), else the plain question/answer template. Placeholders that name the
+    question or context column are written as {question}/{context}, so truncation cuts them like the roles they
+    are.
     """
     setting = data.prompt_template
+    if setting in ("auto", "chat") and tokenizer is not None:
+        give_base_chat_template(tokenizer, model_name)
     has_chat = bool(getattr(tokenizer, "chat_template", None))
     if setting == "chat" and tokenizer is not None and not has_chat:
         raise ConfigError(f"data.prompt_template: chat, but the tokenizer of {model_name} has no chat template; "
@@ -122,6 +146,29 @@ def resolve_template(data: DataConfig, tokenizer: Any = None, model_name: str = 
                         "template, so data.prompt_template auto is the plain question/answer template", model_name)
         return PromptTemplate(DEFAULT_CONTEXT_TEMPLATE if data.context_column else DEFAULT_TEMPLATE)
     return PromptTemplate(_canonical(setting, columns))
+
+
+def base_chat_template(tokenizer: Any) -> str | None:
+    """The chat template :data:`BASE_CHAT_TEMPLATES` holds for a tokenizer with none (None: it has one, or its
+    special tokens are no family's turn markers)."""
+    if getattr(tokenizer, "chat_template", None):
+        return None
+    special = special_tokens(tokenizer)
+    return next((template for markers, template in BASE_CHAT_TEMPLATES.items()
+                 if all(marker in special for marker in markers)), None)
+
+
+def give_base_chat_template(tokenizer: Any, model_name: str = "the model") -> bool:
+    """Write its family's chat template into a tokenizer that has none (:func:`base_chat_template`): the run
+    trains in those turns, its end-of-turn token ends every answer, and the tokenizer the run saves asks the model
+    as training did. Whether one was written."""
+    template = base_chat_template(tokenizer)
+    if template is None:
+        return False
+    tokenizer.chat_template = template
+    log.info("the tokenizer of %s has no chat template; it is given its family's turns (%s), and the run saves it",
+             model_name, " ... ".join(next(m for m, t in BASE_CHAT_TEMPLATES.items() if t == template)))
+    return True
 
 
 def chat_template(tokenizer: Any, user_template: str, system_prompt: str | None = None,
