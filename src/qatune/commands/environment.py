@@ -24,10 +24,12 @@ def environment() -> dict[str, str]:
             info[name] = importlib.metadata.version(name)
         except importlib.metadata.PackageNotFoundError:
             info[name] = "not installed"
-    from qatune.model.sources import installed_packaged_models
+    from qatune.model.sources import PACKAGED_MODELS, installed_packaged_models
 
     packaged = installed_packaged_models()
-    info["packaged_models"] = ", ".join(f"{name} ({folder})" for name, folder in packaged.items()) or "none"
+    info["packaged_models"] = ", ".join(
+        f"{name} ({folder}" + (f"; {PACKAGED_MODELS[name].terms})" if PACKAGED_MODELS[name].terms else ")")
+        for name, folder in packaged.items()) or "none"
     from qatune.model.gguf_cache import summary
 
     info["gguf_cache"] = summary()

@@ -33,6 +33,9 @@ MODEL_TRAIN_SETTINGS = {
     # a third at this rate overfits a sheet of a few hundred rows (bench/quality/init_recipe.py).
     "smollm2-135m-instruct": {"epochs": 2, "learning_rate": 1.0e-4, "warmup_steps": 10,
                               "scheduler": {"step_size": 25, "gamma": 0.8, "interval": "step"}},
+    # SmolLM2's recipe on Gemma 3 270M (bench/quality/grounded_qa.py, docs/grading.md).
+    "gemma3-270m": {"epochs": 2, "learning_rate": 1.0e-4, "warmup_steps": 10,
+                    "scheduler": {"step_size": 25, "gamma": 0.8, "interval": "step"}},
 }
 
 
@@ -162,15 +165,26 @@ def choose_model(task: str, given: str | None) -> Guess:
         raise QatuneError(f"--model {given} does {other} QA only, and this sheet is set up for {task} QA; pass "
                           f"--task {other}{needs} or a {task} model")
     if given:
-        return Guess(given, "--model")
+        return Guess(given, "--model" + _terms(given))
     if hub_reachable():
         return Guess(DEFAULT_MODELS[task], "from the Hugging Face hub")
     installed = [name for name in installed_packaged_models() if model_does(PACKAGED_MODELS[name].task, task)]
     if installed:
-        return Guess(installed[0], "the Hugging Face hub is not reachable; this one is installed for offline use")
-    offline = [f"{name} ({p.install})" for name, p in PACKAGED_MODELS.items() if model_does(p.task, task)]
+        others = "".join(f"; also installed: --model {name}{_terms(name, ', ')}" for name in installed[1:])
+        return Guess(installed[0], "the Hugging Face hub is not reachable; this one is installed for offline use"
+                                   f"{_terms(installed[0])}{others}")
+    offline = [f"{name} ({p.install}{_terms(name)})" for name, p in PACKAGED_MODELS.items()
+               if model_does(p.task, task)]
     return Guess(DEFAULT_MODELS[task], "the Hugging Face hub is not reachable, so training will fail until it is; "
                                        f"or install a model for offline use: {', '.join(offline)}")
+
+
+def _terms(model: str, separator: str = "; ") -> str:
+    """The terms of use a packaged model comes under, after ``separator`` (nothing for other models)."""
+    from qatune.model.sources import PACKAGED_MODELS
+
+    terms = PACKAGED_MODELS[model].terms if model in PACKAGED_MODELS else ""
+    return separator + terms if terms else ""
 
 
 def write_config(path: Path, data_file: Path, found: Inspection, model: str | None, output_dir: str | None,

@@ -11,15 +11,20 @@ Where: ``$QATUNE_CACHE_DIR/gguf`` (``QATUNE_CACHE_DIR=off`` keeps nothing), else
 or ``~/.cache/qatune/gguf``. The :data:`KEEP` folders used last stay; a folder is only kept when its disk has
 room for it with :data:`MARGIN` to spare, and when it is at most :data:`LARGEST`. Whatever goes wrong here, the
 file is read directly instead.
+
+A packaged model shipped in parts (``gemma3-270m``) has its file written whole once, by its package, into
+``packaged/`` beside ``gguf/`` (:func:`assembled`); that file is then converted as any other.
 """
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import json
 import logging
 import os
 import shutil
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -130,6 +135,52 @@ def convert_once(file: Path, fill: Callable[[Path], None]) -> Path | None:
     return entry
 
 
+def assembled(package: Path, name: str, assemble: Callable[[Path], None]) -> Path:
+    """The file ``name`` that a package writes whole from its parts: ``assemble(path)`` writes it at ``path`` and
+    checks it (raising ValueError on a wrong checksum). Written once into ``packaged/<name>-<key>/`` of the cache,
+    the key made of the package's ``package`` file (its path, size and time: a reinstalled package writes it
+    again, and the file of the one before is removed); with caching off, into a temporary folder this process
+    removes when it ends. The file only gets its name once whole and checked."""
+    stat = package.stat()
+    key = hashlib.sha256(json.dumps([str(package.resolve()), stat.st_size, stat.st_mtime_ns]).encode()).hexdigest()
+    root = cache_root()
+    if root is None:
+        return _assembled_for_this_process(name, key[:16], assemble)
+    folder = root / "packaged" / f"{Path(name).stem}-{key[:16]}"
+    target = folder / name
+    if target.is_file():
+        return target
+    folder.mkdir(parents=True, exist_ok=True)
+    _write_assembled(target, assemble)
+    for old in folder.parent.glob(f"{Path(name).stem}-*"):
+        if old != folder and old.is_dir():
+            remove_dir(old)
+    return target
+
+
+_temporary: dict[str, Path] = {}
+"""With caching off: the files this process assembled, by their key."""
+
+
+def _assembled_for_this_process(name: str, key: str, assemble: Callable[[Path], None]) -> Path:
+    if key not in _temporary or not _temporary[key].is_file():
+        folder = Path(tempfile.mkdtemp(prefix=f"qatune-{Path(name).stem}-"))
+        atexit.register(shutil.rmtree, folder, ignore_errors=True)
+        _write_assembled(folder / name, assemble)
+        _temporary[key] = folder / name
+    return _temporary[key]
+
+
+def _write_assembled(target: Path, assemble: Callable[[Path], None]) -> None:
+    partial = target.with_name(f".{target.name}.{os.getpid()}.partial")
+    log.info("%s: writing it whole from its package's parts into %s, once", target.name, target.parent)
+    try:
+        assemble(partial)
+        os.replace(partial, target)  # another process's file, written meanwhile, is the same file
+    finally:
+        partial.unlink(missing_ok=True)
+
+
 def summary() -> str:
     """Where converted files are kept, how many and their size (qatune env)."""
     root = cache_root()
@@ -139,9 +190,12 @@ def summary() -> str:
     try:
         entries = [p for p in folder.iterdir() if p.is_dir() and not p.name.startswith(".")] if folder.is_dir() else []
         size = sum(f.stat().st_size for entry in entries for f in entry.iterdir() if f.is_file())
+        whole = [f for f in (root / "packaged").glob("*/*") if f.is_file() and not f.name.startswith(".")]
     except OSError as exc:
         return f"{folder} (unreadable: {exc.strerror or exc})"
-    return f"{folder} ({len(entries)} converted, {size / 2**20:.0f} MB)"
+    assembled_files = (f"; {len(whole)} assembled in {root / 'packaged'}, "
+                       f"{sum(f.stat().st_size for f in whole) / 2**20:.0f} MB" if whole else "")
+    return f"{folder} ({len(entries)} converted, {size / 2**20:.0f} MB{assembled_files})"
 
 
 def check_room(folder: Path, nbytes: int) -> None:

