@@ -73,6 +73,11 @@ LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,
 QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
                r"\s*[\r\n]+|\s+(?!\S)|\s+")
 
+GEMMA_HEAD = 256
+"""Gemma's heads are as wide as its configs' query_pre_attn_scalar (256): llama.cpp scales queries by the head width,
+and transformers' GGUF reader takes the config's default scalar."""
+QWEN3_HEAD = 128
+"""Qwen3's head width (its config's default, which transformers' GGUF reader takes)."""
 DECODER = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
            "num_key_value_heads": 2, "max_position_embeddings": 512}
 
@@ -105,11 +110,11 @@ CASES = (
                "<|im_end|>", "<|im_end|>", "<|im_end|>", CHATML_TEMPLATE),
     FamilyCase("qwen2", "qwen2", DECODER, ("<|endoftext|>", "<|im_start|>", "<|im_end|>"), None, "<|im_end|>",
                "<|endoftext|>", "<|im_end|>", QWEN2_TEMPLATE, split=QWEN2_SPLIT),
-    FamilyCase("qwen3", "qwen3", {**DECODER, "head_dim": 8}, ("<|endoftext|>", "<|im_start|>", "<|im_end|>"), None,
-               "<|im_end|>", "<|endoftext|>", "<|im_end|>", QWEN3_TEMPLATE, split=QWEN2_SPLIT),
-    FamilyCase("gemma2", "gemma2", {**DECODER, "head_dim": 8}, ("<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>",
-               "<end_of_turn>"), "<bos>", "<eos>", "<pad>", "<end_of_turn>", GEMMA2_TEMPLATE),
-    FamilyCase("gemma3", "gemma3_text", {**DECODER, "head_dim": 8}, ("<pad>", "<eos>", "<bos>", "<unk>",
+    FamilyCase("qwen3", "qwen3", {**DECODER, "head_dim": QWEN3_HEAD}, ("<|endoftext|>", "<|im_start|>", "<|im_end|>"),
+               None, "<|im_end|>", "<|endoftext|>", "<|im_end|>", QWEN3_TEMPLATE, split=QWEN2_SPLIT),
+    FamilyCase("gemma2", "gemma2", {**DECODER, "head_dim": GEMMA_HEAD}, ("<pad>", "<eos>", "<bos>", "<unk>",
+               "<start_of_turn>", "<end_of_turn>"), "<bos>", "<eos>", "<pad>", "<end_of_turn>", GEMMA2_TEMPLATE),
+    FamilyCase("gemma3", "gemma3_text", {**DECODER, "head_dim": GEMMA_HEAD}, ("<pad>", "<eos>", "<bos>", "<unk>",
                "<start_of_turn>", "<end_of_turn>"), "<bos>", "<eos>", "<pad>", "<end_of_turn>", GEMMA3_TEMPLATE),
     FamilyCase("phi3", "phi3", DECODER, ("<|endoftext|>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>"),
                "<|endoftext|>", "<|endoftext|>", "<|endoftext|>", "<|end|>", PHI3_TEMPLATE),

@@ -20,10 +20,12 @@ from qatune.data.padding import right_pad
 from qatune.data.spreadsheet import QARecord, load_from_config, split_validation
 from qatune.data.templates import PromptTemplate
 from qatune.export import ExportError
-from qatune.export.gguf_write import round_like_file
+from qatune.export.gguf_write import read_into, round_like_file
 from qatune.inference.generate import answer_questions
+from qatune.model.families import family_of
 from qatune.model.folder import LoadedModel
-from qatune.model.gguf_file import load_gguf_run
+from qatune.model.gguf_file import load_gguf_run, read_gguf_run
+from qatune.model.sources import prepare_tokenizer
 
 AGREEMENT = {"f32": 0.995, "f16": 0.98, "bf16": 0.95, "q8_0": 0.93}
 """The least share of next tokens a file of each precision must predict as the run does. f32 holds the run's
@@ -122,7 +124,7 @@ def check_records(loaded: LoadedModel, data_file: str | Path | None, reading: li
 
 def check_file(loaded: LoadedModel, path: Path, quant: str, records: list[QARecord], rows_from: str,
                answer_rows: int = ANSWER_ROWS) -> Check:
-    """The written file read back by transformers and asked the run's questions: see :class:`Check`. Rounds
+    """The written file read back (:func:`read_back`) and asked the run's questions: see :class:`Check`. Rounds
     ``loaded.model``'s weights in place to the file's precision."""
     info = loaded.info
     template = PromptTemplate(info.prompt_template, info.answer_prefix)
@@ -139,7 +141,7 @@ def check_file(loaded: LoadedModel, path: Path, quant: str, records: list[QAReco
     else:
         rounded_next = run_next
 
-    exported = load_gguf_run(path, device="cpu", convert=False)  # read once: not kept in qatune's cache
+    exported = read_back(loaded, path)
     theirs = PromptEncoder(exported.tokenizer, PromptTemplate(exported.info.prompt_template,
                                                               exported.info.answer_prefix))
     end = loaded.tokenizer.decode([ours.end_id])
@@ -166,6 +168,24 @@ def check_file(loaded: LoadedModel, path: Path, quant: str, records: list[QAReco
     as_rounded = sum(int((a == b).sum()) for a, b in zip(rounded_next, file_next))
     return Check(quant, len(records), rows_from, identical, len(asked), sum(same), positions, agreeing, as_rounded,
                  first)
+
+
+def read_back(loaded: LoadedModel, path: Path) -> LoadedModel:
+    """The written file as a run: read by transformers' GGUF reader where it knows the family's architecture;
+    else its tokenizer, prompt and config so, and its tensors read into a new model of the run's class with the
+    family's layout undone (that checks the file holds the run's weights at its precision and its tokenizer and
+    prompt; not that llama.cpp reads the layout so, which the tests hold to llama.cpp's converter)."""
+    if family_of(loaded.model.config).gguf.read_back:
+        return load_gguf_run(path, device="cpu", convert=False)  # read once: not kept in qatune's cache
+    from transformers import PreTrainedTokenizerFast
+
+    # AutoTokenizer asks the file's config, which transformers cannot read for this architecture.
+    tokenizer = prepare_tokenizer(PreTrainedTokenizerFast.from_pretrained(path.parent, gguf_file=path.name),
+                                  "generative", path.name)
+    config, info = read_gguf_run(path, tokenizer)
+    model = type(loaded.model)(loaded.model.config).eval()
+    read_into(model, path)
+    return LoadedModel(model=model, tokenizer=tokenizer, config=config, info=info, folder=path)
 
 
 def _answers(loaded: LoadedModel, records: list[QARecord]) -> list[str]:

@@ -1,11 +1,16 @@
 """Writing a run as one GGUF file with the ``gguf`` package alone (llama.cpp's own gguf-py), as llama.cpp's
-converter writes these architectures: Llama (SmolLM2, Mistral), Qwen2 and GPT-2, with a byte-level BPE tokenizer:
-weights, the hyper-parameters llama.cpp reads, the tokenizer with its pre-tokenizer name, the chat template
-(:mod:`qatune.export.gguf_prompt`) and qatune's own keys (:mod:`qatune.model.gguf_file`)."""
+converter writes the model's family, with a byte-level BPE tokenizer: weights, the hyper-parameters llama.cpp reads,
+the tokenizer with its pre-tokenizer name and special tokens, the chat template (:mod:`qatune.export.gguf_prompt`) and
+qatune's own keys (:mod:`qatune.model.gguf_file`).
+
+What differs between families is data: the family's :class:`qatune.model.families.GgufLayout` (its architecture,
+its hyper-parameters' keys, the tensors reordered, transposed or shifted) and gguf-py's tensor name map for the
+architecture. Nothing here asks which family it writes."""
 
 from __future__ import annotations
 
 import json
+import tempfile
 from hashlib import sha256
 from pathlib import Path
 from typing import Any
@@ -16,10 +21,10 @@ from qatune.data.generative import PromptEncoder
 from qatune.data.templates import PromptTemplate
 from qatune.export import ExportError
 from qatune.export.gguf_prompt import chat_template
-from qatune.model.families import family_of
+from qatune.model.families import GgufLayout, family_of
 from qatune.model.folder import LoadedModel
 from qatune.model.gguf_file import embedded_run
-from qatune.runs import layout
+from qatune.runs.layout import BEST, FINAL
 
 QUANTS = ("f32", "f16", "bf16", "q8_0")
 
@@ -30,6 +35,8 @@ PRE_TOKENIZERS = {
     "855059429035d75a914d1eda9f10a876752e281a054a7a3d421ef0533e5b6249": "smollm",
     "0ef9807a4087ebef797fc749390439009c3b9eda9ad1a097abbe738f486c01e5": "llama-bpe",
     "e636dc30a262dcc0d8c323492e32ae2b70728f4df7dfe9737d9f920a282b8aea": "qwen2",
+    "d4540891389ea895b53b399da6ac824becc30f2fba0e9ddbb98f92e55ca0e97c": "qwen2",  # Qwen3's
+    "ccc2ef013c104be7bae2965776d611e1d7a8a2a9c547dd93a682c9a9fc80352e": "gpt-4o",  # Phi-4-mini's
     "fcace8b9cac38ce847670c970cd5892031a753a1ef381abd1d9af00f713da085": "phi-2",
     "35d91631860c815f952d711435f48d356ebac988362536bed955d43bfa436e34": "starcoder",
     "b6dc8df998e1cfbdc4eac8243701a65afe638679230920b50d6f17d81c098166": "olmo",
@@ -78,18 +85,18 @@ def write_gguf(loaded: LoadedModel, path: Path, quant: str) -> None:
     import gguf
 
     model, config = loaded.model, loaded.model.config
-    arch = family_of(config).gguf_architecture
-    writer = gguf.GGUFWriter(str(path), arch)
+    layout = family_of(config).gguf
+    writer = gguf.GGUFWriter(str(path), layout.architecture)
     writer.add_type(gguf.GGUFType.MODEL)
-    writer.add_name(loaded.folder.parent.name if loaded.folder.name in (layout.FINAL, layout.BEST)
+    writer.add_name(loaded.folder.parent.name if loaded.folder.name in (FINAL, BEST)
                     else loaded.folder.name)
-    _hyperparameters(writer, arch, config)
+    _hyperparameters(writer, layout, config)
     writer.add_file_type(int(_file_type(quant)))
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
     _tokenizer(writer, loaded, config)
     for key, value in embedded_run(loaded.config, loaded.info).items():
         writer.add_string(key, value)
-    for name, array, kind in _tensors(model, arch, quant):
+    for name, array, kind in _tensors(model, layout, quant):
         writer.add_tensor(name, array, raw_dtype=kind)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
@@ -111,34 +118,32 @@ def _tensor_type(quant: str) -> Any:
             "bf16": gguf.GGMLQuantizationType.BF16, "q8_0": gguf.GGMLQuantizationType.Q8_0}[quant]
 
 
-def _hyperparameters(writer: Any, arch: str, config: Any) -> None:
+def hyperparameters(layout: GgufLayout, config: Any) -> dict[str, int | float]:
+    """The hyper-parameters the layout writes for a transformers config, by their full GGUF keys."""
+    values = {f"{layout.architecture}.{key}": value(config) for key, value in layout.hyperparameters}
+    return {key: value for key, value in values.items() if value is not None}
+
+
+def _hyperparameters(writer: Any, layout: GgufLayout, config: Any) -> None:
     import gguf
 
-    if arch == "gpt2":
-        writer.add_context_length(config.n_positions)
-        writer.add_embedding_length(config.n_embd)
-        writer.add_block_count(config.n_layer)
-        writer.add_feed_forward_length(config.n_inner or 4 * config.n_embd)
-        writer.add_head_count(config.n_head)
-        writer.add_layer_norm_eps(config.layer_norm_epsilon)
-        return
-    heads = config.num_attention_heads
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    for key, value in hyperparameters(layout, config).items():
+        if isinstance(value, float):
+            writer.add_float32(key, value)
+        else:
+            writer.add_uint32(key, value)
     rope = getattr(config, "rope_parameters", None) or {}
-    writer.add_context_length(config.max_position_embeddings)
-    writer.add_embedding_length(config.hidden_size)
-    writer.add_block_count(config.num_hidden_layers)
-    writer.add_feed_forward_length(config.intermediate_size)
-    writer.add_head_count(heads)
-    writer.add_head_count_kv(getattr(config, "num_key_value_heads", None) or heads)
-    writer.add_rope_freq_base(float(rope.get("rope_theta", getattr(config, "rope_theta", 10000.0))))
-    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
-    if arch == "llama":
-        writer.add_rope_dimension_count(head_dim)
-        writer.add_vocab_size(config.vocab_size)
     if rope.get("rope_type") == "linear" and rope.get("factor"):
         writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         writer.add_rope_scaling_factor(float(rope["factor"]))
+
+
+def end_of_turn(loaded: LoadedModel) -> int | None:
+    """The token that ends the run's answers where it is not the EOS (Llama 3's <|eot_id|>, Gemma's <end_of_turn>,
+    ChatML's <|im_end|> beside <|endoftext|>): llama.cpp stops at it as at the EOS."""
+    tokenizer = loaded.tokenizer
+    encoder = PromptEncoder(tokenizer, PromptTemplate(loaded.info.prompt_template, loaded.info.answer_prefix))
+    return None if encoder.end_id == tokenizer.eos_token_id else int(encoder.end_id)
 
 
 def _tokenizer(writer: Any, loaded: LoadedModel, config: Any) -> None:
@@ -159,51 +164,51 @@ def _tokenizer(writer: Any, loaded: LoadedModel, config: Any) -> None:
         else:
             tokens.append(vocab[index])
             kinds.append(gguf.TokenType.NORMAL)
-    spec = json.loads(tokenizer.backend_tokenizer.to_str())
-    merges = [m if isinstance(m, str) else " ".join(part.replace(" ", "Ġ") for part in m)
-              for m in spec["model"].get("merges", [])]
     writer.add_tokenizer_model("gpt2")
     writer.add_tokenizer_pre(pre_tokenizer(tokenizer))
     writer.add_token_list(tokens)
     writer.add_token_types([int(kind) for kind in kinds])
-    writer.add_token_merges(merges)
-    for index, add in ((tokenizer.bos_token_id, writer.add_bos_token_id), (tokenizer.eos_token_id,
-                       writer.add_eos_token_id), (tokenizer.unk_token_id, writer.add_unk_token_id),
-                       (tokenizer.pad_token_id, writer.add_pad_token_id)):
-        if index is not None:
-            add(int(index))
-    encoder = PromptEncoder(tokenizer, PromptTemplate(loaded.info.prompt_template, loaded.info.answer_prefix))
-    if encoder.end_id != tokenizer.eos_token_id:
-        writer.add_eot_token_id(int(encoder.end_id))  # the end of the assistant's turn also ends generation
+    # The merges and the special tokens' ids as llama.cpp's converter reads them from the tokenizer's files.
+    with tempfile.TemporaryDirectory() as folder:
+        tokenizer.save_pretrained(folder)
+        special = gguf.SpecialVocab(folder, load_merges=True, n_vocab=len(tokens),
+                                    special_token_types=("bos", "eos", "unk", "pad"))
+    eot = end_of_turn(loaded)
+    if eot is not None:
+        special.special_token_ids["eot"] = eot
     first = tokenizer("a")["input_ids"]
-    writer.add_add_bos_token(bool(first) and tokenizer.bos_token_id is not None and first[0] == tokenizer.bos_token_id)
-    writer.add_add_eos_token(False)
-    end = tokenizer.decode([encoder.end_id])
-    writer.add_chat_template(chat_template(loaded.info.prompt_template, loaded.info.answer_prefix, end))
+    special.add_special_token = {  # what the tokenizer does, not what its files say it does
+        "bos": bool(first) and tokenizer.bos_token_id is not None and first[0] == tokenizer.bos_token_id,
+        "eos": False}
+    end = tokenizer.decode([eot if eot is not None else tokenizer.eos_token_id])
+    special.chat_template = chat_template(loaded.info.prompt_template, loaded.info.answer_prefix, end)
+    special.add_to_gguf(writer, quiet=True)
 
 
-def _tensors(model: Any, arch: str, quant: str) -> Any:
+def _tensors(model: Any, layout: GgufLayout, quant: str) -> Any:
     """(GGUF name, numpy array, its GGML type) of every tensor llama.cpp reads, as its converter writes them."""
     import numpy as np
 
     config = model.config
-    for hf_name, name, data in _named_tensors(model, arch):
-        if arch == "llama" and hf_name.endswith(("q_proj.weight", "q_proj.bias")):
-            data = _permute(data, config.num_attention_heads, config.num_attention_heads)
-        elif arch == "llama" and hf_name.endswith(("k_proj.weight", "k_proj.bias")):
-            data = _permute(data, config.num_attention_heads, config.num_key_value_heads)
+    permuted = {f".{projection}.{part}": getattr(config, heads, None) or config.num_attention_heads
+                for projection, heads in layout.permuted for part in ("weight", "bias")}
+    for hf_name, name, data in file_tensors(model, layout):
+        heads = next((count for ending, count in permuted.items() if hf_name.endswith(ending)), None)
+        if heads is not None:
+            data = _permute(data, heads)
         array, kind = _quantize(data.contiguous().numpy(), name, quant)
         yield name, np.ascontiguousarray(array), kind
 
 
-def _named_tensors(model: Any, arch: str) -> Any:
-    """(transformers name, GGUF name, float32 tensor as GGUF lays it out) of every tensor the file holds; the
-    rows of Llama's queries and keys are still in transformers' order."""
+def file_tensors(model: Any, layout: GgufLayout) -> Any:
+    """(transformers name, GGUF name, float32 tensor as the file holds it) of every tensor the file holds; rows
+    that llama.cpp's rope reads permuted (``layout.permuted``) are still in transformers' order."""
     import gguf
 
     config = model.config
-    architecture = next(key for key, name in gguf.MODEL_ARCH_NAMES.items() if name == arch)
-    names = gguf.get_tensor_name_map(architecture, config.n_layer if arch == "gpt2" else config.num_hidden_layers)
+    architecture = next(key for key, name in gguf.MODEL_ARCH_NAMES.items() if name == layout.architecture)
+    blocks = dict(layout.hyperparameters)["block_count"](config)
+    names = gguf.get_tensor_name_map(architecture, blocks)
     tied = bool(getattr(config, "tie_word_embeddings", False))
     for hf_name, tensor in model.state_dict().items():
         if hf_name == "lm_head.weight" and tied:
@@ -212,14 +217,26 @@ def _named_tensors(model: Any, arch: str) -> Any:
             continue
         name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
         if name is None:
-            raise ExportError(f"the model's tensor {hf_name} has no GGUF name for {arch}")
-        data = tensor.detach().to(torch.float32)
-        if arch == "gpt2" and hf_name.endswith(_GPT2_CONV1D):
-            data = data.t()  # GPT-2's Conv1D keeps (in, out)
-        yield hf_name, name, data
+            raise ExportError(f"the model's tensor {hf_name} has no GGUF name for {layout.architecture}")
+        yield hf_name, name, to_file(hf_name, tensor.detach().to(torch.float32), layout)
 
 
-_GPT2_CONV1D = (".c_attn.weight", ".c_proj.weight", ".c_fc.weight")
+def to_file(hf_name: str, data: torch.Tensor, layout: GgufLayout) -> torch.Tensor:
+    """A transformers tensor as the layout stores it (rows permuted for rope aside)."""
+    if hf_name.endswith(layout.transposed):
+        data = data.t()
+    if layout.norm_shift and hf_name.endswith("norm.weight"):
+        data = data + layout.norm_shift
+    return data
+
+
+def from_file(hf_name: str, data: torch.Tensor, layout: GgufLayout) -> torch.Tensor:
+    """:func:`to_file` undone, as transformers' GGUF reader undoes it."""
+    if layout.norm_shift and hf_name.endswith("norm.weight"):
+        data = data - layout.norm_shift
+    if hf_name.endswith(layout.transposed):
+        data = data.t()
+    return data
 
 
 def _quantize(array: Any, name: str, quant: str) -> tuple[Any, Any]:
@@ -243,19 +260,45 @@ def round_like_file(model: Any, quant: str) -> None:
     holds, read back (Q8_0's blocks run along the rows llama.cpp multiplies, which reordering rows keeps)."""
     import gguf
 
-    arch = family_of(model.config).gguf_architecture
+    layout = family_of(model.config).gguf
     state = model.state_dict()
-    for hf_name, name, data in _named_tensors(model, arch):
+    for hf_name, name, data in file_tensors(model, layout):
         array, kind = _quantize(data.contiguous().numpy(), name, quant)
         rounded = torch.from_numpy(gguf.quants.dequantize(array, kind).reshape(data.shape).copy())
-        if arch == "gpt2" and hf_name.endswith(_GPT2_CONV1D):
-            rounded = rounded.t()
-        state[hf_name].copy_(rounded)
+        state[hf_name].copy_(from_file(hf_name, rounded, layout))
 
 
-def _permute(weights: torch.Tensor, heads: int, kv_heads: int | None) -> torch.Tensor:
-    """Llama's query and key rows reordered as llama.cpp's rope reads them (its converter's permute)."""
-    if kv_heads is not None and heads != kv_heads:
-        heads = kv_heads
+@torch.no_grad()
+def read_into(model: Any, path: Path) -> None:
+    """Load a GGUF file's tensors into a model of the family it was written from, the family's layout undone: how
+    export's check reads back an architecture transformers' GGUF reader does not know (``layout.read_back``)."""
+    import gguf
+
+    layout = family_of(model.config).gguf
+    config = model.config
+    heads = {f".{projection}.{part}": getattr(config, count, None) or config.num_attention_heads
+             for projection, count in layout.permuted for part in ("weight", "bias")}
+    by_name = {name: hf_name for hf_name, name, _ in file_tensors(model, layout)}
+    state = model.state_dict()
+    for tensor in gguf.GGUFReader(str(path)).tensors:
+        hf_name = by_name.get(tensor.name)
+        if hf_name is None:
+            raise ExportError(f"{path.name} holds a tensor {tensor.name} that a {layout.architecture} model lacks")
+        data = torch.from_numpy(gguf.quants.dequantize(tensor.data, tensor.tensor_type).copy()).to(torch.float32)
+        count = next((n for ending, n in heads.items() if hf_name.endswith(ending)), None)
+        if count is not None:
+            data = _unpermute(data, count)
+        state[hf_name].copy_(from_file(hf_name, data, layout).reshape(state[hf_name].shape))
+
+
+def _permute(weights: torch.Tensor, heads: int) -> torch.Tensor:
+    """Rows of one rope projection reordered as llama.cpp's rope reads them (its converter's permute): per head,
+    transformers' two halves interleaved."""
     return (weights.reshape(heads, 2, weights.shape[0] // heads // 2, *weights.shape[1:])
+            .swapaxes(1, 2).reshape(weights.shape))
+
+
+def _unpermute(weights: torch.Tensor, heads: int) -> torch.Tensor:
+    """:func:`_permute` undone."""
+    return (weights.reshape(heads, weights.shape[0] // heads // 2, 2, *weights.shape[1:])
             .swapaxes(1, 2).reshape(weights.shape))

@@ -2,18 +2,144 @@
 
 A family is found from a model's transformers config (:func:`family_of`, by its ``model_type``). What a record holds
 is read where it matters: the LoRA targets when ``model.lora.target_modules`` is null (:mod:`qatune.model.adapters`),
-and whether ``qatune export --gguf`` writes the family (:func:`gguf_refusal`, said by export and by check). The
-decoder layer is FSDP's unit; :mod:`qatune.train.sharding` finds it from transformers' own ``_no_split_modules``, and
-the tests hold the two to each other. Adding a family is a record here and a parameter in ``tests/families.py``.
+and how ``qatune export --gguf`` writes the family (its :class:`GgufLayout`, read by :mod:`qatune.export.gguf_write`;
+:func:`gguf_refusal` says, at check and at export, why a model is not written). The decoder layer is FSDP's unit;
+:mod:`qatune.train.sharding` finds it from transformers' own ``_no_split_modules``, and the tests hold the two to each
+other. Adding a family is a record here and a parameter in ``tests/families.py``.
+
+The GGUF layouts follow llama.cpp's converter (convert_hf_to_gguf.py, the model class registered for the family's
+transformers architecture): which of the config's values it writes under which key, which tensors it reorders or
+shifts, and what llama.cpp's runtime assumes of the model without reading it from the file. Tensor names are not
+here: gguf-py's own name map for the architecture (``gguf.get_tensor_name_map``) gives them.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 ATTENTION = ("q_proj", "v_proj")
 """The query and value projections: peft's default LoRA targets for Llama and the families built like it."""
+
+Value = Callable[[Any], "int | float | None"]
+"""A hyper-parameter's value read from a transformers config (None: not written)."""
+
+
+def _int(name: str) -> Value:
+    return lambda config: None if getattr(config, name, None) is None else int(getattr(config, name))
+
+
+def _float(name: str) -> Value:
+    return lambda config: None if getattr(config, name, None) is None else float(getattr(config, name))
+
+
+def head_dim(config: Any) -> int:
+    """The width of one attention head (a config without ``head_dim`` splits the hidden size evenly)."""
+    return int(getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
+
+
+def _rope(config: Any, layers: str = "full_attention") -> dict:
+    """The rope parameters of a kind of layer (a config with one kind for all layers has them at the top)."""
+    rope = getattr(config, "rope_parameters", None) or {}
+    return rope.get(layers, rope) if layers in rope or "rope_theta" in rope else {}
+
+
+def rope_theta(config: Any) -> float:
+    return float(_rope(config).get("rope_theta", getattr(config, "rope_theta", None) or 10000.0))
+
+
+def sliding_rope_theta(config: Any) -> float | None:
+    """The rope base of the sliding-window layers where a config gives them their own (Gemma 3)."""
+    rope = (getattr(config, "rope_parameters", None) or {}).get("sliding_attention") or {}
+    return None if rope.get("rope_theta") is None else float(rope["rope_theta"])
+
+
+def rotary_dimensions(config: Any) -> int:
+    """The dimensions of each head that rope turns (Phi-3 counts them from the hidden size)."""
+    share = _rope(config).get("partial_rotary_factor", getattr(config, "partial_rotary_factor", None) or 1.0)
+    return int(share * config.hidden_size) // config.num_attention_heads
+
+
+def original_context(config: Any) -> int:
+    return int(_rope(config).get("original_max_position_embeddings")
+               or getattr(config, "original_max_position_embeddings", None) or config.max_position_embeddings)
+
+
+def key_value_heads(config: Any) -> int:
+    return int(getattr(config, "num_key_value_heads", None) or config.num_attention_heads)
+
+
+DECODER_KEYS: tuple[tuple[str, Value], ...] = (
+    # What llama.cpp's converter writes for every decoder built like Llama (TextModel.set_gguf_parameters).
+    ("block_count", _int("num_hidden_layers")),
+    ("context_length", _int("max_position_embeddings")),
+    ("embedding_length", _int("hidden_size")),
+    ("feed_forward_length", _int("intermediate_size")),
+    ("attention.head_count", _int("num_attention_heads")),
+    ("attention.head_count_kv", key_value_heads),
+    ("rope.freq_base", rope_theta),
+    ("attention.layer_norm_rms_epsilon", _float("rms_norm_eps")),
+)
+HEAD_WIDTH: tuple[tuple[str, Value], ...] = (
+    ("attention.key_length", head_dim),
+    ("attention.value_length", head_dim),
+)
+LLAMA_KEYS = (*DECODER_KEYS, *HEAD_WIDTH, ("vocab_size", _int("vocab_size")), ("rope.dimension_count", head_dim))
+"""LlamaModel's: the vocabulary size and rope's dimensions besides."""
+
+
+def _query_scale_is_head_width(config: Any) -> bool:
+    return getattr(config, "query_pre_attn_scalar", None) in (None, head_dim(config))
+
+
+def _gemma3_layer_pattern(config: Any) -> bool:
+    layers = config.num_hidden_layers
+    expected = ["full_attention" if (i + 1) % 6 == 0 else "sliding_attention" for i in range(layers)]
+    return list(getattr(config, "layer_types", None) or expected) == expected
+
+
+def _no_rope_every_fourth(config: Any) -> bool:
+    layers = getattr(config, "no_rope_layers", None)
+    return layers is None or list(layers) == [int((i + 1) % 4 != 0) for i in range(len(layers))]
+
+
+def _full_rotary(config: Any) -> bool:
+    return rotary_dimensions(config) == head_dim(config)
+
+
+def _is(name: str, value: Any) -> Callable[[Any], bool]:
+    return lambda config: getattr(config, name, None) == value
+
+
+QUERY_SCALE = ("its query_pre_attn_scalar equals its head_dim (llama.cpp scales queries by 1/sqrt(head_dim))",
+               _query_scale_is_head_width)
+READER = "transformers' GGUF reader, which checks the file, takes"
+"""Why a value must be a family's default: transformers' GGUF reader does not read it from the file."""
+
+
+@dataclass(frozen=True)
+class GgufLayout:
+    """How llama.cpp's converter writes a family as GGUF, and what llama.cpp assumes of it."""
+
+    architecture: str
+    """``general.architecture``: the model llama.cpp runs it as (gguf-py's ``MODEL_ARCH_NAMES``)."""
+    hyperparameters: tuple[tuple[str, Value], ...]
+    """(key after ``<architecture>.``, its value read from the transformers config): ints are written as uint32,
+    floats as float32, None not at all."""
+    permuted: tuple[tuple[str, str], ...] = ()
+    """(projection, the config's count of its heads): the projections whose rows llama.cpp's rope reads in another
+    order, head by head (Llama's queries and keys: the converter's ``permute``)."""
+    transposed: tuple[str, ...] = ()
+    """Weights kept (in, out) by transformers that GGUF holds (out, in): GPT-2's Conv1D."""
+    norm_shift: float = 0.0
+    """Added to every norm weight: Gemma's RMSNorm scales by 1 + weight, llama.cpp's by the weight."""
+    assumes: tuple[tuple[str, Callable[[Any], bool]], ...] = ()
+    """(what llama.cpp takes for granted of such a model without reading it from the file, the test on a config):
+    a model for which one fails is refused, saying which."""
+    read_back: bool = True
+    """Whether transformers' GGUF loader reads the architecture, so that export's check reads the file back with it;
+    else the check reads the file's tensors into the run's model class with this layout undone."""
 
 
 @dataclass(frozen=True)
@@ -26,23 +152,65 @@ class Family:
     """The modules LoRA adapts when model.lora.target_modules is null (peft's default where peft has one)."""
     decoder_layer: str
     """The class of its repeated block: one FSDP unit each."""
-    gguf_architecture: str
-    """The architecture llama.cpp runs it as (``general.architecture`` of its GGUF file)."""
-    gguf_written: bool
+    gguf: GgufLayout
+    """How ``qatune export --gguf`` writes it."""
+    gguf_written: bool = True
     """Whether qatune export --gguf writes it."""
+    notes: tuple[str, ...] = field(default=())
+    """What a user of the family should know (docs/models.md lists them)."""
 
+    @property
+    def gguf_architecture(self) -> str:
+        return self.gguf.architecture
+
+
+ROPE_ROWS = (("q_proj", "num_attention_heads"), ("k_proj", "num_key_value_heads"))
+"""Llama's queries and keys: transformers rotates a head's two halves, llama.cpp its interleaved pairs."""
+LLAMA = GgufLayout("llama", LLAMA_KEYS, permuted=ROPE_ROWS)
 
 FAMILIES = (
-    Family("Llama (Llama 3, SmolLM2)", ("llama",), ATTENTION, "LlamaDecoderLayer", "llama", True),
-    Family("Mistral", ("mistral",), ATTENTION, "MistralDecoderLayer", "llama", True),
-    Family("Qwen2", ("qwen2",), ATTENTION, "Qwen2DecoderLayer", "qwen2", True),
-    Family("Qwen3", ("qwen3",), ATTENTION, "Qwen3DecoderLayer", "qwen3", False),
-    Family("Gemma 2", ("gemma2",), ATTENTION, "Gemma2DecoderLayer", "gemma2", False),
-    Family("Gemma 3", ("gemma3_text",), ATTENTION, "Gemma3DecoderLayer", "gemma3", False),
+    Family("Llama (Llama 3, SmolLM2)", ("llama",), ATTENTION, "LlamaDecoderLayer", LLAMA),
+    Family("Mistral", ("mistral",), ATTENTION, "MistralDecoderLayer", LLAMA),
+    Family("Qwen2", ("qwen2",), ATTENTION, "Qwen2DecoderLayer", GgufLayout("qwen2", DECODER_KEYS)),
+    Family("Qwen3", ("qwen3",), ATTENTION, "Qwen3DecoderLayer", GgufLayout(
+        "qwen3", (*DECODER_KEYS, *HEAD_WIDTH), assumes=((f"its head_dim is 128 ({READER} Qwen3's)",
+                                                         _is("head_dim", 128)),))),
+    Family("Gemma 2", ("gemma2",), ATTENTION, "Gemma2DecoderLayer", GgufLayout(
+        "gemma2", (*DECODER_KEYS, *HEAD_WIDTH, ("attn_logit_softcapping", _float("attn_logit_softcapping")),
+                   ("final_logit_softcapping", _float("final_logit_softcapping")),
+                   ("attention.sliding_window", _int("sliding_window"))),
+        norm_shift=1.0, assumes=(QUERY_SCALE, (f"its query_pre_attn_scalar is 256 ({READER} Gemma's)",
+                                               _is("query_pre_attn_scalar", 256)),
+                                 (f"its logits are soft-capped at 50 and 30 ({READER} Gemma 2's)",
+                                  lambda c: (c.attn_logit_softcapping, c.final_logit_softcapping) == (50.0, 30.0))))),
+    Family("Gemma 3", ("gemma3_text",), ATTENTION, "Gemma3DecoderLayer", GgufLayout(
+        "gemma3", (*DECODER_KEYS, *HEAD_WIDTH, ("rope.freq_base_swa", sliding_rope_theta),
+                   ("final_logit_softcapping", _float("final_logit_softcapping")),
+                   ("attention.sliding_window", _int("sliding_window"))),
+        norm_shift=1.0, assumes=(QUERY_SCALE, (f"its query_pre_attn_scalar is 256 ({READER} Gemma's)",
+                                               _is("query_pre_attn_scalar", 256)),
+                                 ("its layers are five sliding-window layers and a full one, repeated (llama.cpp's "
+                                  "gemma3 pattern)", _gemma3_layer_pattern),
+                                 (f"its sliding-window layers' rope base is 10000 ({READER} Gemma 3's)",
+                                  lambda c: sliding_rope_theta(c) in (None, 10000.0))))),
     # Phi-3 (Phi-4-mini) computes queries, keys and values in one fused projection.
-    Family("Phi-3", ("phi3",), ("qkv_proj",), "Phi3DecoderLayer", "phi3", False),
-    Family("SmolLM3", ("smollm3",), ATTENTION, "SmolLM3DecoderLayer", "smollm3", False),
-    Family("GPT-2", ("gpt2",), ("c_attn",), "GPT2Block", "gpt2", True),
+    Family("Phi-3", ("phi3",), ("qkv_proj",), "Phi3DecoderLayer", GgufLayout(
+        "phi3", (*DECODER_KEYS, ("rope.dimension_count", rotary_dimensions),
+                 ("rope.scaling.original_context_length", original_context),
+                 ("attention.sliding_window", lambda config: int(getattr(config, "sliding_window", None) or 0))),
+        assumes=(("rope turns every dimension of a head (transformers' GGUF reader, which checks the file, takes "
+                  "partial_rotary_factor 1)", _full_rotary),))),
+    Family("SmolLM3", ("smollm3",), ATTENTION, "SmolLM3DecoderLayer", GgufLayout(
+        "smollm3", LLAMA_KEYS, permuted=ROPE_ROWS, read_back=False, assumes=((
+            "every fourth layer has no rope and the others do (llama.cpp's smollm3)", _no_rope_every_fourth),))),
+    Family("GPT-2", ("gpt2",), ("c_attn",), "GPT2Block", GgufLayout("gpt2", (
+        ("block_count", _int("n_layer")),
+        ("context_length", _int("n_positions")),
+        ("embedding_length", _int("n_embd")),
+        ("feed_forward_length", lambda config: int(config.n_inner or 4 * config.n_embd)),
+        ("attention.head_count", _int("n_head")),
+        ("attention.layer_norm_epsilon", _float("layer_norm_epsilon"))),
+        transposed=(".c_attn.weight", ".c_proj.weight", ".c_fc.weight"))),
 )
 
 
@@ -66,4 +234,8 @@ def gguf_refusal(model_config: Any) -> str | None:
     if not family.gguf_written:
         return (f"qatune does not write {family.name} models (GGUF architecture {family.gguf_architecture}) as GGUF; "
                 f"it writes {written}")
+    text = model_config.get_text_config() if hasattr(model_config, "get_text_config") else model_config
+    unmet = [said for said, holds in family.gguf.assumes if not holds(text)]
+    if unmet:
+        return f"qatune writes a {family.name} model as GGUF only if {'; and '.join(unmet)}, which this one does not"
     return None

@@ -231,7 +231,7 @@ train: {{epochs: 1, batch_size: 4, learning_rate: 1.0e-4, precision: fp32, loggi
 def test_a_file_written_wrong_is_refused_and_not_left(llama_run, tmp_path, monkeypatch):
     """Keys' rows left in transformers' order (llama.cpp's rope reads them permuted): the check fails, says how,
     and nothing is written."""
-    monkeypatch.setattr(gguf_write, "_permute", lambda weights, heads, kv_heads: weights)
+    monkeypatch.setattr(gguf_write, "_permute", lambda weights, heads: weights)
     with pytest.raises(ExportError, match=r"does not answer as the run does: .*next tokens as the run's weights "
                                           r".*first differing (answer|next token): .*nothing was written"):
         export_gguf(llama_run, tmp_path / "wrong.gguf", "f32")
