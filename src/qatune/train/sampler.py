@@ -20,7 +20,10 @@ class LengthGroupedBatches(torch.utils.data.Sampler):
     """Shuffled batches of similar-length examples: less padding, still a new order every epoch.
 
     Indices are shuffled, cut into mega-batches of 50 batches, each sorted by length and cut into
-    batches; then the batch order is shuffled. ``group=False`` gives plain shuffled batches.
+    batches; then the batch order is shuffled, and the heaviest batch (rows x its longest example) goes first, as
+    transformers' LengthGroupedSampler puts its longest: every epoch meets its peak memory at its first step, on a
+    heap just trimmed, rather than wherever the shuffle put it (a run that does not fit fails at step 1, not in
+    epoch 3). ``group=False`` gives plain shuffled batches.
 
     ``families`` (lists of indices, every index in one): examples kept next to each other (rows that share a
     long prompt prefix, so that they share batches and the model computes the prefix once per batch);
@@ -73,8 +76,11 @@ class LengthGroupedBatches(torch.utils.data.Sampler):
             units = self._by_length(units)
         order = _packed(units, self.batch_size) if self.pack else [i for unit in units for i in unit]
         batches = [order[i : i + self.batch_size] for i in range(0, len(order), self.batch_size)]
-        if self.group:
+        if self.group and batches:
             rng.shuffle(batches)
+            weight = [len(batch) * max(self.lengths[i] for i in batch) for batch in batches]
+            heaviest = weight.index(max(weight))
+            batches.insert(0, batches.pop(heaviest))
         skip, self._skip = self._skip, 0
         return iter(batches[skip:])
 
