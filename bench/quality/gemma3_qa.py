@@ -9,10 +9,13 @@ worst over the seeds measured are recomputed each time, next to SmolLM2's (bench
 the same config and seeds as shipped) and the issue's aim (grounded F1 >= 65, mean of 3 seeds, within 15 minutes
 of training).
 
---memory adds what the model's vocabulary costs: qatune check's estimated peak (one process) against the measured
-peak of a run on the first --memory-rows rows (full fine-tuning and LoRA; the same rows for the estimate and run).
+--check first records qatune check's estimated peak and training time for that config (full and LoRA), which a
+seed's measured peak is set against. --memory measures both on a small run of each model: check's estimated peak
+(one process) against the peak of a run on the first --memory-rows rows (full fine-tuning and LoRA; the same rows
+for the estimate and the run). --until HH:MM (UTC) starts no seed that the last one's time says would end later.
 
-    python bench/quality/gemma3_qa.py --seed 42          # ~15-20 min on 2 cores; writes grounded_qa_gemma3.json
+    python bench/quality/gemma3_qa.py --check --seed 42           # ~15-20 min on 2 cores; grounded_qa_gemma3.json
+    python bench/quality/gemma3_qa.py --seed 43 --seed 44 --until 12:40
     python bench/quality/gemma3_qa.py --memory --memory-rows 96
 """
 
@@ -59,6 +62,23 @@ def peaks(run: Path) -> dict[str, float | None]:
     result = json.loads((run / "run.json").read_text(encoding="utf-8")).get("result", {})
     return {"peak_memory_mb": result.get("peak_memory_mb"), "rss_max_mb": max(rss) if rss else None,
             "steps": result.get("steps")}
+
+
+def estimates(config: Path, model: str) -> dict:
+    """qatune check's estimated peak (one process) and training time for the seeds' config, full and LoRA (r 8).
+    The first check of a GGUF model converts it: a seed's training time then counts no conversion."""
+    found = {}
+    for how, extra in (("full", []), ("lora", ["model.lora.r=8"])):
+        started = time.perf_counter()
+        check = json.loads(qatune(["check", "--config", str(config), *sets(
+            [f"model.name_or_path={model}", "data.eval_file=null", *extra]), "--json"]).stdout)
+        estimate = next(s for s in check["memory"]["setups"] if s["setup"] == "1 process")
+        found[how] = {"batch": check["memory"]["batch"], "estimate_gib": estimate["total_gib"],
+                      "estimate_parts_gib": estimate["parts_gib"],
+                      "estimated_train_s": (check.get("training_time") or {}).get("seconds"),
+                      "check_s": round(time.perf_counter() - started)}
+        print(f"check, {how}: {found[how]}", flush=True)
+    return found
 
 
 def one_seed(config: Path, model: str, seed: int, work: Path, rows: int | None = None) -> dict:
@@ -148,6 +168,9 @@ def main() -> int:
     parser.add_argument("--smollm2-model", default="smollm2-135m-instruct",
                         help="--memory's other model ('' for none)")
     parser.add_argument("--seed", type=int, action="append", default=[], help="a seed to train and score (repeatable)")
+    parser.add_argument("--until", default=None, metavar="HH:MM",
+                        help="UTC: a seed is not started when the last one's time says it would end later")
+    parser.add_argument("--check", action="store_true", help="qatune check's estimates for the seeds' config first")
     parser.add_argument("--memory", action="store_true", help="check's estimate against a measured run's peak")
     parser.add_argument("--memory-rows", type=int, default=96)
     parser.add_argument("--json", type=Path, default=None, help=f"default: bench/results/<machine>/{STEM}.json")
@@ -158,8 +181,27 @@ def main() -> int:
     print(headline(result["cpu"]), flush=True)
     result["model"] = args.model
     work = Path(tempfile.mkdtemp(prefix="gemma3-qa-"))
+    if args.check:
+        result["check"] = estimates(args.config, args.model)
+        write_json(out, result)
+    last = None
     for seed in args.seed:
+        if args.until and last is not None:
+            deadline = time.strftime("%Y-%m-%d ", time.gmtime()) + args.until
+            ends = time.strftime("%Y-%m-%d %H:%M", time.gmtime(time.time() + last))
+            if ends > deadline:
+                result.setdefault("not_run", {})[str(seed)] = (f"a seed takes {last:.0f} s here: it would have ended "
+                                                               f"at {ends} UTC, after {args.until}")
+                print(f"seed {seed} not run: {result['not_run'][str(seed)]}", flush=True)
+                write_json(out, result)
+                continue
+        started = time.time()
         found = one_seed(args.config, args.model, seed, work, args.eval_rows)
+        last = time.time() - started
+        found["seed_wall_s"] = round(last)
+        if "check" in result:
+            found["estimate_over_peak"] = round(result["check"]["full"]["estimate_gib"] * 1024
+                                                / max(found["peak_memory_mb"] or 1, 1), 3)
         result.setdefault("seeds", {})[str(seed)] = found
         print(f"seed {seed}: trained in {found['train_wall_s']} s, F1 free {found['arms']['off']['f1']}, grounded "
               f"{found['arms']['on']['f1']}, peak {found['peak_memory_mb']} MB", flush=True)
