@@ -24,6 +24,7 @@ from qatune.inference.grounding import (
     no_answer_text,
     with_grounding,
 )
+from qatune.inference.metric_records import columns
 from qatune.inference.run_model import model_id
 from qatune.model.folder import LoadedModel
 from qatune.model.sources import model_max_positions
@@ -36,6 +37,9 @@ from qatune.serve.schemas import AnswerRequest, ApiError, ChatRequest, Completio
 from qatune.tasks import TaskKind, task_kind
 
 log = logging.getLogger("qatune")
+
+SHOWN_METRICS = ("exact_match", "f1", "loss", "perplexity")
+"""The metrics the page shows of each evaluation of the model, with their records' labels and digits."""
 
 CHARS_PER_TOKEN = 16
 """Prompts longer than this many characters per allowed token are refused without tokenizing them."""
@@ -362,7 +366,7 @@ class Service:
             "fields": self.field_names, "answer_fields": self.info.answer_fields,
             "status": status.get("status"), "best_eval": result.get("best_eval"),
             "final_train_loss": result.get("final_train_loss"), "steps": result.get("steps"),
-            "evaluations": evaluations,
+            "evaluations": evaluations, "metric_columns": columns(SHOWN_METRICS),
             "loss_curve": "/run/loss.png" if (self.run_dir / "loss.png").is_file() else None,
             "limits": asdict(self.limits), "max_batch_size": self.settings.max_batch_size,
             "max_tokens_default": self.loaded.config.generate.max_new_tokens,

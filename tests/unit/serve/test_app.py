@@ -111,7 +111,11 @@ def test_the_summary_shows_only_evaluations_of_the_served_model(fresh_run, fresh
     try:
         for name, metrics in written.items():
             (run / f"eval-{name}.json").write_text(json.dumps(metrics))
-        assert sorted(fresh.get("/run").json()["evaluations"]) == ["current", "older-qatune"]
+        summary = fresh.get("/run").json()
+        assert sorted(summary["evaluations"]) == ["current", "older-qatune"]
+        # the page labels them as the metric records do
+        assert [(c["name"], c["label"], c["digits"]) for c in summary["metric_columns"]] == [
+            ("exact_match", "exact match", 1), ("f1", "F1", 1), ("loss", "loss", 3), ("perplexity", "perplexity", 2)]
     finally:
         for name in written:
             (run / f"eval-{name}.json").unlink()
