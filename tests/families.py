@@ -100,6 +100,8 @@ class FamilyCase:
     split: str | None = None
     """The pre-tokenizer's split expression (None: GPT-2's byte-level split)."""
     tied: bool = True
+    sentencepiece: bool = False
+    """A SentencePiece BPE as Gemma's published tokenizer is (spaces as ▁, bytes by fallback), not a byte-level one."""
 
 
 CASES = (
@@ -116,6 +118,10 @@ CASES = (
                "<start_of_turn>", "<end_of_turn>"), "<bos>", "<eos>", "<pad>", "<end_of_turn>", GEMMA2_TEMPLATE),
     FamilyCase("gemma3", "gemma3_text", {**DECODER, "head_dim": GEMMA_HEAD}, ("<pad>", "<eos>", "<bos>", "<unk>",
                "<start_of_turn>", "<end_of_turn>"), "<bos>", "<eos>", "<pad>", "<end_of_turn>", GEMMA3_TEMPLATE),
+    # Gemma 3 as published (270M, 1B): its own SentencePiece tokenizer.
+    FamilyCase("gemma3-sp", "gemma3_text", {**DECODER, "head_dim": GEMMA_HEAD}, ("<pad>", "<eos>", "<bos>", "<unk>",
+               "<mask>", "<start_of_turn>", "<end_of_turn>"), "<bos>", "<eos>", "<pad>", "<end_of_turn>",
+               GEMMA3_TEMPLATE, sentencepiece=True),
     FamilyCase("phi3", "phi3", DECODER, ("<|endoftext|>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>"),
                "<|endoftext|>", "<|endoftext|>", "<|endoftext|>", "<|end|>", PHI3_TEMPLATE),
     FamilyCase("mistral", "mistral", DECODER, ("<unk>", "<s>", "</s>", "[INST]", "[/INST]"), "<s>", "</s>", None,
@@ -145,10 +151,12 @@ def sheet_texts() -> list[str]:
 
 
 def family_tokenizer(case: FamilyCase, vocab_size: int = 500):
-    """A byte-level BPE of the family's kind trained on the fixture sheet."""
+    """A byte-level BPE of the family's kind trained on the fixture sheet (or Gemma's SentencePiece BPE)."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
+    if case.sentencepiece:
+        return sentencepiece_tokenizer(case, vocab_size)
     tok = Tokenizer(models.BPE())
     if case.split is None:
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -164,6 +172,28 @@ def family_tokenizer(case: FamilyCase, vocab_size: int = 500):
                                         pad_token=case.pad, unk_token=case.specials[0])
     if case.template is not None:
         tokenizer.chat_template = case.template
+    return tokenizer
+
+
+def sentencepiece_tokenizer(case: FamilyCase, vocab_size: int = 500):
+    """Gemma's tokenizer (transformers' GemmaTokenizer: spaces as ▁, byte fallback, BOS added) with pieces trained on
+    the fixture sheet, laid out as Gemma's: the special tokens, the 256 byte tokens <0x00>..<0xFF>, the pieces."""
+    import json
+
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from transformers.models.gemma.tokenization_gemma import GemmaTokenizer
+
+    tok = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True, fuse_unk=True))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="never")  # pieces start with ▁
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(case.specials), show_progress=False)
+    tok.train_from_iterator(sheet_texts(), trainer)
+    trained = json.loads(tok.to_str())["model"]
+    pieces = [*case.specials, *(f"<0x{byte:02X}>" for byte in range(256)),
+              *(piece for piece in trained["vocab"] if piece not in case.specials)]
+    tokenizer = GemmaTokenizer(vocab={piece: index for index, piece in enumerate(pieces)},
+                               merges=[tuple(merge) for merge in trained["merges"]], add_bos_token=True)
+    tokenizer.add_special_tokens({"additional_special_tokens": ["<start_of_turn>", "<end_of_turn>"]})
+    tokenizer.chat_template = case.template
     return tokenizer
 
 

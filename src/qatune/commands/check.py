@@ -81,7 +81,9 @@ def run_check(config: Config, overfit: int | None = None, overfit_steps: int = O
         findings.append(error("distributed", refusal))
     model = meta_model(config, prepared.tokenizer, prepared.info.seq2seq)
     if task_kind(config.task).writes and not prepared.info.seq2seq:
-        unwritten = gguf_refusal(model.config)
+        from qatune.export.gguf_write import tokenizer_refusal
+
+        unwritten = gguf_refusal(model.config) or tokenizer_refusal(prepared.tokenizer)
         if unwritten:
             findings.append(warning("gguf", f"qatune export --gguf cannot write this model: {unwritten}; "
                                             "qatune export RUN --merge FOLDER writes a plain transformers folder"))

@@ -23,7 +23,7 @@ from qatune.data.templates import PromptTemplate
 from qatune.export import ExportError
 from qatune.export.gguf_check import ANSWER_ROWS, CHECK_ROWS, Check, check_file, check_records, failure_message
 from qatune.export.gguf_prompt import modelfile, unwritable_characters
-from qatune.export.gguf_write import QUANTS, pre_tokenizer, write_gguf
+from qatune.export.gguf_write import QUANTS, tokenizer_refusal, write_gguf
 from qatune.model.families import gguf_refusal
 from qatune.model.folder import LoadedModel, ModelInfo, load_model_folder
 from qatune.runs import layout
@@ -90,13 +90,9 @@ def unsupported(loaded: LoadedModel) -> str | None:
     refusal = gguf_refusal(model.config)
     if refusal:
         return refusal
-    if not getattr(loaded.tokenizer, "is_fast", False):
-        return "its tokenizer is not a fast (tokenizer.json) one"
-    if json.loads(loaded.tokenizer.backend_tokenizer.to_str())["model"]["type"] != "BPE":
-        return "its tokenizer is not a byte-level BPE one (SentencePiece tokenizers are not written)"
-    if pre_tokenizer(loaded.tokenizer) is None:
-        return ("its tokenizer splits text in a way llama.cpp has no pre-tokenizer for (its pre-tokenization is "
-                "neither GPT-2's nor one llama.cpp's converter knows)")
+    refusal = tokenizer_refusal(loaded.tokenizer)
+    if refusal:
+        return refusal
     extra = prompt_columns(info)
     if extra:
         return (f"its prompt reads the column(s) {', '.join(repr(c) for c in extra)} besides the question and the "

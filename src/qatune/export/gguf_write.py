@@ -10,6 +10,7 @@ architecture. Nothing here asks which family it writes."""
 from __future__ import annotations
 
 import json
+import re
 import tempfile
 from hashlib import sha256
 from pathlib import Path
@@ -146,32 +147,92 @@ def end_of_turn(loaded: LoadedModel) -> int | None:
     return None if encoder.end_id == tokenizer.eos_token_id else int(encoder.end_id)
 
 
+SPACES_AS_PIECES = {"type": "Replace", "pattern": {"String": " "}, "content": "\u2581"}
+"""The normalizer of a SentencePiece BPE converted to tokenizer.json as Gemma's is: every space written as ▁."""
+BYTE_TOKEN = re.compile(r"<0x[0-9A-F]{2}>")
+
+
+def vocabulary_kind(tokenizer: Any) -> str | None:
+    """How llama.cpp runs the tokenizer (``tokenizer.ggml.model``): "gpt2", a byte-level BPE (its pre-tokenizer
+    named by :func:`pre_tokenizer`), or "llama", SentencePiece's BPE as Gemma's tokenizer.json holds it (spaces as
+    ▁, no space put in front, bytes a piece lacks as <0xXX> tokens); None: neither."""
+    spec = json.loads(tokenizer.backend_tokenizer.to_str())
+    if spec["model"].get("type") != "BPE":
+        return None
+    if spec["model"].get("byte_fallback") and spec.get("normalizer") == SPACES_AS_PIECES:
+        return "llama"
+    return "gpt2" if pre_tokenizer(tokenizer) is not None else None
+
+
+def tokenizer_refusal(tokenizer: Any) -> str | None:
+    """Why the tokenizer cannot be written for llama.cpp (None: it can)."""
+    if not getattr(tokenizer, "is_fast", False):
+        return "its tokenizer is not a fast (tokenizer.json) one"
+    if json.loads(tokenizer.backend_tokenizer.to_str())["model"].get("type") != "BPE":
+        return ("its tokenizer is not a BPE one (qatune writes byte-level BPE tokenizers and SentencePiece BPE ones "
+                "as Gemma's)")
+    if vocabulary_kind(tokenizer) is None:
+        return ("its tokenizer splits text in a way llama.cpp has no pre-tokenizer for (its pre-tokenization is "
+                "neither GPT-2's nor one llama.cpp's converter knows)")
+    return None
+
+
+def _vocabulary(tokenizer: Any, size: int, kind: str) -> tuple[list[str], list[int], list[float]]:
+    """The file's tokens, their types and (SentencePiece's) scores, as llama.cpp's converter writes them: added
+    tokens control (special) or user-defined, ids the tokenizer lacks unused [PADn]; a piece's score is minus the
+    rank of the merge that makes it, so llama.cpp, which merges the best-scored pair first, merges as the BPE
+    does."""
+    import gguf
+
+    vocab = {index: token for token, index in tokenizer.get_vocab().items()}
+    added = tokenizer.added_tokens_decoder
+    merges = json.loads(tokenizer.backend_tokenizer.to_str())["model"].get("merges", [])
+    rank: dict[str, int] = {}
+    for at, merge in enumerate(merges):
+        rank.setdefault("".join(merge.split(" ") if isinstance(merge, str) else merge), at)
+    tokens, kinds, scores = [], [], []
+    for index in range(size):
+        token = vocab.get(index)
+        if token is None:
+            tokens.append(f"[PAD{index}]")
+            kinds.append(gguf.TokenType.UNUSED)
+            scores.append(-1000.0)
+            continue
+        tokens.append(token)
+        if index in added:
+            kinds.append(gguf.TokenType.CONTROL if added[index].special else gguf.TokenType.USER_DEFINED)
+            scores.append(-1000.0)
+        elif kind == "llama" and BYTE_TOKEN.fullmatch(token):
+            kinds.append(gguf.TokenType.BYTE)
+            scores.append(0.0)
+        else:
+            kinds.append(gguf.TokenType.NORMAL)
+            scores.append(0.0 if len(token) == 1 else -float(rank.get(token, len(merges))))
+    return tokens, [int(kind) for kind in kinds], scores
+
+
 def _tokenizer(writer: Any, loaded: LoadedModel, config: Any) -> None:
     import gguf
 
     tokenizer = loaded.tokenizer
-    vocab = {index: token for token, index in tokenizer.get_vocab().items()}
-    added = tokenizer.added_tokens_decoder
-    size = max(config.vocab_size, max(vocab) + 1)
-    tokens, kinds = [], []
-    for index in range(size):
-        if index not in vocab:
-            tokens.append(f"[PAD{index}]")
-            kinds.append(gguf.TokenType.UNUSED)
-        elif index in added:
-            tokens.append(vocab[index])
-            kinds.append(gguf.TokenType.CONTROL if added[index].special else gguf.TokenType.USER_DEFINED)
-        else:
-            tokens.append(vocab[index])
-            kinds.append(gguf.TokenType.NORMAL)
-    writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre(pre_tokenizer(tokenizer))
+    kind = vocabulary_kind(tokenizer)
+    # As many tokens as the model has embeddings (llama.cpp requires it): a token the tokenizer adds beyond them
+    # (GemmaTokenizer's <mask> where a vocabulary lacks one) is one the model cannot read anyway.
+    tokens, kinds, scores = _vocabulary(tokenizer, config.vocab_size, kind)
+    writer.add_tokenizer_model(kind)
+    writer.add_tokenizer_pre(pre_tokenizer(tokenizer) if kind == "gpt2" else "default")
     writer.add_token_list(tokens)
-    writer.add_token_types([int(kind) for kind in kinds])
-    # The merges and the special tokens' ids as llama.cpp's converter reads them from the tokenizer's files.
+    writer.add_token_types(kinds)
+    if kind == "llama":
+        writer.add_token_scores(scores)
+        writer.add_add_space_prefix(False)
+    # The merges and the special tokens' ids as llama.cpp's converter reads them from the tokenizer's files
+    # (SentencePiece's llama.cpp merges by the scores; transformers' GGUF reader takes the merges where a file has
+    # them).
     with tempfile.TemporaryDirectory() as folder:
         tokenizer.save_pretrained(folder)
-        special = gguf.SpecialVocab(folder, load_merges=True, n_vocab=len(tokens),
+        merges = bool(json.loads(tokenizer.backend_tokenizer.to_str())["model"].get("merges"))
+        special = gguf.SpecialVocab(folder, load_merges=merges, n_vocab=len(tokens),
                                     special_token_types=("bos", "eos", "unk", "pad"))
     eot = end_of_turn(loaded)
     if eot is not None:

@@ -5,6 +5,7 @@ and keys are llama.cpp's. SmolLM3, which transformers' reader does not know, is 
 writes for it: a Llama's tensors under its own architecture. A broken record (a wrong permute, Gemma's norms not
 shifted, the end-of-turn token left out, a wrong pre-tokenizer) fails these checks."""
 
+import copy
 import dataclasses
 import json
 
@@ -119,8 +120,6 @@ def test_file_read_back_by_transformers_gives_the_model_logits(readable):
 def test_rounded_files_hold_the_model_rounded(readable, quant):
     """f16 and q8_0: the file's logits are the model's with its weights rounded as the file stores them, and close
     to the model's own (f16 within its rounding; q8_0 keeps the next token)."""
-    import copy
-
     _, loaded, _ = readable
     path = write(loaded, quant)
     back = read_model(path, loaded.model)
@@ -166,6 +165,62 @@ def test_tensor_names_and_keys_are_llama_cpps(family):
         assert fields["tokenizer.ggml.bos_token_id"].contents() == loaded.tokenizer.bos_token_id
     assert len(fields["tokenizer.ggml.merges"].data) == len(
         json.loads(loaded.tokenizer.backend_tokenizer.to_str())["model"]["merges"])
+
+
+def sentencepiece_ids(text, tokens, scores):
+    """llama.cpp's SentencePiece tokenizer (llm_tokenizer_spm) on text without special tokens: spaces as ▁, the
+    characters merged pair by pair, the best-scored pair that is a token first (the leftmost of equals), and a piece
+    that is no token written as its bytes' <0xXX> tokens."""
+    import heapq
+
+    ids = {token: index for index, token in enumerate(tokens)}
+    symbols = list(text.replace(" ", "\u2581"))
+    alive = [True] * len(symbols)
+    right = list(range(1, len(symbols) + 1))
+    left = list(range(-1, len(symbols) - 1))
+    queue = []
+
+    def offer(a, b):
+        if a >= 0 and b < len(symbols) and symbols[a] + symbols[b] in ids:
+            heapq.heappush(queue, (-scores[ids[symbols[a] + symbols[b]]], a, symbols[a] + symbols[b]))
+
+    for at in range(len(symbols) - 1):
+        offer(at, at + 1)
+    while queue:
+        _, a, merged = heapq.heappop(queue)
+        b = right[a]
+        if not alive[a] or b >= len(symbols) or symbols[a] + symbols[b] != merged:
+            continue
+        symbols[a], alive[b] = merged, False
+        right[a] = right[b]
+        if right[b] < len(symbols):
+            left[right[b]] = a
+        offer(left[a], a)
+        offer(a, right[a])
+    out = []
+    for symbol, kept in zip(symbols, alive):
+        if kept:
+            out.extend([ids[symbol]] if symbol in ids else [ids[f"<0x{byte:02X}>"] for byte in symbol.encode()])
+    return out
+
+
+def test_sentencepiece_scores_make_llama_cpp_merge_as_the_tokenizer(tmp_path):
+    """Gemma's SentencePiece BPE is written as llama.cpp's "llama" vocabulary: tokens, types and scores, by which
+    llama.cpp merges (it ignores merges there). Its merging on the file's scores gives the tokenizer's ids."""
+    case = next(c for c in CASES if c.sentencepiece)
+    loaded = loaded_case(case, tmp_path / "final")
+    fields = gguf.GGUFReader(str(write(loaded))).fields
+    assert fields["tokenizer.ggml.model"].contents() == "llama" and fields["tokenizer.ggml.pre"].contents() == "default"
+    assert fields["tokenizer.ggml.add_space_prefix"].contents() is False
+    tokens, scores = fields["tokenizer.ggml.tokens"].contents(), fields["tokenizer.ggml.scores"].contents()
+    types = fields["tokenizer.ggml.token_type"].contents()
+    assert [tokens[i] for i, kind in enumerate(types) if kind == gguf.TokenType.BYTE] == [
+        f"<0x{byte:02X}>" for byte in range(256)]
+    for text in (*TEXTS, " ".join(TEXTS) * 2):
+        assert sentencepiece_ids(text, tokens, scores) == loaded.tokenizer(text, add_special_tokens=False)["input_ids"]
+    flat = [0.0] * len(scores)  # without the scores llama.cpp merges in another order
+    assert any(sentencepiece_ids(text, tokens, flat) != loaded.tokenizer(text, add_special_tokens=False)["input_ids"]
+               for text in TEXTS)
 
 
 def test_smollm3_is_written_as_llama_cpps_converter_writes_it(tmp_path):
@@ -253,3 +308,40 @@ def test_a_wrong_pre_tokenizer_gives_other_ids(case_id, wrong, monkeypatch, tmp_
     assert same_ids(loaded, write(loaded, name="right.gguf"))
     monkeypatch.setattr(gguf_write, "pre_tokenizer", lambda tokenizer: wrong)
     assert not same_ids(loaded, write(loaded, name="wrong.gguf"))
+
+
+def test_gemma3_from_a_gguf_as_llama_cpp_publishes_it_is_written_back(tmp_path, monkeypatch):
+    """Gemma 3 270M comes as llama.cpp's GGUF (a SentencePiece vocabulary, norms plus one: tests/unit/model/
+    tiny_gemma3.py, here with the published head width of 256): read as qatune reads a model file, written again by
+    export, and read back by transformers, it gives the same logits and token ids."""
+    from transformers import Gemma3ForCausalLM
+
+    from qatune.model.gguf_file import load_gguf_run
+    from tests.unit.model import tiny_gemma3
+
+    narrow = tiny_gemma3.tiny_gemma3
+
+    def published_width(seed=0):
+        config = narrow(seed).config
+        config.head_dim = 256
+        torch.manual_seed(seed)
+        return Gemma3ForCausalLM(config)
+
+    monkeypatch.setattr(tiny_gemma3, "tiny_gemma3", published_width)
+    source = tmp_path / "gemma-3-270m.gguf"
+    tiny_gemma3.write_tiny_gemma3_gguf(source)
+    loaded = load_gguf_run(source, device="cpu", convert=False)
+    assert gguf_write.vocabulary_kind(loaded.tokenizer) == "llama"
+    loaded.folder = tmp_path / "run" / "final"
+    loaded.folder.mkdir(parents=True)
+    for quant in ("f16", "q8_0"):
+        path = write(loaded, quant)
+        back = read_model(path, loaded.model)
+        rounded = copy.deepcopy(loaded.model)
+        gguf_write.round_like_file(rounded, quant)
+        torch.testing.assert_close(logits(back, loaded.tokenizer), logits(rounded, loaded.tokenizer),
+                                   atol=1e-4, rtol=1e-4)
+        assert same_ids(loaded, path)
+        fields = gguf.GGUFReader(str(path)).fields
+        assert fields["tokenizer.ggml.model"].contents() == "llama"
+        assert fields["tokenizer.ggml.eos_token_id"].contents() == loaded.tokenizer.convert_tokens_to_ids("<eos>")
