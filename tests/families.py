@@ -80,6 +80,8 @@ QWEN3_HEAD = 128
 """Qwen3's head width (its config's default, which transformers' GGUF reader takes)."""
 DECODER = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
            "num_key_value_heads": 2, "max_position_embeddings": 512}
+WIDE_HEADS = {**DECODER, "num_attention_heads": 2, "num_key_value_heads": 1}
+"""Families with wide heads (Gemma's, Qwen3's): two heads and one for keys and values keep the model small."""
 
 
 @dataclass(frozen=True)
@@ -112,14 +114,12 @@ CASES = (
                "<|im_end|>", "<|im_end|>", "<|im_end|>", CHATML_TEMPLATE),
     FamilyCase("qwen2", "qwen2", DECODER, ("<|endoftext|>", "<|im_start|>", "<|im_end|>"), None, "<|im_end|>",
                "<|endoftext|>", "<|im_end|>", QWEN2_TEMPLATE, split=QWEN2_SPLIT),
-    FamilyCase("qwen3", "qwen3", {**DECODER, "head_dim": QWEN3_HEAD}, ("<|endoftext|>", "<|im_start|>", "<|im_end|>"),
-               None, "<|im_end|>", "<|endoftext|>", "<|im_end|>", QWEN3_TEMPLATE, split=QWEN2_SPLIT),
-    FamilyCase("gemma2", "gemma2", {**DECODER, "head_dim": GEMMA_HEAD}, ("<pad>", "<eos>", "<bos>", "<unk>",
+    FamilyCase("qwen3", "qwen3", {**WIDE_HEADS, "head_dim": QWEN3_HEAD}, ("<|endoftext|>", "<|im_start|>",
+               "<|im_end|>"), None, "<|im_end|>", "<|endoftext|>", "<|im_end|>", QWEN3_TEMPLATE, split=QWEN2_SPLIT),
+    FamilyCase("gemma2", "gemma2", {**WIDE_HEADS, "head_dim": GEMMA_HEAD}, ("<pad>", "<eos>", "<bos>", "<unk>",
                "<start_of_turn>", "<end_of_turn>"), "<bos>", "<eos>", "<pad>", "<end_of_turn>", GEMMA2_TEMPLATE),
-    FamilyCase("gemma3", "gemma3_text", {**DECODER, "head_dim": GEMMA_HEAD}, ("<pad>", "<eos>", "<bos>", "<unk>",
-               "<start_of_turn>", "<end_of_turn>"), "<bos>", "<eos>", "<pad>", "<end_of_turn>", GEMMA3_TEMPLATE),
     # Gemma 3 as published (270M, 1B): its own SentencePiece tokenizer.
-    FamilyCase("gemma3-sp", "gemma3_text", {**DECODER, "head_dim": GEMMA_HEAD}, ("<pad>", "<eos>", "<bos>", "<unk>",
+    FamilyCase("gemma3", "gemma3_text", {**WIDE_HEADS, "head_dim": GEMMA_HEAD}, ("<pad>", "<eos>", "<bos>", "<unk>",
                "<mask>", "<start_of_turn>", "<end_of_turn>"), "<bos>", "<eos>", "<pad>", "<end_of_turn>",
                GEMMA3_TEMPLATE, sentencepiece=True),
     FamilyCase("phi3", "phi3", DECODER, ("<|endoftext|>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>"),
@@ -131,6 +131,12 @@ CASES = (
     FamilyCase("gpt2", "gpt2", {"n_embd": 32, "n_layer": 2, "n_head": 4, "n_positions": 512}, ("<|endoftext|>",),
                "<|endoftext|>", "<|endoftext|>", None, "<|endoftext|>", None),
 )
+
+GEMMA3_BYTE_LEVEL = FamilyCase("gemma3-byte-level", "gemma3_text", {**WIDE_HEADS, "head_dim": GEMMA_HEAD}, (
+    "<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>"), "<bos>", "<eos>", "<pad>", "<end_of_turn>",
+    GEMMA3_TEMPLATE)
+"""A Gemma 3 fine-tuned with a byte-level BPE (llama.cpp's converter writes it as such): the GGUF tests only."""
+GGUF_CASES = (*CASES, GEMMA3_BYTE_LEVEL)
 
 
 def sheet_rows(n: int) -> list[dict[str, str]]:

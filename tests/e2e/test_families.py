@@ -153,20 +153,33 @@ def test_serve_answers_as_generate_does_at_temperature_0(family):
 
 
 @pytest.mark.slow
-def test_export_gguf_writes_the_family_or_refuses_it_in_one_line(family, tmp_path):
-    pytest.importorskip("gguf")
+@pytest.mark.parametrize("quant", ["f16", "q8_0"])
+def test_export_gguf_writes_the_family_or_refuses_it_in_one_line(family, quant, tmp_path):
+    """Written as the family's record says, read back and asked the run's rows by export's own check (the same
+    prompts, id for id, and the next tokens of the run's weights rounded to the file's precision), the end of a turn
+    ending generation in the file; or refused in one line naming the family."""
+    gguf = pytest.importorskip("gguf")
     from click.testing import CliRunner
-    from transformers import AutoConfig
+    from transformers import AutoConfig, AutoTokenizer
 
     from qatune.cli import cli
 
-    _, folder, _, run, _ = family
+    case, folder, _, run, _ = family
     record = family_of(AutoConfig.from_pretrained(folder))
-    result = CliRunner().invoke(cli, ["export", str(run), "--gguf", str(tmp_path / "tiny.gguf")])
+    path = tmp_path / f"tiny-{quant}.gguf"
+    result = CliRunner().invoke(cli, ["export", str(run), "--gguf", str(path), "--quant", quant])
     if record.gguf_written:
         assert result.exit_code == 0, result.output + result.stderr
-        assert (tmp_path / "tiny.gguf").is_file() and (tmp_path / "tiny.Modelfile").is_file()
+        assert path.is_file() and path.with_suffix(".Modelfile").is_file()
+        check = json.loads((run / f"export-tiny-{quant}.json").read_text())
+        assert check["passed"] and check["prompts_identical"] == check["rows"] == ROWS
+        assert check["next_tokens_as_rounded"] == check["positions"]
+        fields = gguf.GGUFReader(str(path)).fields
+        assert fields["general.architecture"].contents() == record.gguf_architecture
+        stops = {fields[key].contents() for key in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id")
+                 if key in fields}
+        assert AutoTokenizer.from_pretrained(folder).convert_tokens_to_ids(case.end_of_turn) in stops
     else:
-        assert result.exit_code == 1 and not (tmp_path / "tiny.gguf").exists()
+        assert result.exit_code == 1 and not path.exists()
         assert len(result.stderr.strip().splitlines()) == 1
         assert f"qatune does not write {record.name} models" in result.stderr

@@ -18,7 +18,8 @@ from qatune.export import gguf_write
 from qatune.model import families
 from qatune.model.families import FAMILIES, family_of
 from qatune.model.folder import LoadedModel, ModelInfo
-from tests.families import CASES, family_model, family_tokenizer
+from tests.families import GGUF_CASES as CASES
+from tests.families import family_model, family_tokenizer
 
 gguf = pytest.importorskip("gguf")
 
@@ -207,7 +208,7 @@ def sentencepiece_ids(text, tokens, scores):
 def test_sentencepiece_scores_make_llama_cpp_merge_as_the_tokenizer(tmp_path):
     """Gemma's SentencePiece BPE is written as llama.cpp's "llama" vocabulary: tokens, types and scores, by which
     llama.cpp merges (it ignores merges there). Its merging on the file's scores gives the tokenizer's ids."""
-    case = next(c for c in CASES if c.sentencepiece)
+    case = next(c for c in CASES if c.id == "gemma3")
     loaded = loaded_case(case, tmp_path / "final")
     fields = gguf.GGUFReader(str(write(loaded))).fields
     assert fields["tokenizer.ggml.model"].contents() == "llama" and fields["tokenizer.ggml.pre"].contents() == "default"
@@ -271,8 +272,10 @@ def broken(monkeypatch, model_type, **changes):
     ("llama3", {"permuted": ()}),  # queries and keys in transformers' order
     ("llama3", {"permuted": (("q_proj", "num_attention_heads"), ("k_proj", "num_attention_heads"))}),  # GQA's heads
     ("gemma3", {"norm_shift": 0.0}),  # Gemma's norms written as transformers keeps them
+    ("gemma3-byte-level", {"norm_shift": 0.0}),
     ("gemma2", {"hyperparameters": ()}),  # no hyper-parameters: the reader's defaults
-], ids=["llama-no-permute", "llama-permute-wrong-heads", "gemma3-norms-unshifted", "gemma2-no-keys"])
+], ids=["llama-no-permute", "llama-permute-wrong-heads", "gemma3-norms-unshifted", "gemma3-byte-level-unshifted",
+        "gemma2-no-keys"])
 def test_a_broken_layout_gives_other_logits(case_id, changes, monkeypatch, tmp_path):
     case = next(c for c in CASES if c.id == case_id)
     loaded = loaded_case(case, tmp_path / "final")
