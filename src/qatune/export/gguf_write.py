@@ -22,7 +22,7 @@ from qatune.data.generative import PromptEncoder
 from qatune.data.templates import PromptTemplate
 from qatune.export import ExportError
 from qatune.export.gguf_prompt import chat_template
-from qatune.model.families import GgufLayout, family_of
+from qatune.model.families import GgufLayout, family_of, rope_parameters
 from qatune.model.folder import LoadedModel
 from qatune.model.gguf_file import embedded_run
 from qatune.runs.layout import BEST, FINAL
@@ -133,7 +133,7 @@ def _hyperparameters(writer: Any, layout: GgufLayout, config: Any) -> None:
             writer.add_float32(key, value)
         else:
             writer.add_uint32(key, value)
-    rope = getattr(config, "rope_parameters", None) or {}
+    rope = rope_parameters(config)
     if rope.get("rope_type") == "linear" and rope.get("factor"):
         writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         writer.add_rope_scaling_factor(float(rope["factor"]))

@@ -39,14 +39,15 @@ def head_dim(config: Any) -> int:
     return int(getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
 
 
-def _rope(config: Any, layers: str = "full_attention") -> dict:
+def rope_parameters(config: Any, layers: str = "full_attention") -> dict:
     """The rope parameters of a kind of layer (a config with one kind for all layers has them at the top)."""
     rope = getattr(config, "rope_parameters", None) or {}
-    return rope.get(layers, rope) if layers in rope or "rope_theta" in rope else {}
+    kind = rope.get(layers)
+    return kind if isinstance(kind, dict) else rope
 
 
 def rope_theta(config: Any) -> float:
-    return float(_rope(config).get("rope_theta", getattr(config, "rope_theta", None) or 10000.0))
+    return float(rope_parameters(config).get("rope_theta", getattr(config, "rope_theta", None) or 10000.0))
 
 
 def sliding_rope_theta(config: Any) -> float | None:
@@ -57,12 +58,12 @@ def sliding_rope_theta(config: Any) -> float | None:
 
 def rotary_dimensions(config: Any) -> int:
     """The dimensions of each head that rope turns (Phi-3 counts them from the hidden size)."""
-    share = _rope(config).get("partial_rotary_factor", getattr(config, "partial_rotary_factor", None) or 1.0)
+    share = rope_parameters(config).get("partial_rotary_factor", getattr(config, "partial_rotary_factor", None) or 1.0)
     return int(share * config.hidden_size) // config.num_attention_heads
 
 
 def original_context(config: Any) -> int:
-    return int(_rope(config).get("original_max_position_embeddings")
+    return int(rope_parameters(config).get("original_max_position_embeddings")
                or getattr(config, "original_max_position_embeddings", None) or config.max_position_embeddings)
 
 
