@@ -133,13 +133,16 @@ def test_env_init_and_the_page_offer_it_with_its_terms(package, tmp_path, monkey
     assert written["model"] == "gemma3-270m" and written["why"].endswith(f"({GEMMA_TERMS})")
 
 
-def test_a_run_trained_from_it_saves_gemmas_turns_in_its_final_tokenizer(package, tmp_path):
+@pytest.mark.slow  # trains a tiny Gemma 3 for two steps, exports it and checks the file
+def test_a_run_trained_from_it_asks_in_gemmas_turns_from_final_and_from_its_exported_gguf(package, tmp_path):
     from transformers import AutoTokenizer
 
     from qatune.config import load_config
     from qatune.data.generative import PromptEncoder
     from qatune.data.templates import PromptTemplate
+    from qatune.export.gguf import export_gguf
     from qatune.inference.run_model import load_run_model
+    from qatune.model.gguf_file import read_gguf_run
     from qatune.train import train
 
     rows = list(csv.DictReader(open(FIXTURES / "xquad_slice.csv", encoding="utf-8")))[:8]
@@ -150,7 +153,7 @@ def test_a_run_trained_from_it_saves_gemmas_turns_in_its_final_tokenizer(package
         writer.writerows({"question": r["question"], "context": r["context"][:200], "answer": r["answer"]}
                          for r in rows)
     config = load_config(None, ["task=generative", "model.name_or_path=gemma3-270m", f"data.train_file={sheet}",
-                                "data.context_column=context", "data.system_prompt=", "data.max_length=256",
+                                "data.context_column=context", "data.system_prompt=", "data.max_length=auto",
                                 "train.epochs=1", "train.batch_size=4", "train.precision=fp32",
                                 f"output_dir={tmp_path / 'run'}"])
     run = train(config, progress=False)
@@ -158,5 +161,22 @@ def test_a_run_trained_from_it_saves_gemmas_turns_in_its_final_tokenizer(package
     assert AutoTokenizer.from_pretrained(run / "final").chat_template == GEMMA_TURNS
     loaded = load_run_model(run)
     assert (loaded.info.prompt_template, loaded.info.answer_prefix) == (prompt, "")
-    encoder = PromptEncoder(loaded.tokenizer, PromptTemplate(prompt, ""))
-    assert encoder.end_id == loaded.tokenizer.convert_tokens_to_ids("<end_of_turn>")  # generate stops there
+    end_of_turn = loaded.tokenizer.convert_tokens_to_ids("<end_of_turn>")
+    assert PromptEncoder(loaded.tokenizer, PromptTemplate(prompt, "")).end_id == end_of_turn  # generate stops there
+
+    # The exported file: its check passed (the file's prompts are the run's, id for id), its chat template renders
+    # the training text, <end_of_turn> ends its answers, and qatune reads the run's prompt back from it.
+    file, check = export_gguf(run, tmp_path / "gemma.gguf", "f16")
+    assert check.passed()
+    exported = AutoTokenizer.from_pretrained(file.parent, gguf_file=file.name)
+    messages = [{"role": "system", "content": "The passage."}, {"role": "user", "content": "What is it?"}]
+    assert exported.apply_chat_template(messages, tokenize=False, add_generation_prompt=True) == (
+        "<bos><start_of_turn>user\nThe passage.\n\nQuestion: What is it?<end_of_turn>\n<start_of_turn>model\n")
+    answered = exported.apply_chat_template([*messages, {"role": "assistant", "content": "It."}], tokenize=False)
+    assert answered.endswith("<start_of_turn>model\nIt.<end_of_turn>")
+    import gguf
+
+    fields = gguf.GGUFReader(str(file)).fields
+    assert fields["tokenizer.ggml.eot_token_id"].contents() == end_of_turn
+    _, info = read_gguf_run(file)
+    assert (info.prompt_template, info.answer_prefix) == (prompt, "")

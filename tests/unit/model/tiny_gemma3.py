@@ -26,12 +26,14 @@ def vocabulary() -> list[str]:
 
 
 def tiny_gemma3(seed: int = 0):
-    """A random Gemma 3 text model (2 layers, hidden size 32) for :func:`vocabulary`."""
+    """A random Gemma 3 text model (2 layers, hidden size 32) for :func:`vocabulary`, with the published head width
+    (256): a GGUF file does not carry Gemma 3's query scale, which readers take as 256, and export writes a Gemma 3
+    only where the two are equal, as in Gemma 3 270M."""
     import torch
     from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 
     config = Gemma3TextConfig(vocab_size=len(vocabulary()), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                              num_attention_heads=2, num_key_value_heads=1, head_dim=16, max_position_embeddings=512,
+                              num_attention_heads=2, num_key_value_heads=1, head_dim=256, max_position_embeddings=512,
                               sliding_window=512, rope_theta=1_000_000.0, rms_norm_eps=1e-6, bos_token_id=2,
                               eos_token_id=1, pad_token_id=0, tie_word_embeddings=True)
     torch.manual_seed(seed)
