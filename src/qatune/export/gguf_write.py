@@ -250,15 +250,20 @@ def _tensors(model: Any, layout: GgufLayout, quant: str) -> Any:
     """(GGUF name, numpy array, its GGML type) of every tensor llama.cpp reads, as its converter writes them."""
     import numpy as np
 
-    config = model.config
-    permuted = {f".{projection}.{part}": getattr(config, heads, None) or config.num_attention_heads
-                for projection, heads in layout.permuted for part in ("weight", "bias")}
     for hf_name, name, data in file_tensors(model, layout):
-        heads = next((count for ending, count in permuted.items() if hf_name.endswith(ending)), None)
+        heads = rope_heads(hf_name, model.config, layout)
         if heads is not None:
             data = _permute(data, heads)
         array, kind = _quantize(data.contiguous().numpy(), name, quant)
         yield name, np.ascontiguousarray(array), kind
+
+
+def rope_heads(hf_name: str, config: Any, layout: GgufLayout) -> int | None:
+    """The heads a tensor's rows are permuted by for llama.cpp's rope (None: not permuted)."""
+    for projection, count in layout.permuted:
+        if hf_name.endswith((f".{projection}.weight", f".{projection}.bias")):
+            return int(getattr(config, count, None) or config.num_attention_heads)
+    return None
 
 
 def file_tensors(model: Any, layout: GgufLayout) -> Any:
@@ -268,7 +273,7 @@ def file_tensors(model: Any, layout: GgufLayout) -> Any:
 
     config = model.config
     architecture = next(key for key, name in gguf.MODEL_ARCH_NAMES.items() if name == layout.architecture)
-    blocks = dict(layout.hyperparameters)["block_count"](config)
+    blocks = dict(layout.hyperparameters)["block_count"](config)  # every layout writes its count of layers
     names = gguf.get_tensor_name_map(architecture, blocks)
     tied = bool(getattr(config, "tie_word_embeddings", False))
     for hf_name, tensor in model.state_dict().items():
@@ -336,9 +341,6 @@ def read_into(model: Any, path: Path) -> None:
     import gguf
 
     layout = family_of(model.config).gguf
-    config = model.config
-    heads = {f".{projection}.{part}": getattr(config, count, None) or config.num_attention_heads
-             for projection, count in layout.permuted for part in ("weight", "bias")}
     by_name = {name: hf_name for hf_name, name, _ in file_tensors(model, layout)}
     state = model.state_dict()
     for tensor in gguf.GGUFReader(str(path)).tensors:
@@ -346,9 +348,9 @@ def read_into(model: Any, path: Path) -> None:
         if hf_name is None:
             raise ExportError(f"{path.name} holds a tensor {tensor.name} that a {layout.architecture} model lacks")
         data = torch.from_numpy(gguf.quants.dequantize(tensor.data, tensor.tensor_type).copy()).to(torch.float32)
-        count = next((n for ending, n in heads.items() if hf_name.endswith(ending)), None)
-        if count is not None:
-            data = _unpermute(data, count)
+        heads = rope_heads(hf_name, model.config, layout)
+        if heads is not None:
+            data = _unpermute(data, heads)
         state[hf_name].copy_(from_file(hf_name, data, layout).reshape(state[hf_name].shape))
 
 
