@@ -79,6 +79,30 @@ def test_check_trains_the_family_chat_prompt_and_its_end_of_turn(setup):
 
 
 @pytest.mark.slow
+def test_check_says_before_training_when_the_model_cannot_be_exported(tmp_path):
+    """A Gemma 3 whose queries are scaled otherwise than llama.cpp scales Gemma's: check warns (gguf) naming why, and
+    export refuses the same way (tests/unit/model/test_families.py)."""
+    import yaml
+
+    case = next(c for c in CASES if c.id == "gemma3")
+    folder = family_folder(case, tmp_path / "tiny-gemma3")
+    settings = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**settings, "query_pre_attn_scalar": 64}))
+    data = tmp_path / "rows.csv"
+    with open(data, "w", encoding="utf-8", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=["question", "context", "answer"])
+        writer.writeheader()
+        writer.writerows(sheet_rows(ROWS))
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump({"task": "generative", "model": {"name_or_path": str(folder)},
+                                      "data": {"train_file": str(data), "context_column": "context"}}))
+    report = json.loads(cli_ok("check", "--config", config, "--json").stdout)
+    said = [f["message"] for f in report["findings"] if f["code"] == "gguf"]
+    assert len(said) == 1 and "qatune writes a Gemma 3 model as GGUF only if its query_pre_attn_scalar equals its " \
+        "head_dim" in said[0] and "--merge FOLDER" in said[0]
+
+
+@pytest.mark.slow
 def test_full_training_learns_the_rows(family):
     _, _, _, run, _ = family
     losses = [json.loads(line)["loss"] for line in (run / "metrics.jsonl").read_text().splitlines()
