@@ -78,6 +78,10 @@ GEMMA_HEAD = 256
 and transformers' GGUF reader takes the config's default scalar."""
 QWEN3_HEAD = 128
 """Qwen3's head width (its config's default, which transformers' GGUF reader takes)."""
+LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 32.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 256}
+"""Llama 3.2's rope scaling, its original context cut to 256 so that the tiny model's 4 pairs of dimensions meet all
+three of its cases (kept, scaled, in between)."""
 DECODER = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
            "num_key_value_heads": 2, "max_position_embeddings": 512}
 WIDE_HEADS = {**DECODER, "num_attention_heads": 2, "num_key_value_heads": 1}
@@ -107,9 +111,9 @@ class FamilyCase:
 
 
 CASES = (
-    FamilyCase("llama3", "llama", DECODER, ("<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>",
-               "<|end_header_id|>", "<|eot_id|>"), "<|begin_of_text|>", "<|eot_id|>", None, "<|eot_id|>",
-               LLAMA3_TEMPLATE, split=LLAMA3_SPLIT),
+    FamilyCase("llama3", "llama", {**DECODER, "rope_parameters": LLAMA3_ROPE}, ("<|begin_of_text|>",
+               "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"), "<|begin_of_text|>",
+               "<|eot_id|>", None, "<|eot_id|>", LLAMA3_TEMPLATE, split=LLAMA3_SPLIT),
     FamilyCase("smollm2", "llama", DECODER, ("<|endoftext|>", "<|im_start|>", "<|im_end|>"), "<|im_start|>",
                "<|im_end|>", "<|im_end|>", "<|im_end|>", CHATML_TEMPLATE),
     FamilyCase("qwen2", "qwen2", DECODER, ("<|endoftext|>", "<|im_start|>", "<|im_end|>"), None, "<|im_end|>",

@@ -24,7 +24,7 @@ from qatune.export import ExportError
 from qatune.export.gguf_check import ANSWER_ROWS, CHECK_ROWS, Check, check_file, check_records, failure_message
 from qatune.export.gguf_prompt import modelfile, unwritable_characters
 from qatune.export.gguf_write import QUANTS, tokenizer_refusal, write_gguf
-from qatune.model.families import gguf_refusal, rope_parameters
+from qatune.model.families import family_of, gguf_refusal, rope_parameters
 from qatune.model.folder import LoadedModel, ModelInfo, load_model_folder
 from qatune.runs import layout
 from qatune.runs.atomic import atomic_write_text
@@ -104,9 +104,10 @@ def unsupported(loaded: LoadedModel) -> str | None:
     if unwritable:
         return (f"its prompt holds the control character(s) {', '.join(unwritable)}, which a chat template cannot "
                 "carry to llama.cpp and other engines (only tabs and line breaks can be written)")
-    rope = rope_parameters(model.config)
-    if rope.get("rope_type", "default") not in ("default", "linear", None):
-        return f"its rope scaling ({rope.get('rope_type')}) is not one qatune writes"
+    rope = rope_parameters(model.config).get("rope_type") or "default"
+    written = family_of(model.config).gguf.rope_types
+    if rope not in written:
+        return f"its rope scaling ({rope}) is not one qatune writes for its family ({', '.join(written)})"
     return None
 
 

@@ -84,6 +84,7 @@ def pre_tokenizer(tokenizer: Any) -> str | None:
 def write_gguf(loaded: LoadedModel, path: Path, quant: str) -> None:
     """The run's model, tokenizer, prompt and qatune's keys as one GGUF file."""
     import gguf
+    import numpy as np
 
     model, config = loaded.model, loaded.model.config
     layout = family_of(config).gguf
@@ -99,6 +100,8 @@ def write_gguf(loaded: LoadedModel, path: Path, quant: str) -> None:
         writer.add_string(key, value)
     for name, array, kind in _tensors(model, layout, quant):
         writer.add_tensor(name, array, raw_dtype=kind)
+    for name, values in extra_tensors(layout, config).items():
+        writer.add_tensor(name, np.asarray(values, dtype=np.float32), raw_dtype=gguf.GGMLQuantizationType.F32)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -117,6 +120,12 @@ def _tensor_type(quant: str) -> Any:
 
     return {"f32": gguf.GGMLQuantizationType.F32, "f16": gguf.GGMLQuantizationType.F16,
             "bf16": gguf.GGMLQuantizationType.BF16, "q8_0": gguf.GGMLQuantizationType.Q8_0}[quant]
+
+
+def extra_tensors(layout: GgufLayout, config: Any) -> dict[str, list[float]]:
+    """The tensors the layout writes besides the model's weights, for this config."""
+    values = {name: value(config) for name, value in layout.extra_tensors}
+    return {name: value for name, value in values.items() if value is not None}
 
 
 def hyperparameters(layout: GgufLayout, config: Any) -> dict[str, int | float]:
@@ -342,8 +351,11 @@ def read_into(model: Any, path: Path) -> None:
 
     layout = family_of(model.config).gguf
     by_name = {name: hf_name for hf_name, name, _ in file_tensors(model, layout)}
+    extra = extra_tensors(layout, model.config)  # the model computes them from its config
     state = model.state_dict()
     for tensor in gguf.GGUFReader(str(path)).tensors:
+        if tensor.name in extra:
+            continue
         hf_name = by_name.get(tensor.name)
         if hf_name is None:
             raise ExportError(f"{path.name} holds a tensor {tensor.name} that a {layout.architecture} model lacks")

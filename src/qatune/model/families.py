@@ -15,6 +15,7 @@ here: gguf-py's own name map for the architecture (``gguf.get_tensor_name_map``)
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -69,6 +70,28 @@ def original_context(config: Any) -> int:
 
 def key_value_heads(config: Any) -> int:
     return int(getattr(config, "num_key_value_heads", None) or config.num_attention_heads)
+
+
+def llama3_rope_factors(config: Any) -> list[float] | None:
+    """Llama 3's rope scaling (rope_type llama3: Llama 3.1, 3.2) as llama.cpp reads it, a factor per pair of
+    dimensions dividing its frequency (the converter's ``rope_freqs``); None for a model without it."""
+    rope = rope_parameters(config)
+    if rope.get("rope_type") != "llama3":
+        return None
+    width = head_dim(config)
+    factor, low, high = rope.get("factor", 8.0), rope.get("low_freq_factor", 1.0), rope.get("high_freq_factor", 4.0)
+    context = rope.get("original_max_position_embeddings", 8192)
+    factors = []
+    for pair in range(0, width, 2):
+        wavelength = 2 * math.pi * rope_theta(config) ** (pair / width)
+        if wavelength < context / high:
+            factors.append(1.0)
+        elif wavelength > context / low:
+            factors.append(float(factor))
+        else:
+            smooth = (context / wavelength - low) / (high - low)
+            factors.append(1 / ((1 - smooth) / factor + smooth))
+    return factors
 
 
 DECODER_KEYS: tuple[tuple[str, Value], ...] = (
@@ -138,9 +161,15 @@ class GgufLayout:
     assumes: tuple[tuple[str, Callable[[Any], bool]], ...] = ()
     """(what llama.cpp takes for granted of such a model without reading it from the file, the test on a config):
     a model for which one fails is refused, saying which."""
+    rope_types: tuple[str, ...] = ("default", "linear")
+    """The rope scalings written (``rope_type`` of the config's rope parameters); another is refused."""
+    extra_tensors: tuple[tuple[str, Callable[[Any], list[float] | None]], ...] = ()
+    """(GGUF name, its values from the config) of tensors the converter makes that the model has no weight for
+    (Llama 3's ``rope_freqs``; None: not written for this config)."""
     read_back: bool = True
     """Whether transformers' GGUF loader reads the architecture, so that export's check reads the file back with it;
-    else the check reads the file's tensors into the run's model class with this layout undone."""
+    else (and where the file holds an extra tensor, which that loader does not read) the check reads the file's
+    tensors into the run's model class with this layout undone."""
 
 
 @dataclass(frozen=True)
@@ -167,7 +196,10 @@ class Family:
 
 ROPE_ROWS = (("q_proj", "num_attention_heads"), ("k_proj", "num_key_value_heads"))
 """Llama's queries and keys: transformers rotates a head's two halves, llama.cpp its interleaved pairs."""
-LLAMA = GgufLayout("llama", LLAMA_KEYS, permuted=ROPE_ROWS)
+LLAMA3_ROPE = {"rope_types": ("default", "linear", "llama3"), "extra_tensors": (("rope_freqs.weight",
+                                                                              llama3_rope_factors),)}
+"""LlamaModel's rope: Llama 3's scaling as a tensor of factors (llama.cpp's converter's generate_extra_tensors)."""
+LLAMA = GgufLayout("llama", LLAMA_KEYS, permuted=ROPE_ROWS, **LLAMA3_ROPE)
 
 FAMILIES = (
     Family("Llama (Llama 3, SmolLM2)", ("llama",), ATTENTION, "LlamaDecoderLayer", LLAMA),
@@ -202,7 +234,7 @@ FAMILIES = (
         assumes=(("rope turns every dimension of a head (transformers' GGUF reader, which checks the file, takes "
                   "partial_rotary_factor 1)", _full_rotary),))),
     Family("SmolLM3", ("smollm3",), ATTENTION, "SmolLM3DecoderLayer", GgufLayout(
-        "smollm3", LLAMA_KEYS, permuted=ROPE_ROWS, read_back=False, assumes=((
+        "smollm3", LLAMA_KEYS, permuted=ROPE_ROWS, read_back=False, **LLAMA3_ROPE, assumes=((
             "every fourth layer has no rope and the others do (llama.cpp's smollm3)", _no_rope_every_fourth),))),
     Family("GPT-2", ("gpt2",), ("c_attn",), "GPT2Block", GgufLayout("gpt2", (
         ("block_count", _int("n_layer")),

@@ -25,7 +25,9 @@ gguf = pytest.importorskip("gguf")
 
 TEXTS = ("The council met in Brussels in 1999 and again in 2004.", "naïve café, Ünïcödé: 東京タワー 😶‍🌫️ 🦙🦙",
          "  two  spaces\n\n\ttab and 3.14159 or 33333333", "I've been 'told he's there, 'RE you sure?")
-READ_BACK = [case for case in CASES if next(f for f in FAMILIES if case.model_type in f.model_types).gguf.read_back]
+READ_BACK = [case for case in CASES if next(f for f in FAMILIES if case.model_type in f.model_types).gguf.read_back
+             and case.config.get("rope_parameters", {}).get("rope_type") != "llama3"]
+"""The cases whose file transformers' reader reads whole: not SmolLM3's architecture, nor Llama 3's rope factors."""
 
 
 def loaded_case(case, folder):
@@ -348,3 +350,39 @@ def test_gemma3_from_a_gguf_as_llama_cpp_publishes_it_is_written_back(tmp_path, 
         fields = gguf.GGUFReader(str(path)).fields
         assert fields["tokenizer.ggml.model"].contents() == "llama"
         assert fields["tokenizer.ggml.eos_token_id"].contents() == loaded.tokenizer.convert_tokens_to_ids("<eos>")
+
+
+def test_llama3_rope_is_written_as_llama_cpps_factors_of_transformers_frequencies(tmp_path):
+    """Llama 3.2's rope scaling goes into the file as llama.cpp's converter writes it, a tensor rope_freqs of factors
+    dividing each frequency: the base frequencies over transformers' own scaled ones. transformers' reader ignores
+    that tensor, so export's check reads the file into the run's model class, which gives the model's logits."""
+    from qatune.export.gguf_check import read_back
+
+    case = next(c for c in CASES if c.id == "llama3")
+    loaded = loaded_case(case, tmp_path / "final")
+    path = write(loaded, "q8_0")
+    tensors = {t.name: t for t in gguf.GGUFReader(str(path)).tensors}
+    config = loaded.model.config
+    base = 1.0 / (config.rope_parameters["rope_theta"] ** (torch.arange(0, 8, 2, dtype=torch.float64) / 8))
+    scaled = loaded.model.model.rotary_emb.inv_freq.double()
+    factors = torch.from_numpy(tensors["rope_freqs.weight"].data.copy()).double()
+    torch.testing.assert_close(factors, base / scaled, rtol=1e-5, atol=0)
+    assert factors[0] == 1 and factors[-1] == 32 and 1 < factors[1] < 32  # kept, in between, scaled
+    back = read_back(loaded, path)
+    rounded = copy.deepcopy(loaded.model)
+    gguf_write.round_like_file(rounded, "q8_0")
+    torch.testing.assert_close(logits(back.model, loaded.tokenizer), logits(rounded, loaded.tokenizer),
+                               atol=1e-4, rtol=1e-4)
+
+
+def test_llama3_rope_left_out_of_the_file_is_found(monkeypatch, tmp_path):
+    """Without rope_freqs, the file is a Llama without Llama 3's scaling: read back, its logits are not the model's."""
+    from qatune.export.gguf_check import read_back
+
+    case = next(c for c in CASES if c.id == "llama3")
+    loaded = loaded_case(case, tmp_path / "final")
+    broken(monkeypatch, "llama", extra_tensors=())
+    back = read_back(loaded, write(loaded))
+    # the scaled frequencies are the slow ones, which a short text turns little: the f32 file's logits are exact
+    assert not torch.allclose(logits(back.model, loaded.tokenizer), logits(loaded.model, loaded.tokenizer), atol=1e-5,
+                              rtol=1e-5)
