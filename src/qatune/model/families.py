@@ -117,10 +117,16 @@ def _query_scale_is_head_width(config: Any) -> bool:
     return getattr(config, "query_pre_attn_scalar", None) in (None, head_dim(config))
 
 
-def _gemma3_layer_pattern(config: Any) -> bool:
-    layers = config.num_hidden_layers
-    expected = ["full_attention" if (i + 1) % 6 == 0 else "sliding_attention" for i in range(layers)]
-    return list(getattr(config, "layer_types", None) or expected) == expected
+def _full_every(period: int) -> Callable[[Any], bool]:
+    """Whether a config's layers use a sliding window but every ``period``-th, which attends to all (llama.cpp's
+    pattern for the architecture)."""
+
+    def holds(config: Any) -> bool:
+        expected = ["full_attention" if (i + 1) % period == 0 else "sliding_attention"
+                    for i in range(config.num_hidden_layers)]
+        return list(getattr(config, "layer_types", None) or expected) == expected
+
+    return holds
 
 
 def _no_rope_every_fourth(config: Any) -> bool:
@@ -214,6 +220,8 @@ FAMILIES = (
                    ("attention.sliding_window", _int("sliding_window"))),
         norm_shift=1.0, assumes=(QUERY_SCALE, (f"its query_pre_attn_scalar is 256 ({READER} Gemma's)",
                                                _is("query_pre_attn_scalar", 256)),
+                                 ("its layers alternate a sliding-window layer and a full one (llama.cpp's gemma2 "
+                                  "pattern)", _full_every(2)),
                                  (f"its logits are soft-capped at 50 and 30 ({READER} Gemma 2's)",
                                   lambda c: (c.attn_logit_softcapping, c.final_logit_softcapping) == (50.0, 30.0))))),
     Family("Gemma 3", ("gemma3_text",), ATTENTION, "Gemma3DecoderLayer", GgufLayout(
@@ -223,7 +231,7 @@ FAMILIES = (
         norm_shift=1.0, assumes=(QUERY_SCALE, (f"its query_pre_attn_scalar is 256 ({READER} Gemma's)",
                                                _is("query_pre_attn_scalar", 256)),
                                  ("its layers are five sliding-window layers and a full one, repeated (llama.cpp's "
-                                  "gemma3 pattern)", _gemma3_layer_pattern),
+                                  "gemma3 pattern)", _full_every(6)),
                                  (f"its sliding-window layers' rope base is 10000 ({READER} Gemma 3's)",
                                   lambda c: sliding_rope_theta(c) in (None, 10000.0))))),
     # Phi-3 (Phi-4-mini) computes queries, keys and values in one fused projection.

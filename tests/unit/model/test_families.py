@@ -78,6 +78,7 @@ def test_a_family_not_written_as_gguf_is_refused_in_one_line_naming_it(monkeypat
     ("gemma3", {"query_pre_attn_scalar": 64}, "its query_pre_attn_scalar equals its head_dim"),
     ("gemma3", {"layer_types": ["full_attention", "sliding_attention"]}, "five sliding-window layers and a full one"),
     ("gemma2", {"final_logit_softcapping": 10.0}, "its logits are soft-capped at 50 and 30"),
+    ("gemma2", {"layer_types": ["full_attention", "full_attention"]}, "alternate a sliding-window layer and a full"),
     ("qwen3", {"head_dim": 16}, "its head_dim is 128"),
     ("smollm3", {"no_rope_layers": [0, 1]}, "every fourth layer has no rope"),
 ])
