@@ -20,6 +20,7 @@ from qatune.model.families import FAMILIES, family_of
 from qatune.model.folder import LoadedModel, ModelInfo
 from tests.families import GGUF_CASES as CASES
 from tests.families import family_model, family_tokenizer
+from tests.unit.export.llama_cpp_tokenizer import sentencepiece_ids
 
 gguf = pytest.importorskip("gguf")
 
@@ -170,43 +171,6 @@ def test_tensor_names_and_keys_are_llama_cpps(family):
         json.loads(loaded.tokenizer.backend_tokenizer.to_str())["model"]["merges"])
 
 
-def sentencepiece_ids(text, tokens, scores):
-    """llama.cpp's SentencePiece tokenizer (llm_tokenizer_spm) on text without special tokens: spaces as ▁, the
-    characters merged pair by pair, the best-scored pair that is a token first (the leftmost of equals), and a piece
-    that is no token written as its bytes' <0xXX> tokens."""
-    import heapq
-
-    ids = {token: index for index, token in enumerate(tokens)}
-    symbols = list(text.replace(" ", "\u2581"))
-    alive = [True] * len(symbols)
-    right = list(range(1, len(symbols) + 1))
-    left = list(range(-1, len(symbols) - 1))
-    queue = []
-
-    def offer(a, b):
-        if a >= 0 and b < len(symbols) and symbols[a] + symbols[b] in ids:
-            heapq.heappush(queue, (-scores[ids[symbols[a] + symbols[b]]], a, symbols[a] + symbols[b]))
-
-    for at in range(len(symbols) - 1):
-        offer(at, at + 1)
-    while queue:
-        _, a, merged = heapq.heappop(queue)
-        b = right[a]
-        if not alive[a] or b >= len(symbols) or symbols[a] + symbols[b] != merged:
-            continue
-        symbols[a], alive[b] = merged, False
-        right[a] = right[b]
-        if right[b] < len(symbols):
-            left[right[b]] = a
-        offer(left[a], a)
-        offer(a, right[a])
-    out = []
-    for symbol, kept in zip(symbols, alive):
-        if kept:
-            out.extend([ids[symbol]] if symbol in ids else [ids[f"<0x{byte:02X}>"] for byte in symbol.encode()])
-    return out
-
-
 def test_sentencepiece_scores_make_llama_cpp_merge_as_the_tokenizer(tmp_path):
     """Gemma's SentencePiece BPE is written as llama.cpp's "llama" vocabulary: tokens, types and scores, by which
     llama.cpp merges (it ignores merges there). Its merging on the file's scores gives the tokenizer's ids."""
@@ -219,10 +183,11 @@ def test_sentencepiece_scores_make_llama_cpp_merge_as_the_tokenizer(tmp_path):
     types = fields["tokenizer.ggml.token_type"].contents()
     assert [tokens[i] for i, kind in enumerate(types) if kind == gguf.TokenType.BYTE] == [
         f"<0x{byte:02X}>" for byte in range(256)]
+    ids = {token: index for index, token in enumerate(tokens)}
     for text in (*TEXTS, " ".join(TEXTS) * 2):
-        assert sentencepiece_ids(text, tokens, scores) == loaded.tokenizer(text, add_special_tokens=False)["input_ids"]
+        assert sentencepiece_ids(text, ids, scores) == loaded.tokenizer(text, add_special_tokens=False)["input_ids"]
     flat = [0.0] * len(scores)  # without the scores llama.cpp merges in another order
-    assert any(sentencepiece_ids(text, tokens, flat) != loaded.tokenizer(text, add_special_tokens=False)["input_ids"]
+    assert any(sentencepiece_ids(text, ids, flat) != loaded.tokenizer(text, add_special_tokens=False)["input_ids"]
                for text in TEXTS)
 
 
@@ -386,3 +351,4 @@ def test_llama3_rope_left_out_of_the_file_is_found(monkeypatch, tmp_path):
     # the scaled frequencies are the slow ones, which a short text turns little: the f32 file's logits are exact
     assert not torch.allclose(logits(back.model, loaded.tokenizer), logits(loaded.model, loaded.tokenizer), atol=1e-5,
                               rtol=1e-5)
+
