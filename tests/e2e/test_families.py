@@ -176,12 +176,21 @@ def test_serve_answers_as_generate_does_at_temperature_0(family):
     assert answers == expected
 
 
+BROKEN = {"smollm2": {"permuted": ()}, "gemma3": {"norm_shift": 0.0},
+          "qwen3": {"hyperparameters": (("rope.freq_base", lambda config: 1.0),)}}
+"""Records written wrong, per case: queries and keys not permuted for llama.cpp's rope, Gemma's norms not shifted, a
+wrong rope base (besides the record's own keys). Export's check reads these families back with transformers' reader;
+a family it reads back through its own layout (SmolLM3, Llama 3's rope factors) is held to llama.cpp's converter by
+tests/unit/export/test_gguf_families.py instead."""
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("quant", ["f16", "q8_0"])
-def test_export_gguf_writes_the_family_or_refuses_it_in_one_line(family, quant, tmp_path):
+def test_export_gguf_writes_the_family_or_refuses_it_in_one_line(family, quant, tmp_path, monkeypatch):
     """Written as the family's record says, read back and asked the run's rows by export's own check (the same
     prompts, id for id, and the next tokens of the run's weights rounded to the file's precision), the end of a turn
-    ending generation in the file; or refused in one line naming the family."""
+    ending generation in the file; or refused in one line naming the family. Written by a broken record (BROKEN),
+    the file is refused by that check and not left."""
     gguf = pytest.importorskip("gguf")
     from click.testing import CliRunner
     from transformers import AutoConfig, AutoTokenizer
@@ -203,6 +212,21 @@ def test_export_gguf_writes_the_family_or_refuses_it_in_one_line(family, quant, 
         stops = {fields[key].contents() for key in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id")
                  if key in fields}
         assert AutoTokenizer.from_pretrained(folder).convert_tokens_to_ids(case.end_of_turn) in stops
+        if quant == "f16" and case.id in BROKEN:
+            import dataclasses
+
+            from qatune.model import families
+
+            changes = dict(BROKEN[case.id])
+            if "hyperparameters" in changes:
+                changes["hyperparameters"] = (*record.gguf.hyperparameters, *changes["hyperparameters"])
+            index = families.FAMILIES.index(record)
+            broken = dataclasses.replace(record, gguf=dataclasses.replace(record.gguf, **changes))
+            monkeypatch.setattr(families, "FAMILIES", (*families.FAMILIES[:index], broken,
+                                                       *families.FAMILIES[index + 1:]))
+            wrong = CliRunner().invoke(cli, ["export", str(run), "--gguf", str(tmp_path / "broken.gguf")])
+            assert wrong.exit_code == 1 and "does not answer as the run does" in wrong.stderr, wrong.stderr
+            assert not (tmp_path / "broken.gguf").exists()
     else:
         assert result.exit_code == 1 and not path.exists()
         assert len(result.stderr.strip().splitlines()) == 1
