@@ -17,6 +17,7 @@ for the estimate and the run). --until HH:MM (UTC) starts no seed that the last 
     python bench/quality/gemma3_qa.py --check --seed 42           # ~15-20 min on 2 cores; grounded_qa_gemma3.json
     python bench/quality/gemma3_qa.py --seed 43 --seed 44 --until 12:40
     python bench/quality/gemma3_qa.py --memory --memory-rows 96
+    python bench/quality/gemma3_qa.py --seed 42 --set train.learning_rate=5e-5 --json .../grounded_qa_gemma3_lr5e5.json
 """
 
 from __future__ import annotations
@@ -81,9 +82,10 @@ def estimates(config: Path, model: str) -> dict:
     return found
 
 
-def one_seed(config: Path, model: str, seed: int, work: Path, rows: int | None = None) -> dict:
+def one_seed(config: Path, model: str, seed: int, work: Path, rows: int | None = None,
+             changes: tuple[str, ...] = ()) -> dict:
     run = work / f"seed{seed}"
-    items = [f"model.name_or_path={model}", "data.eval_file=null", f"seed={seed}"]
+    items = [f"model.name_or_path={model}", "data.eval_file=null", f"seed={seed}", *changes]
     started = time.perf_counter()
     qatune(["train", "--config", str(config), *sets(items), "--output-dir", str(run), "--overwrite", "--quiet"])
     train_s = round(time.perf_counter() - started)
@@ -164,6 +166,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="gemma3-270m")
     parser.add_argument("--config", type=Path, default=CONFIG, help="default: configs/smollm2-qa.yaml")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="a change to --config for every seed (a recipe variant: write it to its own --json)")
     parser.add_argument("--eval-rows", type=int, default=None, help="only the first held-out rows (a dry run)")
     parser.add_argument("--smollm2-model", default="smollm2-135m-instruct",
                         help="--memory's other model ('' for none)")
@@ -196,7 +200,7 @@ def main() -> int:
                 write_json(out, result)
                 continue
         started = time.time()
-        found = one_seed(args.config, args.model, seed, work, args.eval_rows)
+        found = one_seed(args.config, args.model, seed, work, args.eval_rows, tuple(args.set))
         last = time.time() - started
         found["seed_wall_s"] = round(last)
         if "check" in result:
