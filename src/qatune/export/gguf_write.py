@@ -22,22 +22,16 @@ from qatune.data.generative import PromptEncoder
 from qatune.data.templates import PromptTemplate
 from qatune.export import ExportError
 from qatune.export.gguf_prompt import chat_template
-from qatune.model.families import GgufLayout, family_of, rope_parameters
+from qatune.model.families import FAMILIES, GgufLayout, family_of, rope_parameters
 from qatune.model.folder import LoadedModel
 from qatune.model.gguf_file import embedded_run
 from qatune.runs.layout import BEST, FINAL
 
 QUANTS = ("f32", "f16", "bf16", "q8_0")
 
-PRE_TOKENIZERS = {
-    # llama.cpp's convert_hf_to_gguf.py names a byte-level BPE tokenizer's pre-tokenization by the hash of the
-    # ids it gives CHECK_TEXT; these are the ones of small models qatune trains.
-    "3ce83efda5659b07b1ad37ca97ca5797ea4285d9b9ab0dc679e4a720c9da7454": "gpt-2",
-    "855059429035d75a914d1eda9f10a876752e281a054a7a3d421ef0533e5b6249": "smollm",
-    "0ef9807a4087ebef797fc749390439009c3b9eda9ad1a097abbe738f486c01e5": "llama-bpe",
-    "e636dc30a262dcc0d8c323492e32ae2b70728f4df7dfe9737d9f920a282b8aea": "qwen2",
-    "d4540891389ea895b53b399da6ac824becc30f2fba0e9ddbb98f92e55ca0e97c": "qwen2",  # Qwen3's
-    "ccc2ef013c104be7bae2965776d611e1d7a8a2a9c547dd93a682c9a9fc80352e": "gpt-4o",  # Phi-4-mini's
+OTHER_PRE_TOKENIZERS = {
+    # llama.cpp's names of the byte-level tokenizers of small models of no family of qatune's (the families' own
+    # are in their records), by the hash of the ids they give CHECK_TEXT.
     "fcace8b9cac38ce847670c970cd5892031a753a1ef381abd1d9af00f713da085": "phi-2",
     "35d91631860c815f952d711435f48d356ebac988362536bed955d43bfa436e34": "starcoder",
     "b6dc8df998e1cfbdc4eac8243701a65afe638679230920b50d6f17d81c098166": "olmo",
@@ -62,11 +56,13 @@ CHECK_TEXT = (
 
 def pre_tokenizer(tokenizer: Any) -> str | None:
     """The name llama.cpp knows the tokenizer's pre-tokenization by: from the hash of its ids on llama.cpp's test
-    text, as llama.cpp's converter finds it; else "gpt-2" for a plain byte-level one (GPT-2's own split, as the
-    tokenizers qatune trains for scratch models have), or the family whose split expression it uses (SPLITS);
-    None: unknown."""
+    text, as llama.cpp's converter finds it (the families' records hold those of their tokenizers); else "gpt-2"
+    for a plain byte-level one (GPT-2's own split, as the tokenizers qatune trains for scratch models have), or the
+    family whose split expression it uses (SPLITS); None: unknown."""
+    known = dict(OTHER_PRE_TOKENIZERS)
+    known.update(entry for family in FAMILIES for entry in family.gguf.pre_tokenizers)
     ids = tokenizer.encode(CHECK_TEXT)
-    name = PRE_TOKENIZERS.get(sha256(str(ids).encode()).hexdigest())
+    name = known.get(sha256(str(ids).encode()).hexdigest())
     if name is not None:
         return name
     spec = json.loads(tokenizer.backend_tokenizer.to_str())

@@ -172,6 +172,10 @@ class GgufLayout:
     extra_tensors: tuple[tuple[str, Callable[[Any], list[float] | None]], ...] = ()
     """(GGUF name, its values from the config) of tensors the converter makes that the model has no weight for
     (Llama 3's ``rope_freqs``; None: not written for this config)."""
+    pre_tokenizers: tuple[tuple[str, str], ...] = ()
+    """(hash, llama.cpp's pre-tokenizer name) of the family's published byte-level tokenizers: llama.cpp's converter
+    names a tokenizer's pre-tokenization by the sha256 of the ids it gives its test text. A tokenizer is named so in
+    a model of any family (a fine-tune may bring another family's tokenizer)."""
     read_back: bool = True
     """Whether transformers' GGUF loader reads the architecture, so that export's check reads the file back with it;
     else (and where the file holds an extra tensor, which that loader does not read) the check reads the file's
@@ -200,20 +204,25 @@ class Family:
         return self.gguf.architecture
 
 
+LLAMA3_TOKENIZER = ("0ef9807a4087ebef797fc749390439009c3b9eda9ad1a097abbe738f486c01e5", "llama-bpe")
+SMOLLM2_TOKENIZER = ("855059429035d75a914d1eda9f10a876752e281a054a7a3d421ef0533e5b6249", "smollm")
 ROPE_ROWS = (("q_proj", "num_attention_heads"), ("k_proj", "num_key_value_heads"))
 """Llama's queries and keys: transformers rotates a head's two halves, llama.cpp its interleaved pairs."""
 LLAMA3_ROPE = {"rope_types": ("default", "linear", "llama3"), "extra_tensors": (("rope_freqs.weight",
                                                                               llama3_rope_factors),)}
 """LlamaModel's rope: Llama 3's scaling as a tensor of factors (llama.cpp's converter's generate_extra_tensors)."""
-LLAMA = GgufLayout("llama", LLAMA_KEYS, permuted=ROPE_ROWS, **LLAMA3_ROPE)
+LLAMA = GgufLayout("llama", LLAMA_KEYS, permuted=ROPE_ROWS, pre_tokenizers=(LLAMA3_TOKENIZER, SMOLLM2_TOKENIZER),
+                   **LLAMA3_ROPE)
 
 FAMILIES = (
     Family("Llama (Llama 3, SmolLM2)", ("llama",), ATTENTION, "LlamaDecoderLayer", LLAMA),
     Family("Mistral", ("mistral",), ATTENTION, "MistralDecoderLayer", LLAMA),
-    Family("Qwen2", ("qwen2",), ATTENTION, "Qwen2DecoderLayer", GgufLayout("qwen2", DECODER_KEYS)),
+    Family("Qwen2", ("qwen2",), ATTENTION, "Qwen2DecoderLayer", GgufLayout("qwen2", DECODER_KEYS, pre_tokenizers=(
+        ("e636dc30a262dcc0d8c323492e32ae2b70728f4df7dfe9737d9f920a282b8aea", "qwen2"),))),
     Family("Qwen3", ("qwen3",), ATTENTION, "Qwen3DecoderLayer", GgufLayout(
         "qwen3", (*DECODER_KEYS, *HEAD_WIDTH), assumes=((f"its head_dim is 128 ({READER} Qwen3's)",
-                                                         _is("head_dim", 128)),))),
+                                                         _is("head_dim", 128)),),
+        pre_tokenizers=(("d4540891389ea895b53b399da6ac824becc30f2fba0e9ddbb98f92e55ca0e97c", "qwen2"),))),
     Family("Gemma 2", ("gemma2",), ATTENTION, "Gemma2DecoderLayer", GgufLayout(
         "gemma2", (*DECODER_KEYS, *HEAD_WIDTH, ("attn_logit_softcapping", _float("attn_logit_softcapping")),
                    ("final_logit_softcapping", _float("final_logit_softcapping")),
@@ -240,7 +249,8 @@ FAMILIES = (
                  ("rope.scaling.original_context_length", original_context),
                  ("attention.sliding_window", lambda config: int(getattr(config, "sliding_window", None) or 0))),
         assumes=(("rope turns every dimension of a head (transformers' GGUF reader, which checks the file, takes "
-                  "partial_rotary_factor 1)", _full_rotary),))),
+                  "partial_rotary_factor 1)", _full_rotary),),
+        pre_tokenizers=(("ccc2ef013c104be7bae2965776d611e1d7a8a2a9c547dd93a682c9a9fc80352e", "gpt-4o"),))),
     Family("SmolLM3", ("smollm3",), ATTENTION, "SmolLM3DecoderLayer", GgufLayout(
         "smollm3", LLAMA_KEYS, permuted=ROPE_ROWS, read_back=False, **LLAMA3_ROPE, assumes=((
             "every fourth layer has no rope and the others do (llama.cpp's smollm3)", _no_rope_every_fourth),))),
@@ -251,7 +261,8 @@ FAMILIES = (
         ("feed_forward_length", lambda config: int(config.n_inner or 4 * config.n_embd)),
         ("attention.head_count", _int("n_head")),
         ("attention.layer_norm_epsilon", _float("layer_norm_epsilon"))),
-        transposed=(".c_attn.weight", ".c_proj.weight", ".c_fc.weight"))),
+        transposed=(".c_attn.weight", ".c_proj.weight", ".c_fc.weight"),
+        pre_tokenizers=(("3ce83efda5659b07b1ad37ca97ca5797ea4285d9b9ab0dc679e4a720c9da7454", "gpt-2"),))),
 )
 
 
