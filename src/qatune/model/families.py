@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 ATTENTION = ("q_proj", "v_proj")
@@ -165,8 +165,9 @@ class GgufLayout:
     norm_shift: float = 0.0
     """Added to every norm weight: Gemma's RMSNorm scales by 1 + weight, llama.cpp's by the weight."""
     assumes: tuple[tuple[str, Callable[[Any], bool]], ...] = ()
-    """(what llama.cpp takes for granted of such a model without reading it from the file, the test on a config):
-    a model for which one fails is refused, saying which."""
+    """(what llama.cpp, or transformers' GGUF reader that export's check reads the file with, takes for granted of
+    such a model without reading it from the file; the test on a config): a model for which one fails is refused,
+    at check and at export, saying which."""
     rope_types: tuple[str, ...] = ("default", "linear")
     """The rope scalings written (``rope_type`` of the config's rope parameters); another is refused."""
     extra_tensors: tuple[tuple[str, Callable[[Any], list[float] | None]], ...] = ()
@@ -196,8 +197,6 @@ class Family:
     """How ``qatune export --gguf`` writes it."""
     gguf_written: bool = True
     """Whether qatune export --gguf writes it."""
-    notes: tuple[str, ...] = field(default=())
-    """What a user of the family should know (docs/models.md lists them)."""
 
     @property
     def gguf_architecture(self) -> str:
