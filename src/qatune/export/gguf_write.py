@@ -65,9 +65,8 @@ def pre_tokenizer(tokenizer: Any) -> str | None:
     name = known.get(sha256(str(ids).encode()).hexdigest())
     if name is not None:
         return name
-    spec = json.loads(tokenizer.backend_tokenizer.to_str())
-    pre = spec.get("pre_tokenizer") or {}
-    if spec.get("normalizer") is None and pre.get("type") == "ByteLevel" and pre.get("use_regex", True):
+    normalizer, pre = _stage(tokenizer, "normalizer"), _stage(tokenizer, "pre_tokenizer") or {}
+    if normalizer is None and pre.get("type") == "ByteLevel" and pre.get("use_regex", True):
         return "gpt-2"
     steps = pre.get("pretokenizers") or []
     if (pre.get("type") == "Sequence" and len(steps) == 2 and steps[0].get("type") == "Split"
@@ -75,6 +74,17 @@ def pre_tokenizer(tokenizer: Any) -> str | None:
             and not steps[1].get("use_regex", True)):
         return SPLITS.get((steps[0].get("pattern") or {}).get("Regex"))
     return None
+
+
+def _stage(tokenizer: Any, name: str) -> dict | None:
+    """One stage of a fast tokenizer's pipeline (``normalizer``, ``pre_tokenizer``) as tokenizer.json writes it,
+    without writing the whole vocabulary out (Gemma's is 33 MB)."""
+    stage = getattr(tokenizer.backend_tokenizer, name)
+    return None if stage is None else json.loads(stage.__getstate__())
+
+
+def _merges(tokenizer: Any) -> list:
+    return json.loads(tokenizer.backend_tokenizer.to_str())["model"].get("merges", [])
 
 
 def write_gguf(loaded: LoadedModel, path: Path, quant: str) -> None:
@@ -161,10 +171,10 @@ def vocabulary_kind(tokenizer: Any) -> str | None:
     """How llama.cpp runs the tokenizer (``tokenizer.ggml.model``): "gpt2", a byte-level BPE (its pre-tokenizer
     named by :func:`pre_tokenizer`), or "llama", SentencePiece's BPE as Gemma's tokenizer.json holds it (spaces as
     ▁, no space put in front, bytes a piece lacks as <0xXX> tokens); None: neither."""
-    spec = json.loads(tokenizer.backend_tokenizer.to_str())
-    if spec["model"].get("type") != "BPE":
+    model = tokenizer.backend_tokenizer.model
+    if type(model).__name__ != "BPE":
         return None
-    if spec["model"].get("byte_fallback") and spec.get("normalizer") == SPACES_AS_PIECES:
+    if model.byte_fallback and _stage(tokenizer, "normalizer") == SPACES_AS_PIECES:
         return "llama"
     return "gpt2" if pre_tokenizer(tokenizer) is not None else None
 
@@ -173,7 +183,7 @@ def tokenizer_refusal(tokenizer: Any) -> str | None:
     """Why the tokenizer cannot be written for llama.cpp (None: it can)."""
     if not getattr(tokenizer, "is_fast", False):
         return "its tokenizer is not a fast (tokenizer.json) one"
-    if json.loads(tokenizer.backend_tokenizer.to_str())["model"].get("type") != "BPE":
+    if type(tokenizer.backend_tokenizer.model).__name__ != "BPE":
         return ("its tokenizer is not a BPE one (qatune writes byte-level BPE tokenizers and SentencePiece BPE ones "
                 "as Gemma's)")
     if vocabulary_kind(tokenizer) is None:
@@ -191,7 +201,7 @@ def _vocabulary(tokenizer: Any, size: int, kind: str) -> tuple[list[str], list[i
 
     vocab = {index: token for token, index in tokenizer.get_vocab().items()}
     added = tokenizer.added_tokens_decoder
-    merges = json.loads(tokenizer.backend_tokenizer.to_str())["model"].get("merges", [])
+    merges = _merges(tokenizer)
     rank: dict[str, int] = {}
     for at, merge in enumerate(merges):
         rank.setdefault("".join(merge.split(" ") if isinstance(merge, str) else merge), at)
@@ -236,8 +246,7 @@ def _tokenizer(writer: Any, loaded: LoadedModel, config: Any) -> None:
     # them).
     with tempfile.TemporaryDirectory() as folder:
         tokenizer.save_pretrained(folder)
-        merges = bool(json.loads(tokenizer.backend_tokenizer.to_str())["model"].get("merges"))
-        special = gguf.SpecialVocab(folder, load_merges=merges, n_vocab=len(tokens),
+        special = gguf.SpecialVocab(folder, load_merges=bool(_merges(tokenizer)), n_vocab=len(tokens),
                                     special_token_types=("bos", "eos", "unk", "pad"))
     eot = end_of_turn(loaded)
     if eot is not None:
