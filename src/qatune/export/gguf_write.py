@@ -10,6 +10,7 @@ architecture. Nothing here asks which family it writes."""
 from __future__ import annotations
 
 import json
+import logging
 import re
 import tempfile
 from hashlib import sha256
@@ -244,10 +245,16 @@ def _tokenizer(writer: Any, loaded: LoadedModel, config: Any) -> None:
     # The merges and the special tokens' ids as llama.cpp's converter reads them from the tokenizer's files
     # (SentencePiece's llama.cpp merges by the scores; transformers' GGUF reader takes the merges where a file has
     # them).
-    with tempfile.TemporaryDirectory() as folder:
-        tokenizer.save_pretrained(folder)
-        special = gguf.SpecialVocab(folder, load_merges=bool(_merges(tokenizer)), n_vocab=len(tokens),
-                                    special_token_types=("bos", "eos", "unk", "pad"))
+    quiet = logging.getLogger("gguf.vocab")  # it warns of post-processor details llama.cpp does not use
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)
+    try:
+        with tempfile.TemporaryDirectory() as folder:
+            tokenizer.save_pretrained(folder)
+            special = gguf.SpecialVocab(folder, load_merges=bool(_merges(tokenizer)), n_vocab=len(tokens),
+                                        special_token_types=("bos", "eos", "unk", "pad"))
+    finally:
+        quiet.setLevel(level)
     eot = end_of_turn(loaded)
     if eot is not None:
         special.special_token_ids["eot"] = eot
