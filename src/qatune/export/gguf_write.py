@@ -1,11 +1,11 @@
 """Writing a run as one GGUF file with the ``gguf`` package alone (llama.cpp's own gguf-py), as llama.cpp's
-converter writes the model's family, with a byte-level BPE tokenizer: weights, the hyper-parameters llama.cpp reads,
-the tokenizer with its pre-tokenizer name and special tokens, the chat template (:mod:`qatune.export.gguf_prompt`) and
-qatune's own keys (:mod:`qatune.model.gguf_file`).
+converter writes the model's family: weights, the hyper-parameters llama.cpp reads, the tokenizer (a byte-level BPE
+with its pre-tokenizer's name, or a SentencePiece BPE as Gemma's with its scores) and its special tokens, the chat
+template (:mod:`qatune.export.gguf_prompt`) and qatune's own keys (:mod:`qatune.model.gguf_file`).
 
 What differs between families is data: the family's :class:`qatune.model.families.GgufLayout` (its architecture,
-its hyper-parameters' keys, the tensors reordered, transposed or shifted) and gguf-py's tensor name map for the
-architecture. Nothing here asks which family it writes."""
+its hyper-parameters' keys, the tensors reordered, transposed or shifted, the tensors it adds such as Llama 3's rope
+factors) and gguf-py's tensor name map for the architecture. Nothing here asks which family it writes."""
 
 from __future__ import annotations
 
