@@ -1,5 +1,6 @@
-"""The check of a written GGUF file before it is put in place: read back by transformers' GGUF loader and asked
-the run's held-out rows. Its chat template and tokenizer must give the run's prompts, text and token ids; it must
+"""The check of a written GGUF file before it is put in place: read back (by transformers' GGUF loader, or into the
+run's model class where that loader does not read all the file holds: :func:`read_back`) and asked the run's
+held-out rows. Its chat template and tokenizer must give the run's prompts, text and token ids; it must
 predict the next token at every position of prompt and gold answer as the run's own weights rounded to the file's
 precision do (it then holds exactly those weights), and as the run does within what the precision is expected to
 lose (:data:`AGREEMENT`). Each model predicts those tokens in one batched pass; greedy answers are generated and
