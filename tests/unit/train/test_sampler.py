@@ -20,21 +20,24 @@ def test_length_grouped_batches_cover_everything_once_and_reduce_padding():
     assert list(sampler) == first
 
 
-def test_every_epoch_starts_with_its_heaviest_batch():
+def test_every_epoch_meets_its_heaviest_batch_at_the_second_update():
     lengths = [(i * 37) % 101 + 1 for i in range(400)]
     lengths[123] = 300  # the longest row: its batch is the heaviest, whichever rows the shuffle puts beside it
-    sampler = LengthGroupedBatches(lengths, batch_size=8, seed=3)
-    for epoch in range(4):
-        sampler.set_epoch(epoch)
-        batches = list(sampler)
-        assert 123 in batches[0] and len(batches[0]) == 8
-        assert sorted(i for batch in batches for i in batch) == list(range(400))
+    for accumulation in (1, 4):  # the first batch of the second update
+        sampler = LengthGroupedBatches(lengths, batch_size=8, seed=3, heaviest_at=accumulation)
+        for epoch in range(4):
+            sampler.set_epoch(epoch)
+            batches = list(sampler)
+            assert 123 in batches[accumulation] and len(batches[accumulation]) == 8
+            assert sorted(i for batch in batches for i in batch) == list(range(400))
+    short = [5] * 3 + [50] + [5] * 6  # two batches: the heaviest is the last
+    assert 3 in list(LengthGroupedBatches(short, batch_size=8, seed=3, heaviest_at=4))[-1]
     plain = LengthGroupedBatches(lengths, batch_size=8, seed=3, group=False)
-    firsts = []
+    seconds = []
     for epoch in range(4):
         plain.set_epoch(epoch)
-        firsts.append(next(iter(plain)))
-    assert not all(123 in first for first in firsts)  # plain shuffled batches stay as the shuffle put them
+        seconds.append(list(plain)[1])
+    assert not all(123 in second for second in seconds)  # plain shuffled batches stay as the shuffle put them
 
 
 def test_families_stay_together_and_singletons_keep_the_plain_order():
