@@ -21,6 +21,13 @@ if "qatune-test-cache-" not in os.environ.get("QATUNE_CACHE_DIR", ""):
     os.environ["QATUNE_CACHE_DIR"] = tempfile.mkdtemp(prefix="qatune-test-cache-")
     atexit.register(shutil.rmtree, os.environ["QATUNE_CACHE_DIR"], ignore_errors=True)
 
+# A shell that starts pytest in the background without job control (a script's `cmd &`, some CI runners) starts it
+# with SIGINT ignored, and every process a test starts inherits that: the page's Stop (SIGINT) then does not reach
+# them, and each waits out Jobs.shutdown's 30 s before it is killed. qatune ui's server installs its own SIGINT
+# handler, so the commands it starts get the default; the tests' processes get it too.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
 MUST_RUN = ("distributed", "browser", "external")
 """Markers of the tests CI's machine has everything for (torchrun, Chromium, node, Go, PyPI): with
 QATUNE_NO_SKIPS=1 (.ci/run sets it) such a test that skips fails, since a skipped test is a test that did not run."""
