@@ -33,7 +33,8 @@ MODEL_TRAIN_SETTINGS = {
     # a third at this rate overfits a sheet of a few hundred rows (bench/quality/init_recipe.py).
     "smollm2-135m-instruct": {"epochs": 2, "learning_rate": 1.0e-4, "warmup_steps": 10,
                               "scheduler": {"step_size": 25, "gamma": 0.8, "interval": "step"}},
-    # SmolLM2's recipe on Gemma 3 270M (bench/quality/grounded_qa.py, docs/grading.md).
+    # SmolLM2's recipe, not tuned for Gemma 3 270M: on smollm2-qa.yaml's rows it trails SmolLM2 there
+    # (bench/quality/gemma3_qa.py, bench/results/epyc-avx512-bf16/grounded_qa_gemma3.json).
     "gemma3-270m": {"epochs": 2, "learning_rate": 1.0e-4, "warmup_steps": 10,
                     "scheduler": {"step_size": 25, "gamma": 0.8, "interval": "step"}},
 }
