@@ -19,6 +19,7 @@ import argparse
 import csv
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -99,6 +100,7 @@ def arm(name: str, precision: str, speedups: str, epochs: int, src: Path, work: 
             epoch = per_epoch[line["epoch"]]
             epoch["peak_mb"] = max(epoch["peak_mb"], line["peak_memory_mb"])
     result = json.loads((run / "run.json").read_text(encoding="utf-8")).get("result", {})
+    shutil.rmtree(run)  # its checkpoints: several GB for a SmolLM2 run, ten arms in one folder fill a disk
     epochs_out = [{"epoch": k, "peak_mb": v["peak_mb"],
                    **({"rss_end_mb": v["rss_mb"][-1], "rss_max_mb": max(v["rss_mb"])} if v["rss_mb"] else {})}
                   for k, v in sorted(per_epoch.items())]
@@ -135,12 +137,13 @@ def main() -> None:
                 for speedups in args.speedups:
                     found = arm(name, precision, speedups, args.epochs, args.src, Path(folder))
                     results.append(found)
+                    write_json(args.json or results_path(STEM), {   # after every arm: a failed arm keeps the others
+                        "machine": info, "src": str(args.src), "commit": commit, "epochs": args.epochs,
+                        "rows": CONFIGS, "results": results})
                     print(f"{name:18} {precision:5} {speedups:5} epoch peaks (MB): "
                           f"{[e['peak_mb'] for e in found['epochs']]}  last/first x{found['last_over_first']}  "
                           f"estimate {found['estimate_gib']:.2f} GiB (x{found['estimate_over_peak']} of the peak)  "
                           f"{found['train_seconds']:.0f} s", flush=True)
-    write_json(args.json or results_path(STEM), {"machine": info, "src": str(args.src), "commit": commit,
-                                                 "epochs": args.epochs, "rows": CONFIGS, "results": results})
 
 
 if __name__ == "__main__":
