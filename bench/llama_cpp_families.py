@@ -150,7 +150,7 @@ def run_side(run: Path, records: list, texts: list[str]) -> dict:
     return {"ids": [loaded.tokenizer.encode(t, add_special_tokens=False) for t in texts],
             "prompt_ids": [encoder.prompt_ids(r["question"], r["context"]) for r in records],
             "prompts": [template.render(r["question"], r["context"]) for r in records],
-            "answers": answers, "max_new_tokens": generate.max_new_tokens}
+            "answers": answers, "max_new_tokens": generate.max_new_tokens, "bos": loaded.tokenizer.bos_token or ""}
 
 
 def share(same: int, of: int) -> dict:
@@ -181,8 +181,16 @@ def ask_llama(binary: Path, file: Path, side: dict, records: list, texts: list[s
                 reply = post(f"{url}/v1/chat/completions", {"messages": messages, "temperature": 0.0, "seed": 0,
                                                              "max_tokens": side["max_new_tokens"]})
                 replies.append((reply["choices"][0]["message"]["content"] or "").strip())
-            found["chat_prompt_as_qatune"] = share(sum(a == b for a, b in zip(rendered, side["prompts"])),
-                                                   len(records))
+            # llama.cpp leaves out of the rendered text the BOS its tokenizer adds as a token (a template that
+            # writes {{ bos_token }}, as Gemma's does): the same prompt once tokenized.
+            bos = side["bos"]
+            same = [a == b or (bool(bos) and b.startswith(bos) and a == b[len(bos):])
+                    for a, b in zip(rendered, side["prompts"])]
+            found["chat_prompt_as_qatune"] = {
+                **share(sum(same), len(records)),
+                "without_the_bos_text": sum(a != b for a, b, ok in zip(rendered, side["prompts"], same) if ok),
+                "first_differences": [{"qatune": b, "llama_cpp": a} for a, b, ok in
+                                      zip(rendered, side["prompts"], same) if not ok][:2]}
             found["chat_answers"] = {
                 **share(sum(a == b for a, b in zip(replies, side["answers"])), len(records)),
                 "first_differences": [{"question": r["question"], "run": b, "llama_cpp": a} for r, a, b in
