@@ -183,7 +183,8 @@ def read_back(loaded: LoadedModel, path: Path) -> LoadedModel:
     from transformers import PreTrainedTokenizerFast
 
     # AutoTokenizer would ask the file's config, which transformers does not read for every architecture.
-    tokenizer = prepare_tokenizer(PreTrainedTokenizerFast.from_pretrained(path.parent, gguf_file=path.name),
+    tokenizer = prepare_tokenizer(PreTrainedTokenizerFast.from_pretrained(path.parent, gguf_file=path.name,
+                                                                            trust_remote_code=False),
                                   "generative", path.name)
     config, info = read_gguf_run(path, tokenizer)
     model = type(loaded.model)(loaded.model.config).eval()

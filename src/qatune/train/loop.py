@@ -183,7 +183,7 @@ class Loop:
         few_shapes(prepared.collator, prepared.precision, accelerator.device.type)
         collator = speedups.collator(prepared.collator)
         optimizer = build_optimizer(speedups.parameters(objective), train_cfg.learning_rate, train_cfg.weight_decay)
-        sampler = training_batches(prepared.dataset, config)
+        sampler = training_batches(prepared.dataset, config, accelerator.num_processes)
         if (batches := sampler.prefix_batches(train_cfg, speedups.on("prefix_groups"))) is not None:
             log.info("batches: %s", batches)
         # Its own generator: starting an epoch must not draw from the global RNG that dropout uses, so a

@@ -133,15 +133,17 @@ def _packed(units: list[list[int]], batch_size: int) -> list[int]:
     return order
 
 
-def training_batches(dataset: Any, config: Any) -> LengthGroupedBatches:
+def training_batches(dataset: Any, config: Any, processes: int = 1) -> LengthGroupedBatches:
     """The batch order a run trains in: length-grouped as train.group_by_length says, with rows that share a
-    long prompt prefix kept together as train.group_by_prefix says (generative rows, trained on the answer)."""
+    long prompt prefix kept together as train.group_by_prefix says (generative rows, trained on the answer).
+    ``processes`` deal the batches in turn, so the second update starts at batch accumulation x processes: the same
+    order as one process accumulating that many batches, which several processes match."""
     train_cfg = config.train
     families = None
     if train_cfg.group_by_prefix and not train_cfg.train_on_prompt:
         families = prompt_families(dataset)
     return LengthGroupedBatches(dataset.lengths, train_cfg.batch_size, config.seed, group=train_cfg.group_by_length,
-                                families=families, heaviest_at=train_cfg.gradient_accumulation_steps)
+                                families=families, heaviest_at=train_cfg.gradient_accumulation_steps * processes)
 
 
 _FAMILIES: weakref.WeakKeyDictionary[Any, list[list[int]] | None] = weakref.WeakKeyDictionary()

@@ -139,7 +139,7 @@ def test_greedy_and_beam_search_write_a_span_of_the_passage(scratch_gpt2, beams)
 
 @pytest.fixture(scope="module")
 def span_run(tmp_path_factory):
-    return context_run(tmp_path_factory.mktemp("grounded"), "train.epochs=30", "train.learning_rate=3e-3")
+    return context_run(tmp_path_factory.mktemp("grounded"), "train.epochs=40", "train.learning_rate=3e-3")
 
 
 QUESTION, ELSEWHERE = "what is item 3?", "the sky is grey and the sea is blue."
