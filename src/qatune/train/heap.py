@@ -72,6 +72,13 @@ class Heap:
             rss = self.resident()
         return round(rss / MIB, 1)
 
+    def before_heaviest(self) -> None:
+        """Hand freed memory back before the step that sets the epoch's peak (its heaviest batch, the last): its
+        blocks then take pages of their own rather than add to holes earlier widths left."""
+        if self.enabled:
+            self.trim()
+            self.trims += 1
+
     def end_epoch(self, epoch: int, step: int = 0, metrics_log: Any = None) -> str | None:
         """Compare this epoch's highest resident set with the last one's: a warning when it grew by more than
         EPOCH_GROWTH_WARNING (the same rows should need the same memory), logged and written to ``metrics_log``

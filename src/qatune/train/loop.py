@@ -13,12 +13,12 @@ import logging
 import math
 import sys
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from tqdm.auto import tqdm
@@ -64,7 +64,9 @@ def fit(prepared: Prepared, run_dir: Path | None, progress: bool = True, resume_
     with StopSignals() as stop, loop.metrics_log.closed_on_error():
         for epoch in range(state.epoch, train_cfg.epochs):
             loop.start_epoch(epoch)
-            for window in windows(loop.loader, train_cfg.gradient_accumulation_steps):
+            for window, last in marked_last(windows(loop.loader, train_cfg.gradient_accumulation_steps)):
+                if last:
+                    loop.heap.before_heaviest()  # the epoch's heaviest batch (sampler.py) on a trimmed heap
                 state.consumed += len(window)
                 done = train_step(loop, window)
                 if done is not None:
@@ -183,7 +185,7 @@ class Loop:
         few_shapes(prepared.collator, prepared.precision, accelerator.device.type)
         collator = speedups.collator(prepared.collator)
         optimizer = build_optimizer(speedups.parameters(objective), train_cfg.learning_rate, train_cfg.weight_decay)
-        sampler = training_batches(prepared.dataset, config, accelerator.num_processes)
+        sampler = training_batches(prepared.dataset, config)
         if (batches := sampler.prefix_batches(train_cfg, speedups.on("prefix_groups"))) is not None:
             log.info("batches: %s", batches)
         # Its own generator: starting an epoch must not draw from the global RNG that dropout uses, so a
@@ -435,6 +437,22 @@ def windows(loader: Any, accum: int) -> Iterator[list[dict[str, torch.Tensor]]]:
             window = []
     if window:
         yield window
+
+
+T = TypeVar("T")
+
+
+def marked_last(items: Iterable[T]) -> Iterator[tuple[T, bool]]:
+    """Each item with whether it is the last."""
+    iterator = iter(items)
+    try:
+        item = next(iterator)
+    except StopIteration:
+        return
+    for following in iterator:
+        yield item, False
+        item = following
+    yield item, True
 
 
 def _global_count(accelerator: Any, count: int) -> int:

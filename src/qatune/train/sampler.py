@@ -20,12 +20,13 @@ class LengthGroupedBatches(torch.utils.data.Sampler):
     """Shuffled batches of similar-length examples: less padding, still a new order every epoch.
 
     Indices are shuffled, cut into mega-batches of 50 batches, each sorted by length and cut into
-    batches; then the batch order is shuffled, and the heaviest batch (rows x its longest example) is moved to
-    index ``heaviest_at``: the first batch of the second update, once the first update has created what every later
-    step holds besides its batch (AdamW's moments, the moving average of the weights). Every epoch meets its peak
-    memory there, early and on a heap just trimmed, rather than wherever the shuffle put it, and a run that does not
-    fit fails at step 2, not in epoch 3 (transformers' LengthGroupedSampler puts its longest batch first for the
-    same reason). ``group=False`` gives plain shuffled batches.
+    batches; then the batch order is shuffled, and the heaviest batch (rows x its longest example) is moved to the
+    end. Every epoch meets its peak memory there, once the steps before it have made what every later step holds
+    besides its batch: AdamW's moments, the moving average of the weights, and the kernels built for each batch shape
+    the epoch trains (under bf16 on a CPU, oneDNN's and PyTorch's caches of them keep several MB per shape). The
+    first epoch's peak is then what every later epoch's is, rather than an earlier peak that later epochs exceed
+    (transformers' LengthGroupedSampler puts its longest batch first, before any of that exists).
+    ``group=False`` gives plain shuffled batches.
 
     ``families`` (lists of indices, every index in one): examples kept next to each other (rows that share a
     long prompt prefix, so that they share batches and the model computes the prefix once per batch);
@@ -35,7 +36,7 @@ class LengthGroupedBatches(torch.utils.data.Sampler):
     """
 
     def __init__(self, lengths: list[int], batch_size: int, seed: int, group: bool = True, mega: int = 50,
-                 families: list[list[int]] | None = None, heaviest_at: int = 1):
+                 families: list[list[int]] | None = None):
         self.lengths = lengths
         self.batch_size = batch_size
         self.seed = seed
@@ -43,7 +44,6 @@ class LengthGroupedBatches(torch.utils.data.Sampler):
         self.mega = mega
         self.families = families if families is not None else [[i] for i in range(len(lengths))]
         self.pack = any(len(family) > 1 for family in self.families)
-        self.heaviest_at = heaviest_at
         self.epoch = 0
         self._skip = 0
 
@@ -82,8 +82,7 @@ class LengthGroupedBatches(torch.utils.data.Sampler):
         if self.group and batches:
             rng.shuffle(batches)
             weight = [len(batch) * max(self.lengths[i] for i in batch) for batch in batches]
-            heaviest = batches.pop(weight.index(max(weight)))
-            batches.insert(min(self.heaviest_at, len(batches)), heaviest)
+            batches.append(batches.pop(weight.index(max(weight))))
         skip, self._skip = self._skip, 0
         return iter(batches[skip:])
 
@@ -133,17 +132,15 @@ def _packed(units: list[list[int]], batch_size: int) -> list[int]:
     return order
 
 
-def training_batches(dataset: Any, config: Any, processes: int = 1) -> LengthGroupedBatches:
+def training_batches(dataset: Any, config: Any) -> LengthGroupedBatches:
     """The batch order a run trains in: length-grouped as train.group_by_length says, with rows that share a
-    long prompt prefix kept together as train.group_by_prefix says (generative rows, trained on the answer).
-    ``processes`` deal the batches in turn, so the second update starts at batch accumulation x processes: the same
-    order as one process accumulating that many batches, which several processes match."""
+    long prompt prefix kept together as train.group_by_prefix says (generative rows, trained on the answer)."""
     train_cfg = config.train
     families = None
     if train_cfg.group_by_prefix and not train_cfg.train_on_prompt:
         families = prompt_families(dataset)
     return LengthGroupedBatches(dataset.lengths, train_cfg.batch_size, config.seed, group=train_cfg.group_by_length,
-                                families=families, heaviest_at=train_cfg.gradient_accumulation_steps * processes)
+                                families=families)
 
 
 _FAMILIES: weakref.WeakKeyDictionary[Any, list[list[int]] | None] = weakref.WeakKeyDictionary()

@@ -137,3 +137,40 @@ def test_bf16_training_on_a_cpu_meets_few_widths_whatever_its_rows(tmp_path, mon
     assert len(met) <= 8 * octaves
     assert len(met_fp32) > 2 * len(met), (sorted(met_fp32), sorted(met))  # a width of its own for most batches
     assert any(bucket(width) != width for width in met_fp32)
+
+
+def test_freed_memory_is_handed_back_before_each_epochs_heaviest_batch(tmp_path, monkeypatch):
+    """Every epoch ends with its heaviest batch (train/sampler.py), when the steps before it have built what later
+    steps keep; the heap is trimmed just before it, so its blocks do not stack on the holes earlier widths left."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from qatune.config import load_config
+    from qatune.train import heap, loop, prepare
+    from qatune.train.loop import fit
+    from tests.conftest import chat_tokenizer
+
+    rows = [(" ".join(["word"] * (4 + (7 * i) % 40)) + "?", "yes") for i in range(22)]
+    (tmp_path / "rows.csv").write_text("question,answer\n" + "".join(f"{q},{a}\n" for q, a in rows), encoding="utf-8")
+    tokenizer = chat_tokenizer([f"{q} {a}" for q, a in rows])
+    LlamaForCausalLM(LlamaConfig(vocab_size=len(tokenizer), hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                 num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=True,
+                                 pad_token_id=tokenizer.pad_token_id)).save_pretrained(tmp_path / "llama")
+    tokenizer.save_pretrained(tmp_path / "llama")
+    config = load_config(None, [f"data.train_file={tmp_path / 'rows.csv'}", f"model.name_or_path={tmp_path / 'llama'}",
+                                "data.prompt_template=Q: {question}\nA:", "train.epochs=3", "train.batch_size=4",
+                                "train.gradient_accumulation_steps=2"])  # 6 batches: 3 updates an epoch
+    trimmed_at, trained, step = [], [], loop.train_step
+    monkeypatch.setattr(heap.Heap, "before_heaviest", lambda self: trimmed_at.append(len(trained)))
+    monkeypatch.setattr(loop, "train_step", lambda lp, window: trained.append(window) or step(lp, window))
+    fit(prepare(config), None, progress=False)
+    assert len(trained) == 9 and trimmed_at == [2, 5, 8]  # before each epoch's last update
+    widest = max(batch["input_ids"].shape[1] for window in trained for batch in window)
+    for last in trained[2::3]:  # whose last batch is the epoch's heaviest: the two longest rows' batch
+        assert last[-1]["input_ids"].shape[1] == widest
+
+
+def test_each_item_is_marked_whether_it_is_the_last():
+    from qatune.train.loop import marked_last
+
+    assert list(marked_last("abc")) == [("a", False), ("b", False), ("c", True)]
+    assert list(marked_last([])) == []
