@@ -112,7 +112,7 @@ def run_trainer(args, train_rows, eval_rows, workdir):
     )
 
     from qatune.inference.metrics import corpus_scores
-    from qatune.model.sources import resolve_model_path
+    from qatune.model.packaged import resolve_model_path
 
     path = resolve_model_path(EXTRACTIVE.model)
     tokenizer = AutoTokenizer.from_pretrained(path)

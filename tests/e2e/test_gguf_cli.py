@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from qatune.model.sources import resolve_model_path
+from qatune.model.packaged import resolve_model_path
 from tests.conftest import FIXTURES, ROOT, cli_ok
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(

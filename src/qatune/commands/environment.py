@@ -24,7 +24,7 @@ def environment() -> dict[str, str]:
             info[name] = importlib.metadata.version(name)
         except importlib.metadata.PackageNotFoundError:
             info[name] = "not installed"
-    from qatune.model.sources import PACKAGED_MODELS, installed_packaged_models
+    from qatune.model.packaged import PACKAGED_MODELS, installed_packaged_models
 
     packaged = installed_packaged_models()
     info["packaged_models"] = ", ".join(

@@ -158,7 +158,8 @@ def _cannot_tell(what: str, path: Path, columns: dict[str, list[str | None]]) ->
 
 def choose_model(task: str, given: str | None) -> Guess:
     """--model; else the usual hub model, or an installed packaged model when the hub is not reachable."""
-    from qatune.model.sources import PACKAGED_MODELS, hub_reachable, installed_packaged_models
+    from qatune.model.packaged import PACKAGED_MODELS, installed_packaged_models
+    from qatune.model.sources import hub_reachable
 
     if given in PACKAGED_MODELS and not model_does(PACKAGED_MODELS[given].task, task):
         other = PACKAGED_MODELS[given].task
@@ -182,7 +183,7 @@ def choose_model(task: str, given: str | None) -> Guess:
 
 def _terms(model: str, separator: str = "; ") -> str:
     """The terms of use a packaged model comes under, after ``separator`` (nothing for other models)."""
-    from qatune.model.sources import PACKAGED_MODELS
+    from qatune.model.packaged import PACKAGED_MODELS
 
     terms = PACKAGED_MODELS[model].terms if model in PACKAGED_MODELS else ""
     return separator + terms if terms else ""

@@ -17,7 +17,8 @@ from typing import Any
 from qatune.config import Config, validate_config
 from qatune.data.grading_fields import FieldSpec
 from qatune.errors import ModelError, RunDirError
-from qatune.model.sources import auto_class, prepare_tokenizer, quiet_transformers, resolve_model_path
+from qatune.model.packaged import resolve_model_path
+from qatune.model.sources import auto_class, prepare_tokenizer, quiet_transformers
 from qatune.runs import atomic, layout
 from qatune.tasks import task_kind
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from qatune.commands.init import Inspection
-from qatune.model.sources import PACKAGED_MODELS, installed_packaged_models
+from qatune.model.packaged import PACKAGED_MODELS, installed_packaged_models
 from qatune.tasks import SPAN, TASK_KINDS, WRITTEN, guessed_task, model_does, task_kind
 
 SCRATCH = "scratch"

@@ -19,7 +19,7 @@ from qatune.commands.init import MIN_ROWS_FOR_VALIDATION, Guess, Inspection, ins
 from qatune.config import Config, delimiter_character, validate_config
 from qatune.data.tables import EXCEL_SUFFIXES, TEXT_SUFFIXES, clean_cell, read_table
 from qatune.errors import DataError, QatuneError
-from qatune.model.sources import PACKAGED_MODELS
+from qatune.model.packaged import PACKAGED_MODELS
 from qatune.tasks import guessed_task, model_does, task_kind
 from qatune.ui import PageError
 from qatune.ui.offers import SCRATCH, model_choices, task_choices

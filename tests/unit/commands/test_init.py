@@ -26,12 +26,12 @@ def test_messy_spreadsheet_columns_are_guessed_and_the_config_validates(tmp_path
 @pytest.fixture
 def offline(monkeypatch):
     """The hub is unreachable; say which packaged models are installed."""
-    from qatune.model import sources as model
+    from qatune.model import packaged, sources
 
-    monkeypatch.setattr(model, "hub_reachable", lambda: False)
+    monkeypatch.setattr(sources, "hub_reachable", lambda: False)
 
     def installed(names):
-        monkeypatch.setattr(model, "installed_packaged_models", lambda: {n: f"/site/{n}" for n in names})
+        monkeypatch.setattr(packaged, "installed_packaged_models", lambda: {n: f"/site/{n}" for n in names})
     return installed
 
 
@@ -49,9 +49,9 @@ def test_offline_init_proposes_an_installed_packaged_model(tmp_path, offline):
 
 
 def test_online_init_keeps_the_hub_default(tmp_path, monkeypatch):
-    from qatune.model import sources as model
+    from qatune.model import sources
 
-    monkeypatch.setattr(model, "hub_reachable", lambda: True)
+    monkeypatch.setattr(sources, "hub_reachable", lambda: True)
     out = tmp_path / "q.yaml"
     assert init(FIXTURES / "faq100.csv", "--output", out).exit_code == 0
     assert load_config(out).model.name_or_path == "gpt2"

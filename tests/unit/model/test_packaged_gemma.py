@@ -15,7 +15,8 @@ from qatune.config import ModelConfig
 from qatune.data.templates import GEMMA_TURNS
 from qatune.errors import ModelError
 from qatune.model import gguf_cache, sources
-from qatune.model.sources import GEMMA_TERMS, installed_packaged_models, load_pretrained, load_tokenizer, model_source
+from qatune.model.packaged import GEMMA_TERMS, installed_packaged_models
+from qatune.model.sources import load_pretrained, load_tokenizer, model_source
 from tests.conftest import FIXTURES
 from tests.unit.model.tiny_gemma3 import MODULE, fake_package, use_fake_package, write_tiny_gemma3_gguf
 

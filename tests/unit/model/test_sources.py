@@ -11,14 +11,8 @@ import torch
 
 from qatune.config import ModelConfig, load_config
 from qatune.errors import ModelError
-from qatune.model.sources import (
-    PACKAGED_MODELS,
-    hub_reachable,
-    load_pretrained,
-    load_tokenizer,
-    model_source,
-    resolve_model_path,
-)
+from qatune.model.packaged import PACKAGED_MODELS, resolve_model_path
+from qatune.model.sources import hub_reachable, load_pretrained, load_tokenizer, model_source
 from qatune.train import fit, prepare
 from tests.conftest import ROOT
 
