@@ -828,9 +828,13 @@ function renderRuns() {
 
 // 4. Compare
 
+// What makes two runs one kind of QA in their run summaries: only runs of this run's kind are offered to compare.
+const KIND_FACTS = ["task"];
+const sameKind = (a, b) => KIND_FACTS.every((fact) => a[fact] === b[fact]);
+
 function comparableRuns(facts) {
   if (!state || !run) return [];
-  return state.runs.filter((r) => r.final && "runs/" + r.name !== run && (!facts || r.task === facts.task));
+  return state.runs.filter((r) => r.final && "runs/" + r.name !== run && (!facts || sameKind(r, facts)));
 }
 
 function fillCompareChoices() {
