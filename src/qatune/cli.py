@@ -10,7 +10,6 @@ import io
 import json
 import logging
 import os
-import subprocess
 import sys
 import traceback
 import warnings
@@ -133,15 +132,12 @@ def train(ctx: click.Context, config_path: str | None, overrides: tuple[str, ...
 
     # Without --config, a resumed run keeps its own saved config (a stale config file could end it early).
     config = load_config(config_path, overrides) if config_path else saved_config(resume or output_dir, overrides)
-    if (num_processes > 1 or nodes > 1) and "RANK" not in os.environ:
-        from qatune.commands.launch import process_args, torchrun_command, wait_for_machines
+    from qatune.commands.launch import launch, launches, process_args
 
+    if launches(num_processes, nodes):
         args = process_args(config_path, overrides, output_dir, overwrite, resume, quiet,
                             verbose=bool(ctx.find_root().meta.get("qatune.verbose")))
-        command = torchrun_command(num_processes, args, nodes, node_rank, master, join_timeout)
-        wait_for_machines(nodes, node_rank, master, join_timeout)
-        log.info("launching %d processes on this machine: %s", num_processes, " ".join(command))
-        ctx.exit(subprocess.run(command, check=False).returncode)
+        ctx.exit(launch(args, num_processes, nodes, node_rank, master, join_timeout))
     run_dir = run_training(config, output_dir=output_dir, overwrite=overwrite, progress=not quiet, resume=resume)
     if int(os.environ.get("RANK", "0")) == 0:
         click.echo(str(run_dir))

@@ -8,7 +8,9 @@ joins ends in one line naming the wait, and only then starts torchrun on the sam
 
 from __future__ import annotations
 
+import logging
 import os
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -18,8 +20,26 @@ from typing import Any
 
 from qatune.errors import ConfigError
 
+log = logging.getLogger("qatune")
+
 DEFAULT_JOIN_TIMEOUT = 600
 """Seconds each machine waits for the others (torchrun's own default)."""
+
+
+def launches(processes: int, nodes: int) -> bool:
+    """Whether this ``qatune train`` starts the training processes: several are asked for, and it is not one of
+    them already (torchrun gives each the RANK it runs as)."""
+    return (processes > 1 or nodes > 1) and "RANK" not in os.environ
+
+
+def launch(qatune_args: list[str], processes: int, nodes: int, node_rank: int, master: str | None,
+           join_timeout: int) -> int:
+    """Start this machine's ``processes`` running ``qatune qatune_args`` under torchrun, once all ``nodes``
+    machines have joined; their exit code."""
+    command = torchrun_command(processes, qatune_args, nodes, node_rank, master, join_timeout)
+    wait_for_machines(nodes, node_rank, master, join_timeout)
+    log.info("launching %d processes on this machine: %s", processes, " ".join(command))
+    return subprocess.run(command, check=False).returncode
 
 
 def parse_master(master: str | None, nodes: int) -> tuple[str, int]:

@@ -1,11 +1,13 @@
-"""The torchrun command of ``qatune train --num-processes/--nodes``, the addresses it refuses, and the cores each
-process computes with."""
+"""The torchrun command of ``qatune train --num-processes/--nodes``, when it is started and what it returns, the
+addresses it refuses, and the cores each process computes with."""
 
 import os
+import subprocess
 
 import pytest
 
-from qatune.commands.launch import parse_master, process_args, torchrun_command
+from qatune.commands import launch as launching
+from qatune.commands.launch import launch, launches, parse_master, process_args, torchrun_command
 from qatune.commands.torchrun import share_cores
 from qatune.errors import ConfigError
 
@@ -31,6 +33,21 @@ def test_several_machines_meet_at_the_master():
 def test_a_bad_master_is_one_message(master, message):
     with pytest.raises(ConfigError, match="^" + message.replace("(", r"\(").replace(")", r"\)")):
         torchrun_command(1, ["train"], nodes=2, master=master)
+
+
+def test_a_train_command_launches_the_processes_only_where_several_are_asked_for_and_it_is_not_one(monkeypatch):
+    monkeypatch.delenv("RANK", raising=False)
+    assert (launches(1, 1), launches(2, 1), launches(1, 2)) == (False, True, True)
+    monkeypatch.setenv("RANK", "0")  # a process torchrun started
+    assert not launches(2, 1)
+
+
+def test_the_launch_runs_torchrun_and_ends_with_its_exit_code(monkeypatch):
+    ran = []
+    monkeypatch.setattr(launching.subprocess, "run",
+                        lambda command, check: ran.append(command) or subprocess.CompletedProcess(command, 3))
+    assert launch(["train", "--config", "c.yaml"], 2, 1, 0, None, 30) == 3
+    assert ran == [torchrun_command(2, ["train", "--config", "c.yaml"])]
 
 
 def test_each_process_reruns_this_train_command_without_the_launch_options():
