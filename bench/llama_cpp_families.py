@@ -24,9 +24,7 @@ bench/results/<this machine>/llama_cpp_families.json.
 from __future__ import annotations
 
 import argparse
-import csv
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -40,7 +38,7 @@ from bench_machine import CHILD_ENV, ROOT, describe, headline, json_option, resu
 from gguf_check_and_server import build_llama_server, post, start_server
 
 sys.path.insert(0, str(ROOT))
-from tests.families import CASES, family_folder, sheet_rows
+from tests.families import CASES, answer_sentence_rows, family_folder, sheet_rows, write_config, write_sheet
 
 STEM = "llama_cpp_families"
 HELD_OUT = ROOT / "examples" / "data" / "xquad_eval.csv"
@@ -68,26 +66,6 @@ TEXTS = [
 ]
 
 
-def answer_sentence_rows(path: Path, n: int) -> list[dict[str, str]]:
-    """Rows of a reading-comprehension file with the passage cut to the sentence holding the answer (as the
-    matrix's training rows are)."""
-    rows = []
-    with open(path, encoding="utf-8", newline="") as f:
-        for row in csv.DictReader(f):
-            sentence = next((s for s in re.split(r"(?<=[.!?]) ", row["context"]) if row["answer"] in s), None)
-            if sentence and row["question"] not in {r["question"] for r in rows}:
-                rows.append({"question": row["question"], "context": sentence, "answer": row["answer"]})
-    return rows[:n]
-
-
-def write_rows(path: Path, rows: list[dict[str, str]]) -> Path:
-    with open(path, "w", encoding="utf-8", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=["question", "context", "answer"])
-        writer.writeheader()
-        writer.writerows(rows)
-    return path
-
-
 def qatune(*args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, **CHILD_ENV, "PYTHONPATH": str(ROOT / "src")}
     return subprocess.run([sys.executable, "-m", "qatune", *map(str, args)], capture_output=True, text=True, cwd=ROOT,
@@ -102,17 +80,9 @@ def last_line(done: subprocess.CompletedProcess) -> str:
 def train(name: str, model: str, work: Path, train_file: Path, real: tuple[int, float, int] | None) -> Path:
     """A run of ``model`` on the training rows: a tiny model until it has learnt them, a pretrained one a few steps."""
     epochs, learning_rate, max_length = real or (60, 1.0e-2, 256)
-    config = work / "config.yaml"
-    config.write_text(f"""
-task: generative
-seed: 0
-output_dir: {work / "run"}
-model: {{name_or_path: {model}}}
-data: {{train_file: {train_file}, context_column: context, max_length: {max_length}}}
-train: {{epochs: {epochs}, batch_size: 8, learning_rate: {learning_rate}, weight_decay: 0.0, warmup_steps: 2,
-        precision: fp32}}
-generate: {{max_new_tokens: 16, grounded: "off"}}
-""", encoding="utf-8")
+    config = write_config(work / "config.yaml", model, train_file, work / "run", epochs=epochs,
+                          learning_rate=learning_rate, data={"max_length": max_length},
+                          generate={"max_new_tokens": 16, "grounded": "off"})
     started = time.perf_counter()
     done = qatune("train", "--config", config, "--quiet")
     if done.returncode != 0:
@@ -254,8 +224,8 @@ def main() -> None:
     results = []
     with tempfile.TemporaryDirectory(prefix="qatune-llama-cpp-") as folder:
         work = Path(folder)
-        train_file = write_rows(work / "train.csv", sheet_rows(1000))
-        held_out = write_rows(work / "held-out.csv", records)
+        train_file = write_sheet(work / "train.csv", sheet_rows(1000))
+        held_out = write_sheet(work / "held-out.csv", records)
         for case in [c for c in CASES if c.id in args.families]:
             (work / case.id).mkdir()
             model = family_folder(case, work / case.id / "model")

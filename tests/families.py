@@ -143,16 +143,58 @@ GEMMA3_BYTE_LEVEL = FamilyCase("gemma3-byte-level", "gemma3_text", {**WIDE_HEADS
 GGUF_CASES = (*CASES, GEMMA3_BYTE_LEVEL)
 
 
-def sheet_rows(n: int) -> list[dict[str, str]]:
-    """The first ``n`` rows of the XQuAD fixture with a short answer, the passage cut to the sentence that holds
-    it: (question, context, answer) rows whose answers are spans of their passages."""
+def answer_sentence_rows(path: Path, n: int, max_answer_words: int | None = None) -> list[dict[str, str]]:
+    """The first ``n`` rows of a reading-comprehension sheet (question, context, answer columns) whose answer lies in
+    one sentence of its passage (and is at most ``max_answer_words`` words long), the passage cut to that sentence, one
+    row per question: (question, context, answer) rows whose answers are spans of their passages."""
     rows = []
-    with open(FIXTURES / "xquad_slice.csv", encoding="utf-8", newline="") as f:
+    with open(path, encoding="utf-8", newline="") as f:
         for row in csv.DictReader(f):
             sentence = next((s for s in re.split(r"(?<=[.!?]) ", row["context"]) if row["answer"] in s), None)
-            if sentence and len(row["answer"].split()) <= 3 and row["question"] not in {r["question"] for r in rows}:
+            short = max_answer_words is None or len(row["answer"].split()) <= max_answer_words
+            if sentence and short and row["question"] not in {r["question"] for r in rows}:
                 rows.append({"question": row["question"], "context": sentence, "answer": row["answer"]})
     return rows[:n]
+
+
+def sheet_rows(n: int) -> list[dict[str, str]]:
+    """The first ``n`` rows of the XQuAD fixture with a short answer (three words at most), the passage cut to the
+    sentence that holds it."""
+    return answer_sentence_rows(FIXTURES / "xquad_slice.csv", n, max_answer_words=3)
+
+
+def write_sheet(path: Path, rows: list[dict]) -> Path:
+    """``rows`` as a CSV sheet, their keys the columns."""
+    with open(path, "w", encoding="utf-8", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    return path
+
+
+def write_config(path: Path, model: str | Path, train_file: Path, output_dir: Path, *, seed: int = 0,
+                 epochs: int = 60, learning_rate: float = 1.0e-2, data: dict | None = None,
+                 generate: dict | None = None) -> Path:
+    """A generative config that trains ``model`` on ``train_file`` (question, context, answer) as the family matrix
+    trains its tiny models: batches of 8 rows, fp32, no weight decay, 2 warmup steps, the loss logged every step;
+    ``data`` and ``generate``: keys of those sections (besides the files and columns, ``max_new_tokens: 8``)."""
+    import yaml
+
+    path.write_text(yaml.safe_dump({
+        "task": "generative", "seed": seed, "output_dir": str(output_dir), "model": {"name_or_path": str(model)},
+        "data": {"train_file": str(train_file), "context_column": "context", **(data or {})},
+        "train": {"epochs": epochs, "batch_size": 8, "learning_rate": learning_rate, "weight_decay": 0.0,
+                  "warmup_steps": 2, "logging_steps": 1, "precision": "fp32"},
+        "generate": {"max_new_tokens": 8, **(generate or {})}}, sort_keys=False), encoding="utf-8")
+    return path
+
+
+def family_setup(case: FamilyCase, folder: Path, rows: int = 8) -> tuple[Path, Path, Path]:
+    """The family's model folder, the first ``rows`` rows of the fixture sheet and a config training the one on the
+    other into ``folder``/run (:func:`write_config`), all in ``folder``: (model folder, config file, rows file)."""
+    model = family_folder(case, folder / f"tiny-{case.id}")
+    data = write_sheet(folder / "rows.csv", sheet_rows(rows))
+    return model, write_config(folder / "config.yaml", model, data, folder / "run"), data
 
 
 def sheet_texts() -> list[str]:

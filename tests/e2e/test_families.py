@@ -12,7 +12,7 @@ import pytest
 
 from qatune.model.families import family_of
 from tests.conftest import LOCAL, cli_ok
-from tests.families import CASES, family_folder, sheet_rows
+from tests.families import CASES, family_setup, sheet_rows
 
 ROWS = 8
 
@@ -21,25 +21,7 @@ ROWS = 8
 def setup(request, tmp_path_factory):
     """(case, model folder, config file, rows file) of one family."""
     case = request.param
-    tmp = tmp_path_factory.mktemp(case.id)
-    folder = family_folder(case, tmp / f"tiny-{case.id}")
-    data = tmp / "rows.csv"
-    with open(data, "w", encoding="utf-8", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=["question", "context", "answer"])
-        writer.writeheader()
-        writer.writerows(sheet_rows(ROWS))
-    config = tmp / "config.yaml"
-    config.write_text(f"""
-task: generative
-seed: 0
-output_dir: {tmp / "run"}
-model: {{name_or_path: {folder}}}
-data: {{train_file: {data}, context_column: context}}
-train: {{epochs: 60, batch_size: {ROWS}, learning_rate: 1.0e-2, weight_decay: 0.0, warmup_steps: 2, logging_steps: 1,
-        precision: fp32}}
-generate: {{max_new_tokens: 8}}
-""", encoding="utf-8")
-    return case, folder, config, data
+    return (case, *family_setup(case, tmp_path_factory.mktemp(case.id), ROWS))
 
 
 @pytest.fixture(scope="module")
@@ -82,20 +64,10 @@ def test_check_trains_the_family_chat_prompt_and_its_end_of_turn(setup):
 def test_check_says_before_training_when_the_model_cannot_be_exported(tmp_path):
     """A Gemma 3 whose queries are scaled otherwise than llama.cpp scales Gemma's: check warns (gguf) naming why, and
     export refuses the same way (tests/unit/model/test_families.py)."""
-    import yaml
-
     case = next(c for c in CASES if c.id == "gemma3")
-    folder = family_folder(case, tmp_path / "tiny-gemma3")
+    folder, config, _ = family_setup(case, tmp_path, ROWS)
     settings = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps({**settings, "query_pre_attn_scalar": 64}))
-    data = tmp_path / "rows.csv"
-    with open(data, "w", encoding="utf-8", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=["question", "context", "answer"])
-        writer.writeheader()
-        writer.writerows(sheet_rows(ROWS))
-    config = tmp_path / "config.yaml"
-    config.write_text(yaml.safe_dump({"task": "generative", "model": {"name_or_path": str(folder)},
-                                      "data": {"train_file": str(data), "context_column": "context"}}))
     report = json.loads(cli_ok("check", "--config", config, "--json").stdout)
     said = [f["message"] for f in report["findings"] if f["code"] == "gguf"]
     assert len(said) == 1 and "qatune writes a Gemma 3 model as GGUF only if its query_pre_attn_scalar equals its " \
