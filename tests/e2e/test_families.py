@@ -1,27 +1,45 @@
 """Each model family qatune knows (qatune.model.families) through the commands, as a user with a local folder of that
 family runs them: a tiny random model built from the family's transformers config, with a tokenizer of its kind and
-its own chat template (tests/families.py), checked, trained in full and with LoRA on the targets its record names,
-asked freely and held to a passage, evaluated, served, and exported to GGUF where qatune writes the family. The
-check needs no training and runs in the fast suite; the cells on a trained run are marked slow."""
+its own chat template (tests/families.py), checked (its memory estimate too), trained in full and with LoRA on the
+targets its record names, sharded on two processes (train.distributed fsdp), asked freely, held to a passage and
+graded (chosen fields), evaluated, served, and exported to GGUF where qatune writes the family. The check needs no
+training and runs in the fast suite; the cells on a trained run are marked slow."""
 
 import csv
 import json
+import math
+import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from qatune.model.families import family_of
-from tests.conftest import LOCAL, cli_ok
-from tests.families import CASES, family_setup, sheet_rows
+from tests.conftest import LOCAL, ROOT, cli_ok
+from tests.families import CASES, family_setup, sheet_rows, write_config, write_sheet
 
 ROWS = 8
 
 
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """Every family's model folder, rows and config (tests/families.py's family_setup), built once:
+    {case id: (case, model folder, config file, rows file)}."""
+    return {case.id: (case, *family_setup(case, tmp_path_factory.mktemp(case.id), ROWS)) for case in CASES}
+
+
 @pytest.fixture(scope="module", params=CASES, ids=[case.id for case in CASES])
-def setup(request, tmp_path_factory):
+def setup(request, built):
     """(case, model folder, config file, rows file) of one family."""
-    case = request.param
-    return (case, *family_setup(case, tmp_path_factory.mktemp(case.id), ROWS))
+    return built[request.param.id]
+
+
+@pytest.fixture(scope="module")
+def checked(setup):
+    """``qatune check --json``'s report of one family's config."""
+    return json.loads(cli_ok("check", "--config", setup[2], "--json").stdout)
 
 
 @pytest.fixture(scope="module")
@@ -32,9 +50,9 @@ def family(setup):
     return case, folder, config, run, data
 
 
-def test_check_trains_the_family_chat_prompt_and_its_end_of_turn(setup):
-    case, folder, config, _ = setup
-    report = json.loads(cli_ok("check", "--config", config, "--json").stdout)
+def test_check_trains_the_family_chat_prompt_and_its_end_of_turn(setup, checked):
+    case, folder, _, _ = setup
+    report = checked
     from transformers import AutoConfig
 
     written = family_of(AutoConfig.from_pretrained(folder)).gguf_written  # said at check time, before training
@@ -58,6 +76,37 @@ def test_check_trains_the_family_chat_prompt_and_its_end_of_turn(setup):
     assert prompt.startswith(generation) and prompt[len(generation):] in ("", "<think>\n\n</think>\n\n")
     full = tokenizer.apply_chat_template([user, {"role": "assistant", "content": row["answer"]}], tokenize=False)
     assert full.startswith(prompt + trained) and trained == row["answer"] + case.end_of_turn
+
+
+PARTS = {"baseline", "weights", "gradients", "optimizer", "activations", "backward's working memory", "logits"}
+"""What check's estimate of a process's peak adds up, in every set-up (FSDP's gathered units besides)."""
+
+
+def test_memory_estimate_adds_up_its_parts_and_measures_the_family_block(setup, checked):
+    """check's estimate of the peak per process, for one process, DDP and FSDP on two (FSDP's only where the model has
+    blocks to shard: the family's decoder layers, found on the model built on the meta device), each the sum of its
+    named parts; the activations measured on copies of the family's model with one and two blocks, not the formula
+    that stands in for a model it cannot copy so."""
+    from transformers import AutoModelForCausalLM
+
+    from qatune.train.memory_estimate import measured_layer_bytes
+
+    _, folder, _, _ = setup
+    memory = checked["memory"]
+    setups = {s["setup"]: s for s in memory["setups"]}
+    assert list(setups) == ["1 process", "ddp x 2", "fsdp x 2"]
+    for name, estimate in setups.items():
+        parts = estimate["parts_gib"]
+        assert PARTS <= set(parts) and ("gathered units" in parts) is (name == "fsdp x 2"), (name, parts)
+        assert all(math.isfinite(v) and v >= 0 for v in parts.values()), (name, parts)
+        assert math.isfinite(estimate["total_gib"]) and estimate["total_gib"] > 0
+        assert abs(sum(parts.values()) - estimate["total_gib"]) <= 0.001 * len(parts), (name, estimate)
+        assert parts["activations"] > 0 and parts["baseline"] > 0
+    rows, width = memory["batch"]
+    assert rows == ROWS
+    model = AutoModelForCausalLM.from_pretrained(folder)
+    per_token = measured_layer_bytes(model, width, "fp32", masters=False)
+    assert per_token is not None and per_token > 0
 
 
 @pytest.mark.slow
@@ -99,6 +148,65 @@ def test_generate_held_to_a_new_passage_answers_with_a_span_of_it(family):
     question = sheet_rows(2)[1]["question"]
     grounded = cli_ok("generate", run, question, "--context", passage, "--grounded", "on").stdout.strip()
     assert grounded and grounded[1:] in passage and grounded[0].lower() in passage.lower()
+
+
+def grading_rows(n: int) -> list[dict]:
+    """The fixture sheet's rows graded: a label (one word or several) and a number (the answer's words)."""
+    return [{"question": r["question"], "context": r["context"],
+             "verdict": "one word" if len(r["answer"].split()) == 1 else "several words",
+             "words": len(r["answer"].split())} for r in sheet_rows(n)]
+
+
+def answer_log_likelihood(model, prompt: list[int], answer: list[int]) -> float:
+    """log P(answer | prompt) from one forward pass over both, no cache."""
+    import torch
+
+    with torch.inference_mode():
+        logits = model(input_ids=torch.tensor([prompt + answer])).logits[0].float()
+    logprobs = torch.log_softmax(logits[len(prompt) - 1: -1], -1)
+    return float(logprobs.gather(1, torch.tensor(answer)[:, None]).sum())
+
+
+@pytest.mark.slow
+def test_chosen_fields_are_values_training_saw_and_the_most_likely_ones(setup, tmp_path):
+    """A grading sheet's label and number fields (generate.choose_fields), chosen by scoring every value training saw
+    after the prompt's keys and values, copied per candidate from the family's cache: every answer parses, each field
+    is one of training's values, and the one the model's own forward without a cache finds most likely. One epoch:
+    the choice is the mechanism's, not what training taught."""
+    from qatune.data.generative import PromptEncoder
+    from qatune.data.grading_fields import AnswerTemplate, format_value
+    from qatune.data.templates import PromptTemplate
+    from qatune.model.folder import load_model_folder
+
+    _, folder, _, _ = setup
+    rows = grading_rows(ROWS)
+    sheet = write_sheet(tmp_path / "grades.csv", rows)
+    config = write_config(tmp_path / "grading.yaml", folder, sheet, tmp_path / "grading", epochs=1, data={
+        "answer_columns": ["verdict", "words"], "field_kinds": {"verdict": "label", "words": "number"}},
+        generate={"precision": "fp32"})
+    run = Path(cli_ok("train", "--config", config, "--quiet").stdout.strip().splitlines()[-1])
+    graded = tmp_path / "graded.csv"
+    cli_ok("generate", run, "--file", sheet, "--output", graded)
+    with open(graded, encoding="utf-8", newline="") as f:
+        answers = list(csv.DictReader(f))
+    assert [a["parsed"] for a in answers] == ["yes"] * ROWS
+    assert {a["verdict (model)"] for a in answers} <= {r["verdict"] for r in rows}
+    assert {a["words (model)"] for a in answers} <= {format_value(r["words"]) for r in rows}
+    loaded = load_model_folder(run, device="cpu")
+    info, specs = loaded.info, loaded.info.specs()
+    encoder = PromptEncoder(loaded.tokenizer, PromptTemplate(info.prompt_template, info.answer_prefix))
+    literals, names = AnswerTemplate.make(list(info.answer_fields), info.answer_template).pieces()
+    assert names == ["verdict", "words"] and all(specs[name].values for name in names)
+    for row, answer in zip(rows, answers):
+        prompt = encoder.prompt_ids(row["question"], row["context"])
+        text = literals[0]
+        for index, name in enumerate(names):
+            last = index == len(names) - 1
+            scores = {value: answer_log_likelihood(loaded.model, prompt, encoder.answer_ids(
+                text + value + literals[index + 1])[: None if last else -1]) for value in specs[name].values}
+            chosen = answer[f"{name} (model)"]
+            assert scores[chosen] >= max(scores.values()) - 1e-4, (row["question"], name, chosen, scores)
+            text += chosen + literals[index + 1]
 
 
 @pytest.mark.slow
@@ -146,6 +254,109 @@ def test_serve_answers_as_generate_does_at_temperature_0(family):
             assert response.status_code == 200, response.text
             answers.append(response.json()["answer"])
     assert answers == expected
+
+
+STEPS = 3
+"""Steps of each sharded run: batches of ROWS / 2 rows on each of two processes, every row in every step."""
+SHARDED = """
+import os, sys
+from pathlib import Path
+from click.testing import CliRunner
+from qatune.cli import cli
+
+rank = os.environ["RANK"]
+os.environ.pop("TORCHELASTIC_ERROR_FILE", None)  # each process says its error in its own log, not the first only
+for config in map(Path, sys.argv[3:]):
+    try:  # this family's peak, not the highest of the families this process trained before it (VmHWM reset)
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        pass
+    if rank == "0":
+        checked = CliRunner().invoke(cli, ["check", "--config", str(config), "--json"])
+        (config.parent / "fsdp-check.json").write_text(checked.stdout)
+    done = CliRunner().invoke(cli, ["train", "--config", str(config), "--output-dir", str(config.parent / "fsdp"),
+                                    "--quiet", "--set", "train.distributed=fsdp", "--set", "model.dropout=0.0",
+                                    "--set", f"train.epochs={sys.argv[1]}", "--set", f"train.batch_size={sys.argv[2]}"])
+    (config.parent / f"fsdp-{rank}.log").write_text(f"exit {done.exit_code}\\n{done.stderr}")
+"""
+
+
+@pytest.fixture(scope="module")
+def sharded(built, tmp_path_factory):
+    """Every family trained STEPS steps with train.distributed fsdp on two CPU processes (gloo), in one torchrun job
+    whose two processes run ``qatune train`` for each family in turn (torch and transformers started once, not once
+    per family), after ``qatune check --json`` on the first: {case id: (the run's folder, each process's log, check's
+    report)}."""
+    tmp = tmp_path_factory.mktemp("sharded")
+    (tmp / "sharded.py").write_text(SHARDED)
+    configs = [str(config) for _, _, config, _ in built.values()]
+    job = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                            f"--log-dir={tmp / 'logs'}", str(tmp / "sharded.py"), str(STEPS), str(ROWS // 2),
+                            *configs], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
+                           env={**os.environ, "PYTHONPATH": str(ROOT)}, start_new_session=True)
+    try:
+        output = job.communicate(timeout=300)[0]
+        said = f"torchrun ended with {job.returncode}: {output[-3000:]}"
+    except subprocess.TimeoutExpired:
+        os.killpg(job.pid, signal.SIGKILL)  # torchrun and its two processes
+        said = f"torchrun did not end within 300 s: {job.communicate()[0][-3000:]}"
+    results = {}
+    for case_id, (_, _, config, _) in built.items():
+        logs = [config.parent / f"fsdp-{rank}.log" for rank in (0, 1)]
+        report = config.parent / "fsdp-check.json"
+        results[case_id] = (config.parent / "fsdp", [log.read_text() if log.is_file() else said for log in logs],
+                            json.loads(report.read_text()) if report.is_file() else None)
+    return results
+
+
+def train_events(run: Path) -> list[dict]:
+    return [m for m in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if m["event"] == "train"]
+
+
+def drops_out(folder: Path) -> bool:
+    """Whether the family's model uses dropout while training (GPT-2's 0.1)."""
+    from transformers import AutoConfig
+
+    return any(isinstance(v, float) and v > 0 for k, v in AutoConfig.from_pretrained(folder).to_dict().items()
+               if "drop" in k)
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_fsdp_shards_the_family_decoder_layers_and_trains_as_one_process(family, sharded, tmp_path):
+    """Each decoder layer of the family's record is an FSDP unit, and the sharded steps are one process's: the full
+    training's first STEPS (the same ROWS rows in one batch each step), or, for a model that drops out (each process
+    draws its own masks), a one-process run of the same steps without dropout."""
+    from transformers import AutoConfig
+
+    case, folder, config, run, _ = family
+    two, logs, _ = sharded[case.id]
+    assert all(log.startswith("exit 0\n") for log in logs), logs
+    log = logs[0]
+    settings = AutoConfig.from_pretrained(folder)
+    layers = settings.get_text_config().num_hidden_layers
+    assert f"fsdp: {layers} FSDP{family_of(settings).decoder_layer} units and the root, sharded on 2 processes" in log
+    if drops_out(folder):
+        run = Path(cli_ok("train", "--config", config, "--output-dir", tmp_path / "one", "--quiet", "--set",
+                          f"train.epochs={STEPS}", "--set", "model.dropout=0.0").stdout.strip().splitlines()[-1])
+    one, sharded_steps = train_events(run)[:STEPS], train_events(two)
+    assert [m["step"] for m in sharded_steps] == [m["step"] for m in one] == list(range(1, STEPS + 1))
+    for a, b in zip(one, sharded_steps):
+        assert abs(a["loss"] - b["loss"]) <= 1e-5 * a["loss"], (a, b)
+        assert abs(a["grad_norm"] - b["grad_norm"]) <= 1e-3 * a["grad_norm"], (a, b)
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_memory_estimate_is_near_the_peak_of_the_sharded_run(setup, sharded):
+    """check's estimate of a process's peak under FSDP on two processes (made in the first of them, just before it
+    trained), against the peak the sharded run measured in its largest process: within the bounds of
+    tests/e2e/test_fsdp.py."""
+    two, logs, report = sharded[setup[0].id]
+    assert report is not None and (two / "run.json").is_file(), logs
+    estimated = {s["setup"]: s["total_gib"] for s in report["memory"]["setups"]}["fsdp x 2"]
+    measured = json.loads((two / "run.json").read_text())["result"]["peak_memory_mb"] / 1024
+    assert 0.7 * measured <= estimated <= 1.3 * measured, (estimated, measured)
 
 
 BROKEN = {"smollm2": {"permuted": ()}, "gemma3": {"norm_shift": 0.0},
