@@ -21,7 +21,7 @@ from qatune.data.padding import right_pad
 from qatune.data.spreadsheet import QARecord, load_from_config, split_validation
 from qatune.data.templates import PromptTemplate
 from qatune.export import ExportError
-from qatune.export.gguf_write import extra_tensors, read_into, round_like_file
+from qatune.export.gguf_write import read_into, round_like_file
 from qatune.inference.generate import answer_questions
 from qatune.model.families import family_of
 from qatune.model.folder import LoadedModel
@@ -173,12 +173,11 @@ def check_file(loaded: LoadedModel, path: Path, quant: str, records: list[QAReco
 
 def read_back(loaded: LoadedModel, path: Path) -> LoadedModel:
     """The written file as a run: read by transformers' GGUF reader where it knows the family's architecture and
-    reads all the file holds; else (SmolLM3; Llama 3's rope factors) its tokenizer, prompt and config so, and its
-    tensors read into a new model of the run's class with the family's layout undone. That checks that the file
-    holds the run's weights at its precision, its tokenizer and its prompt; not that llama.cpp reads the layout so,
-    which the tests hold to llama.cpp's converter."""
-    layout = family_of(loaded.model.config).gguf
-    if layout.read_back and not extra_tensors(layout, loaded.model.config):
+    reads all the file holds; else (SmolLM3; Llama 3's rope factors; Phi-4-mini's partial rope and longrope factors)
+    its tokenizer, prompt and config so, and its tensors read into a new model of the run's class with the family's
+    layout undone. That checks that the file holds the run's weights at its precision, its tokenizer and its prompt;
+    not that llama.cpp reads the layout so, which the tests hold to llama.cpp's converter."""
+    if family_of(loaded.model.config).gguf.read_by_transformers(loaded.model.config):
         return load_gguf_run(path, device="cpu", convert=False)  # read once: not kept in qatune's cache
     from transformers import PreTrainedTokenizerFast
 

@@ -63,6 +63,31 @@ def rotary_dimensions(config: Any) -> int:
     return int(share * config.hidden_size) // config.num_attention_heads
 
 
+def longrope_factors(kind: str) -> Callable[[Any], list[float] | None]:
+    """A longrope scaling's factors dividing each rotated pair's frequency (``kind``: "long_factor", for sequences
+    longer than the original context, or "short_factor"), as llama.cpp's converter writes them; None for a model
+    without it."""
+
+    def factors(config: Any) -> list[float] | None:
+        rope = rope_parameters(config)
+        return [float(f) for f in rope[kind]] if rope.get("rope_type") == "longrope" else None
+
+    return factors
+
+
+def longrope_attention_factor(config: Any) -> float | None:
+    """What a longrope scaling multiplies rope's cosines and sines by, long factors or short, as transformers computes
+    it (llama.cpp reads it as ``rope.scaling.attn_factor``); None for a model without it."""
+    rope = rope_parameters(config)
+    if rope.get("rope_type") != "longrope":
+        return None
+    if rope.get("attention_factor") is not None:
+        return float(rope["attention_factor"])
+    original = original_context(config)
+    factor = rope.get("factor") or config.max_position_embeddings / original
+    return 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
+
+
 def original_context(config: Any) -> int:
     return int(rope_parameters(config).get("original_max_position_embeddings")
                or getattr(config, "original_max_position_embeddings", None) or config.max_position_embeddings)
@@ -138,6 +163,10 @@ def _full_rotary(config: Any) -> bool:
     return rotary_dimensions(config) == head_dim(config)
 
 
+def _rope_type(config: Any) -> str:
+    return rope_parameters(config).get("rope_type") or "default"
+
+
 def _is(name: str, value: Any) -> Callable[[Any], bool]:
     return lambda config: getattr(config, name, None) == value
 
@@ -179,8 +208,16 @@ class GgufLayout:
     a model of any family (a fine-tune may bring another family's tokenizer)."""
     read_back: bool = True
     """Whether transformers' GGUF loader reads the architecture, so that export's check reads the file back with it;
-    else (and where the file holds an extra tensor, which that loader does not read) the check reads the file's
-    tensors into the run's model class with this layout undone."""
+    else (and where the file holds an extra tensor, which that loader does not read, or a config fails
+    ``reader_takes``) the check reads the file's tensors into the run's model class with this layout undone."""
+    reader_takes: tuple[Callable[[Any], bool], ...] = ()
+    """What transformers' GGUF loader takes for granted of the architecture without reading it from the file (tests
+    on a config): where one fails, export's check reads the file into the run's model class instead."""
+
+    def read_by_transformers(self, config: Any) -> bool:
+        """Whether transformers' GGUF loader reads all a file of this config holds, as the model has it."""
+        return (self.read_back and all(takes(config) for takes in self.reader_takes)
+                and all(values(config) is None for _, values in self.extra_tensors))
 
 
 @dataclass(frozen=True)
@@ -242,13 +279,17 @@ FAMILIES = (
                                   "gemma3 pattern)", _full_every(6)),
                                  (f"its sliding-window layers' rope base is 10000 ({READER} Gemma 3's)",
                                   lambda c: sliding_rope_theta(c) in (None, 10000.0))))),
-    # Phi-3 (Phi-4-mini) computes queries, keys and values in one fused projection.
+    # Phi-3 computes queries, keys and values in one fused projection; Phi-4-mini turns three quarters of each head
+    # (its rope dimensions) and scales rope by longrope's factors (two tensors) and attention factor.
     Family("Phi-3", ("phi3",), ("qkv_proj",), "Phi3DecoderLayer", GgufLayout(
         "phi3", (*DECODER_KEYS, ("rope.dimension_count", rotary_dimensions),
                  ("rope.scaling.original_context_length", original_context),
+                 ("rope.scaling.attn_factor", longrope_attention_factor),
                  ("attention.sliding_window", lambda config: int(getattr(config, "sliding_window", None) or 0))),
-        assumes=(("rope turns every dimension of a head (transformers' GGUF reader, which checks the file, takes "
-                  "partial_rotary_factor 1)", _full_rotary),),
+        rope_types=("default", "linear", "longrope"),
+        extra_tensors=(("rope_factors_long.weight", longrope_factors("long_factor")),
+                       ("rope_factors_short.weight", longrope_factors("short_factor"))),
+        reader_takes=(_full_rotary,),  # it reads no rope.dimension_count
         pre_tokenizers=(("ccc2ef013c104be7bae2965776d611e1d7a8a2a9c547dd93a682c9a9fc80352e", "gpt-4o"),))),
     Family("SmolLM3", ("smollm3",), ATTENTION, "SmolLM3DecoderLayer", GgufLayout(
         "smollm3", LLAMA_KEYS, permuted=ROPE_ROWS, read_back=False, **LLAMA3_ROPE, assumes=((
@@ -289,4 +330,7 @@ def gguf_refusal(model_config: Any) -> str | None:
     unmet = [said for said, holds in family.gguf.assumes if not holds(text)]
     if unmet:
         return f"qatune writes a {family.name} model as GGUF only if {'; and '.join(unmet)}, which this one does not"
+    if _rope_type(text) not in family.gguf.rope_types:
+        return (f"its rope scaling ({_rope_type(text)}) is not one qatune writes for its family {family.name} "
+                f"({', '.join(family.gguf.rope_types)})")
     return None

@@ -26,9 +26,17 @@ gguf = pytest.importorskip("gguf")
 
 TEXTS = ("The council met in Brussels in 1999 and again in 2004.", "naïve café, Ünïcödé: 東京タワー 😶‍🌫️ 🦙🦙",
          "  two  spaces\n\n\ttab and 3.14159 or 33333333", "I've been 'told he's there, 'RE you sure?")
-READ_BACK = [case for case in CASES if next(f for f in FAMILIES if case.model_type in f.model_types).gguf.read_back
-             and case.config.get("rope_parameters", {}).get("rope_type") != "llama3"]
-"""The cases whose file transformers' reader reads whole: not SmolLM3's architecture, nor Llama 3's rope factors."""
+
+
+def case_config(case):
+    from transformers import AutoConfig
+
+    return AutoConfig.for_model(case.model_type, **case.config)
+
+
+READ_BACK = [case for case in CASES if family_of(case_config(case)).gguf.read_by_transformers(case_config(case))]
+"""The cases whose file transformers' reader reads whole: not SmolLM3's architecture, nor Llama 3's rope factors,
+nor Phi-4-mini's partial rope and longrope factors."""
 
 
 def loaded_case(case, folder):
@@ -352,3 +360,85 @@ def test_llama3_rope_left_out_of_the_file_is_found(monkeypatch, tmp_path):
     assert not torch.allclose(logits(back.model, loaded.tokenizer), logits(loaded.model, loaded.tokenizer), atol=1e-5,
                               rtol=1e-5)
 
+
+
+def llama_cpp_rope(path, positions):
+    """The cosines and sines llama.cpp's phi3 graph turns queries and keys by at ``positions`` positions, from what
+    the file holds and llama.cpp's defaults for what it lacks (src/llama-model.cpp, ggml's rope): NeoX order on
+    ``rope.dimension_count`` dimensions (else the whole head), each pair's frequency divided by the long factors
+    where the context passes ``rope.scaling.original_context_length`` (else the context length), by the short ones
+    otherwise (none where the file has none), times ``rope.scaling.attn_factor`` (else 1). None: llama.cpp would
+    not load the file (factors of another length than the pairs)."""
+    reader = gguf.GGUFReader(str(path))
+    fields, tensors = reader.fields, {t.name: t for t in reader.tensors}
+
+    def key(name, default):
+        return fields[f"phi3.{name}"].contents() if f"phi3.{name}" in fields else default
+
+    rotated = int(key("rope.dimension_count", key("embedding_length", 0) // key("attention.head_count", 1)))
+    original = int(key("rope.scaling.original_context_length", key("context_length", 0)))
+    factors = tensors.get(f"rope_factors_{'long' if positions > original else 'short'}.weight")
+    factors = torch.ones(rotated // 2) if factors is None else torch.from_numpy(factors.data.copy())
+    if len(factors) != rotated // 2:
+        return None
+    pairs = key("rope.freq_base", 10000.0) ** (-torch.arange(0, rotated, 2, dtype=torch.float64) / rotated)
+    angles = torch.arange(positions, dtype=torch.float64)[:, None] * pairs / factors.double()
+    attention = key("rope.scaling.attn_factor", 1.0)
+    return torch.cat([angles.cos()] * 2, -1) * attention, torch.cat([angles.sin()] * 2, -1) * attention
+
+
+def rope_as_the_model(loaded, path):
+    """Whether llama.cpp's rope from the file (:func:`llama_cpp_rope`) is the model's own (transformers' Phi-3 rotary
+    embedding), on a sequence within the original context (the short factors) and on one past it (the long ones)."""
+    config = loaded.model.config
+    original = config.rope_parameters["original_max_position_embeddings"]
+    for positions in (original // 2, original * 2):
+        rotary = type(loaded.model.model.rotary_emb)(config)  # a new one: it keeps the last length's frequencies
+        cos, sin = rotary(torch.zeros(1), torch.arange(positions)[None])
+        ours = llama_cpp_rope(path, positions)
+        if ours is None or ours[0].shape != cos[0].shape or not all(
+                torch.allclose(a.float(), b[0], atol=1e-5, rtol=1e-4) for a, b in zip(ours, (cos, sin))):
+            return False
+    return True
+
+
+def test_phi4_mini_rope_is_written_as_llama_cpp_reads_it(tmp_path):
+    """Phi-4-mini turns three quarters of each head and scales rope by longrope: the file holds its rope dimensions,
+    original context, attention factor and long and short factors (the tensors rope_factors_long/short) as llama.cpp's
+    converter writes them, from which llama.cpp's rope is the model's at either length. transformers' GGUF reader
+    reads none of them (it takes rope on every dimension), so export's check reads the file into the run's model
+    class, which gives the model's logits."""
+    from qatune.export.gguf_check import read_back
+
+    case = next(c for c in CASES if c.id == "phi4-mini")
+    loaded = loaded_case(case, tmp_path / "final")
+    path = write(loaded, "q8_0")
+    reader = gguf.GGUFReader(str(path))
+    assert reader.fields["phi3.rope.dimension_count"].contents() == 6  # of heads of 8
+    assert reader.fields["phi3.rope.scaling.original_context_length"].contents() == 128
+    assert {t.name: t.data.tolist() for t in reader.tensors if t.name.startswith("rope_")} == {
+        "rope_factors_long.weight": [1.0, 4.0, 32.0], "rope_factors_short.weight": [1.0, 1.25, 2.0]}
+    assert loaded.model.model.rotary_emb.attention_scaling > 1.1  # 512 / 128: sqrt(1 + ln 4 / ln 128)
+    assert rope_as_the_model(loaded, path)
+    assert not family_of(loaded.model.config).gguf.read_by_transformers(loaded.model.config)
+    back = read_back(loaded, path)
+    rounded = copy.deepcopy(loaded.model)
+    gguf_write.round_like_file(rounded, "q8_0")
+    torch.testing.assert_close(logits(back.model, loaded.tokenizer), logits(rounded, loaded.tokenizer),
+                               atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("left_out", ["rope.dimension_count", "rope.scaling.original_context_length",
+                                      "rope.scaling.attn_factor", "rope_factors_long.weight",
+                                      "rope_factors_short.weight"])
+def test_phi4_mini_rope_left_out_of_the_record_is_found(left_out, monkeypatch, tmp_path):
+    """A Phi-3 record without one of what Phi-4-mini's rope needs writes a file whose rope in llama.cpp is not the
+    model's: every dimension turned (and factors of the wrong length), the long factors never taken, no attention
+    factor, no factors at one length."""
+    case = next(c for c in CASES if c.id == "phi4-mini")
+    loaded = loaded_case(case, tmp_path / "final")
+    layout = family_of(loaded.model.config).gguf
+    assert rope_as_the_model(loaded, write(loaded, name="right.gguf"))
+    broken(monkeypatch, "phi3", hyperparameters=tuple(kv for kv in layout.hyperparameters if kv[0] != left_out),
+           extra_tensors=tuple(kv for kv in layout.extra_tensors if kv[0] != left_out))
+    assert not rope_as_the_model(loaded, write(loaded, name="wrong.gguf"))
