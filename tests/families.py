@@ -82,11 +82,13 @@ LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 32.0, "l
                "high_freq_factor": 4.0, "original_max_position_embeddings": 256}
 """Llama 3.2's rope scaling, its original context cut to 256 so that the tiny model's 4 pairs of dimensions meet all
 three of its cases (kept, scaled, in between)."""
-PHI4_MINI_ROPE = {"partial_rotary_factor": 0.75, "original_max_position_embeddings": 128, "rope_scaling": {
-    "type": "longrope", "short_factor": [1.0, 1.25, 2.0], "long_factor": [1.0, 4.0, 32.0]}}
+PHI4_MINI_ROPE = {"partial_rotary_factor": 0.75, "original_max_position_embeddings": 256,
+                  "max_position_embeddings": 1024, "rope_scaling": {
+                      "type": "longrope", "short_factor": [1.0, 1.25, 2.0], "long_factor": [1.0, 4.0, 32.0]}}
 """Phi-4-mini's rope as its config.json writes it: on three quarters of each head (6 of 8 dimensions here, 3 pairs),
 scaled by longrope's factors per pair (the short ones up to the original context, the long ones beyond) and by an
-attention factor from the context's growth (512 / 128 here; 131072 / 4096 published)."""
+attention factor from the context's growth (1024 / 256 here; 131072 / 4096 published). The original context is one
+llama.cpp can run within (it rounds its context up to a multiple of 256, and takes the long factors past it)."""
 DECODER = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
            "num_key_value_heads": 2, "max_position_embeddings": 512}
 WIDE_HEADS = {**DECODER, "num_attention_heads": 2, "num_key_value_heads": 1}

@@ -415,10 +415,10 @@ def test_phi4_mini_rope_is_written_as_llama_cpp_reads_it(tmp_path):
     path = write(loaded, "q8_0")
     reader = gguf.GGUFReader(str(path))
     assert reader.fields["phi3.rope.dimension_count"].contents() == 6  # of heads of 8
-    assert reader.fields["phi3.rope.scaling.original_context_length"].contents() == 128
+    assert reader.fields["phi3.rope.scaling.original_context_length"].contents() == 256
     assert {t.name: t.data.tolist() for t in reader.tensors if t.name.startswith("rope_")} == {
         "rope_factors_long.weight": [1.0, 4.0, 32.0], "rope_factors_short.weight": [1.0, 1.25, 2.0]}
-    assert loaded.model.model.rotary_emb.attention_scaling > 1.1  # 512 / 128: sqrt(1 + ln 4 / ln 128)
+    assert loaded.model.model.rotary_emb.attention_scaling > 1.1  # 1024 / 256: sqrt(1 + ln 4 / ln 256)
     assert rope_as_the_model(loaded, path)
     assert not family_of(loaded.model.config).gguf.read_by_transformers(loaded.model.config)
     back = read_back(loaded, path)
