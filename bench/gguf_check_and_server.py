@@ -121,10 +121,10 @@ def post(url: str, body: dict) -> dict:
         return json.loads(reply.read())
 
 
-def start_server(binary: Path, file: Path, log: Path) -> tuple[subprocess.Popen, str]:
+def start_server(binary: Path, file: Path, log: Path, context: int = 4096) -> tuple[subprocess.Popen, str]:
     port = free_port()
     server = subprocess.Popen([str(binary), "-m", str(file), "--jinja", "--host", "127.0.0.1", "--port", str(port),
-                               "-c", "4096", "-np", "1", "-t", str(os.cpu_count()), "--no-webui"],
+                               "-c", str(context), "-np", "1", "-t", str(os.cpu_count()), "--no-webui"],
                               stdout=log.open("w"), stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 300

@@ -24,6 +24,7 @@ bench/results/<this machine>/llama_cpp_families.json.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import subprocess
@@ -127,8 +128,18 @@ def share(same: int, of: int) -> dict:
     return {"identical": same, "of": of, "share": round(same / of, 4) if of else None}
 
 
-def ask_llama(binary: Path, file: Path, side: dict, records: list, texts: list[str], chat: bool) -> dict:
-    server, url = start_server(binary, file, file.with_suffix(".log"))
+def server_context(run: Path) -> int:
+    """llama-server's context for a run: 4096, or a longrope model's original context where that is shorter (llama.cpp
+    takes the long rope factors whenever its context exceeds it; transformers by the sequence's length)."""
+    config = json.loads((run / "final" / "config.json").read_text(encoding="utf-8"))
+    original = (config.get("rope_scaling") or {}).get("original_max_position_embeddings") or config.get(
+        "original_max_position_embeddings")
+    return min(4096, original) if original else 4096
+
+
+def ask_llama(binary: Path, file: Path, side: dict, records: list, texts: list[str], chat: bool,
+              context: int = 4096) -> dict:
+    server, url = start_server(binary, file, file.with_suffix(".log"), context)
     try:
         found: dict = {}
         if texts:
@@ -180,6 +191,9 @@ def one(name: str, model: str, work: Path, binary: Path, train_file: Path, held_
     except RuntimeError as error:
         return {**result, "error": str(error)}
     side = run_side(run, records, texts)
+    context = server_context(run)
+    if context != 4096:
+        result["llama_server_context"] = context
     for quant in ("f16", "q8_0"):
         file, said = export(run, quant, held_out)
         result[quant] = {"export": said}
@@ -187,7 +201,7 @@ def one(name: str, model: str, work: Path, binary: Path, train_file: Path, held_
             print(f"  {quant}: not written: {said['line']}", flush=True)
             continue
         result[quant].update(ask_llama(binary, file, side, records, texts if quant == "f16" else [],
-                                       chat=quant == "f16"))
+                                       chat=quant == "f16", context=context))
         shown = {key: f"{value['identical']}/{value['of']}" for key, value in result[quant].items()
                  if isinstance(value, dict) and "of" in value}
         print(f"  {quant}: {shown}", flush=True)
