@@ -321,12 +321,23 @@ def drops_out(folder: Path) -> bool:
                if "drop" in k)
 
 
+def rope_by_width(folder: Path) -> bool:
+    """Whether the model's rope depends on its batch's width (longrope: transformers takes the long factors for a
+    batch wider than the original context, so a row's loss depends on the rows padded beside it)."""
+    from transformers import AutoConfig
+
+    settings = AutoConfig.from_pretrained(folder)
+    rope = getattr(settings, "rope_parameters", None) or getattr(settings, "rope_scaling", None) or {}
+    return rope.get("rope_type") == "longrope"
+
+
 @pytest.mark.slow
 @pytest.mark.distributed
 def test_fsdp_shards_the_family_decoder_layers_and_trains_as_one_process(family, sharded, tmp_path):
     """Each decoder layer of the family's record is an FSDP unit, and the sharded steps are one process's: the full
     training's first STEPS (the same ROWS rows in one batch each step), or, for a model that drops out (each process
-    draws its own masks), a one-process run of the same steps without dropout."""
+    draws its own masks), a one-process run of the same steps without dropout; for a model whose rope depends on the
+    batch's width, a one-process run of the same steps accumulating the two processes' batches."""
     from transformers import AutoConfig
 
     case, folder, config, run, _ = family
@@ -336,9 +347,12 @@ def test_fsdp_shards_the_family_decoder_layers_and_trains_as_one_process(family,
     settings = AutoConfig.from_pretrained(folder)
     layers = settings.get_text_config().num_hidden_layers
     assert f"fsdp: {layers} FSDP{family_of(settings).decoder_layer} units and the root, sharded on 2 processes" in log
-    if drops_out(folder):
+    if drops_out(folder) or rope_by_width(folder):
+        batches = (["--set", f"train.batch_size={ROWS // 2}", "--set", "train.gradient_accumulation_steps=2"]
+                   if rope_by_width(folder) else [])
         run = Path(cli_ok("train", "--config", config, "--output-dir", tmp_path / "one", "--quiet", "--set",
-                          f"train.epochs={STEPS}", "--set", "model.dropout=0.0").stdout.strip().splitlines()[-1])
+                          f"train.epochs={STEPS}", "--set", "model.dropout=0.0",
+                          *batches).stdout.strip().splitlines()[-1])
     one, sharded_steps = train_events(run)[:STEPS], train_events(two)
     assert [m["step"] for m in sharded_steps] == [m["step"] for m in one] == list(range(1, STEPS + 1))
     for a, b in zip(one, sharded_steps):
