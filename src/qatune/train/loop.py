@@ -13,12 +13,12 @@ import logging
 import math
 import sys
 import warnings
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import torch
 from tqdm.auto import tqdm
@@ -39,7 +39,7 @@ from qatune.train.nan_guard import NonFiniteGuard
 from qatune.train.optim import build_optimizer, build_schedulers, gradient_clipper
 from qatune.train.preparation import Prepared, fingerprint
 from qatune.train.process_failure import on_every_process
-from qatune.train.sampler import LengthGroupedBatches, training_batches
+from qatune.train.sampler import LengthGroupedBatches, training_batches, windows
 from qatune.train.signals import StopSignals, TrainingInterrupted
 from qatune.train.validation import evaluate_epoch
 
@@ -64,7 +64,7 @@ def fit(prepared: Prepared, run_dir: Path | None, progress: bool = True, resume_
     with StopSignals() as stop, loop.metrics_log.closed_on_error():
         for epoch in range(state.epoch, train_cfg.epochs):
             loop.start_epoch(epoch)
-            for window, last in marked_last(windows(loop.loader, train_cfg.gradient_accumulation_steps)):
+            for window, last in windows(loop.loader, train_cfg.gradient_accumulation_steps):
                 if last:
                     loop.heap.before_heaviest()  # the epoch's heaviest batch (sampler.py) on a trimmed heap
                 state.consumed += len(window)
@@ -425,34 +425,6 @@ def _whole(clip: Callable[[], Any]) -> Callable[[], torch.Tensor]:
         norm = clip()
         return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
     return clipped
-
-
-def windows(loader: Any, accum: int) -> Iterator[list[dict[str, torch.Tensor]]]:
-    """Groups of ``accum`` micro-batches (the last group of an epoch may be shorter)."""
-    window: list[dict[str, torch.Tensor]] = []
-    for batch in loader:
-        window.append(batch)
-        if len(window) == accum:
-            yield window
-            window = []
-    if window:
-        yield window
-
-
-T = TypeVar("T")
-
-
-def marked_last(items: Iterable[T]) -> Iterator[tuple[T, bool]]:
-    """Each item with whether it is the last."""
-    iterator = iter(items)
-    try:
-        item = next(iterator)
-    except StopIteration:
-        return
-    for following in iterator:
-        yield item, False
-        item = following
-    yield item, True
 
 
 def _global_count(accelerator: Any, count: int) -> int:

@@ -1,4 +1,5 @@
-"""The order of training examples: shuffled batches of similar length, resumable mid-epoch."""
+"""The order of training examples: shuffled batches of similar length, resumable mid-epoch, and the windows of
+micro-batches each update takes."""
 
 from __future__ import annotations
 
@@ -156,3 +157,22 @@ def prompt_families(dataset: Any) -> list[list[int]] | None:
         prompts = [item.input_ids[:item.prompt_length] for item in items] if causal else []
         _FAMILIES[dataset] = prefixes.families(prompts) if causal else None
     return _FAMILIES[dataset]
+
+
+def windows(loader: Any, accum: int) -> Iterator[tuple[list[dict[str, torch.Tensor]], bool]]:
+    """Groups of ``accum`` micro-batches (the last group of an epoch may be shorter), each with whether it is the
+    epoch's last."""
+    window: list[dict[str, torch.Tensor]] = []
+    ready: list[dict[str, torch.Tensor]] | None = None
+    for batch in loader:
+        window.append(batch)
+        if len(window) == accum:
+            if ready is not None:
+                yield ready, False
+            ready, window = window, []
+    if window:
+        if ready is not None:
+            yield ready, False
+        ready = window
+    if ready is not None:
+        yield ready, True

@@ -169,8 +169,9 @@ def test_freed_memory_is_handed_back_before_each_epochs_heaviest_batch(tmp_path,
         assert last[-1]["input_ids"].shape[1] == widest
 
 
-def test_each_item_is_marked_whether_it_is_the_last():
-    from qatune.train.loop import marked_last
+def test_the_loop_groups_micro_batches_into_windows_and_marks_the_epochs_last():
+    from qatune.train.sampler import windows
 
-    assert list(marked_last("abc")) == [("a", False), ("b", False), ("c", True)]
-    assert list(marked_last([])) == []
+    assert list(windows("abcde", 2)) == [(["a", "b"], False), (["c", "d"], False), (["e"], True)]
+    assert list(windows("abcd", 2)) == [(["a", "b"], False), (["c", "d"], True)]
+    assert list(windows("", 2)) == []
