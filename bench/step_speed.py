@@ -102,7 +102,8 @@ def main() -> None:
 
     from qatune.config import load_config
     from qatune.train import prepare
-    from qatune.train.loop import Loop, train_step, windows
+    from qatune.train.loop import Loop, train_step
+    from qatune.train.sampler import windows
 
     info = describe_torch()
     print(headline(info), flush=True)
@@ -113,7 +114,7 @@ def main() -> None:
         loop = Loop.setup(prepared, None, None)
         params = sum(p.numel() for p in prepared.model.parameters())
         times, tokens = [], []
-        for number, window in enumerate(windows(loop.loader, config.train.gradient_accumulation_steps)):
+        for number, (window, _) in enumerate(windows(loop.loader, config.train.gradient_accumulation_steps)):
             if number >= args.burn_in + args.steps:
                 break
             begin = time.perf_counter()
