@@ -77,7 +77,7 @@ def settings(name: str, precision: str, speedups: str, epochs: int, work: Path) 
     return [item for value in sets for item in ("--set", value)]
 
 
-def arm(name: str, precision: str, speedups: str, epochs: int, src: Path, work: Path) -> dict:
+def arm(name: str, precision: str, speedups: str, epochs: int, src: Path, work: Path, per_step: bool = False) -> dict:
     sets = settings(name, precision, speedups, epochs, work)
     config = str(ROOT / "configs" / f"{name}.yaml")
     check = json.loads(qatune(["check", "--config", config, *sets, "--json"], src).stdout)
@@ -112,7 +112,16 @@ def arm(name: str, precision: str, speedups: str, epochs: int, src: Path, work: 
             "last_over_first": round(last / first, 3), "run_peak_mb": result.get("peak_memory_mb"),
             "estimate_over_peak": round(estimate["total_gib"] * 1024 / max(last, 1.0), 3),
             "memory_warnings": warnings, "train_seconds": round(seconds, 1),
-            "estimated_train_seconds": (check.get("training_time") or {}).get("seconds")}
+            "estimated_train_seconds": (check.get("training_time") or {}).get("seconds"),
+            **({"steps": [{"epoch": line["epoch"], "step": line["step"], "peak_mb": line["peak_memory_mb"],
+                           "rss_mb": line.get("rss_mb")} for line in train],
+                "validations": [{"epoch": line["epoch"], "peak_mb": line["peak_memory_mb"]} for line in lines
+                                if line.get("event") == "eval" and "peak_memory_mb" in line]} if per_step else {})}
+
+
+def heap_policy() -> dict:
+    """The heap's trimming where the environment changes it for the runs (qatune.train.heap.TRIM_EVERY_STEP)."""
+    return {"heap_trim": "after every update"} if os.environ.get("QATUNE_TRIM_EVERY_STEP") == "1" else {}
 
 
 def main() -> None:
@@ -122,6 +131,8 @@ def main() -> None:
                         help="default: bf16 (where native) and fp32")
     parser.add_argument("--speedups", nargs="+", default=["auto"], choices=["auto", "off"])
     parser.add_argument("--epochs", type=int, default=5)
+    parser.add_argument("--per-step", action="store_true",
+                        help="keep every step's peak and resident set (and each validation's peak) in the JSON")
     parser.add_argument("--src", type=Path, default=ROOT / "src", help="the qatune source to run (another checkout's)")
     json_option(parser, STEM)
     args = parser.parse_args()
@@ -135,11 +146,11 @@ def main() -> None:
         for name in args.configs:
             for precision in precisions:
                 for speedups in args.speedups:
-                    found = arm(name, precision, speedups, args.epochs, args.src, Path(folder))
+                    found = arm(name, precision, speedups, args.epochs, args.src, Path(folder), args.per_step)
                     results.append(found)
                     write_json(args.json or results_path(STEM), {   # after every arm: a failed arm keeps the others
                         "machine": info, "src": str(args.src), "commit": commit, "epochs": args.epochs,
-                        "rows": CONFIGS, "results": results})
+                        "rows": CONFIGS, **heap_policy(), "results": results})
                     print(f"{name:18} {precision:5} {speedups:5} epoch peaks (MB): "
                           f"{[e['peak_mb'] for e in found['epochs']]}  last/first x{found['last_over_first']}  "
                           f"estimate {found['estimate_gib']:.2f} GiB (x{found['estimate_over_peak']} of the peak)  "

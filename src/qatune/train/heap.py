@@ -21,6 +21,7 @@ and a run that does not fragment never trims (a trim costs the next step its pag
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -43,14 +44,20 @@ TRIM_SLACK = 0.08
 EPOCH_GROWTH_WARNING = 0.25
 """The resident set's growth from one epoch to the next (the same rows) that the log warns of."""
 MIB = 2**20
+TRIM_EVERY_STEP = "QATUNE_TRIM_EVERY_STEP"
+"""Set to 1 in the environment, the heap is trimmed after every update, not only when freed memory piles up: every
+step starts from what is alive, so no later epoch's peak passes the first's, and every step faults its pages in again
+(slower: docs/performance.md)."""
 
 
 class Heap:
     """Called after every update and at every epoch's end; ``trims`` counts the hand-backs."""
 
     def __init__(self, enabled: bool | None = None, resident: Callable[[], int] = resident_bytes,
-                 trim: Callable[[], object] = hand_back_freed_memory):
+                 trim: Callable[[], object] = hand_back_freed_memory, every_step: bool | None = None):
         self.enabled = glibc() if enabled is None else enabled
+        self.every_step = os.environ.get(TRIM_EVERY_STEP) == "1" if every_step is None else every_step
+        """Trim after every update: each step starts on a heap that holds no freed memory."""
         self.resident, self.trim = resident, trim
         self.settled = 0
         """The most the resident set held after a step that followed a trim (or the run's first step)."""
@@ -63,6 +70,10 @@ class Heap:
         """Trim if freed memory piled up; returns the resident set in MiB (after any trim), for the log."""
         rss = self.resident()
         self.high = max(self.high, rss)
+        if self.enabled and self.every_step:
+            self.trim()
+            self.trims += 1
+            return round(self.resident() / MIB, 1)
         if self.fresh:
             self.settled, self.fresh = max(self.settled, rss), False
         elif self.enabled and rss > self.settled * (1 + TRIM_SLACK):

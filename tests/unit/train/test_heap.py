@@ -37,6 +37,14 @@ def test_freed_memory_is_handed_back_only_when_it_piles_up():
     assert heap.trims == 1
 
 
+def test_trimmed_after_every_update_each_step_starts_with_no_freed_memory():
+    process = FakeProcess(live=1000)
+    heap = Heap(enabled=True, resident=process.resident, trim=process.trim, every_step=True)
+    for step in range(1, 5):
+        process.freed = 30  # 3%: within the slack, handed back all the same
+        assert heap.after_update() == 1000.0 and process.trims == step
+
+
 def test_without_glibc_nothing_is_trimmed():
     process = FakeProcess(live=1000)
     heap = Heap(enabled=False, resident=process.resident, trim=process.trim)
