@@ -3,6 +3,7 @@
 CSV (every input column kept, the fields added), and check reports the fields."""
 
 import json
+import re
 from collections import Counter
 
 import pytest
@@ -14,6 +15,14 @@ from tests.grading_runs import GRADING, copy_grading_run, read_csv
 pytestmark = pytest.mark.slow
 
 FIELDS = ["score", "label", "feedback"]
+LABELS = re.compile(r"\b(score|label|feedback)\s*:", re.IGNORECASE)
+
+
+def feedback_went_astray(answer: str) -> bool:
+    """Whether the feedback the model wrote is empty or holds a line of the template, such as a second
+    "Feedback:" (a tiny model repeats itself): such an answer is not parsed whole."""
+    feedback = re.split(r"\bfeedback\s*:", answer, maxsplit=1, flags=re.IGNORECASE)[1]
+    return not feedback.strip() or LABELS.search(feedback) is not None
 
 
 @pytest.fixture(scope="module")
@@ -67,13 +76,16 @@ def test_eval_scores_each_field_and_counts_what_did_not_parse(run_dir, evaluated
     assert len(parsed) == 60 and set(parsed) <= {"true", "false"}
     assert parsed.count("false") == metrics["unparsed"]
     assert metrics["parse_rate"] == pytest.approx(100 * parsed.count("true") / 60)
-    # the verdict and the score are chosen from the values training saw: every answer has every field
-    assert parsed.count("true") == 60 and metrics["parse_rate"] == 100.0
+    # the verdict and the score are chosen from the values training saw: every answer has them; an answer is
+    # parsed whole unless its generated feedback went astray, and then the feedback is left empty
+    astray = [feedback_went_astray(row[3]) for row in rows[1:]]
+    assert parsed == ["false" if gone else "true" for gone in astray]
     assert {row[10] for row in rows[1:]} <= {"Correct", "Incorrect", "Partially correct"}
     train_scores = {row[4] for row in read_csv(GRADING / "train.csv")[1:]}
     assert {row[8] for row in rows[1:]} <= {format_value(float(s)) for s in train_scores} | train_scores
-    assert all(row[12] for row in rows[1:])  # the feedback, generated
-    assert [metrics["fields"][name]["parse_rate"] for name in FIELDS] == [100.0, 100.0, 100.0]
+    assert [bool(row[12]) for row in rows[1:]] == [not gone for gone in astray]  # the feedback, generated
+    feedback_rate = pytest.approx(100 * astray.count(False) / 60)
+    assert [metrics["fields"][name]["parse_rate"] for name in FIELDS] == [100.0, 100.0, feedback_rate]
     golds = read_csv(GRADING / "eval.csv")
     assert [row[9] for row in rows[1:]] == [row[5] for row in golds[1:]]  # the gold labels, row by row
     assert json.loads((run_dir / "eval-eval.json").read_text())["fields"] == metrics["fields"]
@@ -93,10 +105,14 @@ def test_generate_grades_a_workbook_and_keeps_its_other_sheets(run_dir, tmp_path
     assert after[0] == ["Student", "question_id", "question", "reference_answer", "student_answer", "score", "label",
                         "feedback", "parsed", "model output"]
     assert len(after) == 11 and [row[:5] for row in after] == before  # every row and cell, in its order
-    assert all(row[8] == "yes" and row[9] is None for row in after[1:])  # chosen fields: every answer parses
+    # chosen fields: every answer has a verdict and a score; its feedback unless the model's went astray
+    for row in after[1:]:
+        assert (row[8], row[7] is None) == (("partly", True) if row[9] and feedback_went_astray(row[9]) else
+                                            ("yes", False)), row
     assert all(row[6] in ("Correct", "Incorrect", "Partially correct") for row in after[1:])
     assert all(isinstance(row[5], int | float) for row in after[1:])  # the score written as a number
-    assert "graded 10 rows: 0 answers do not have every field of the answer template" in result.stderr
+    partly = sum(row[8] == "partly" for row in after[1:])
+    assert f"graded 10 rows: {partly} answers do not have every field of the answer template" in result.stderr
 
 
 def test_generate_grades_a_csv_as_a_csv(run_dir, evaluated, tmp_path):

@@ -99,22 +99,36 @@ class AnswerTemplate:
         return spans
 
     def parse(self, text: str) -> dict[str, str] | None:
-        """The stripped value of each column found in ``text``, in the template's order; None when not even the
-        first field is found. :meth:`complete` tells whether every column was.
+        """The stripped value of each column read from ``text``, in the template's order; None when not even the
+        first field is read. :meth:`complete` tells whether every column was.
 
         The template's text is matched forgiving what does not matter: letters in any case, any run of spaces
         where it has spaces, spaces before punctuation ("score :  3" for "Score: {score}"). A field ends at the
         first occurrence of the template text after it; the last field runs to the end, where the template's
         closing text (if any) may be missing, as when generation stopped at its end token. An answer cut before
         its last field gives the fields before the cut, the one it cut into without the start of the next
-        field's text. So parse(render(values)) == values for values without surrounding whitespace where no
-        value but the last contains the text that follows it.
+        field's text.
+
+        A value that is empty, or that holds the text the template writes before a field ("Verdict:" in
+        "0.5\nVerdict: Correct", the model starting its answer again), is not read, nor is any field after it:
+        the answer went astray there, and a stray line cut off would leave a fragment that looks like a value.
+        So parse(render(values)) == values for values without surrounding whitespace, none empty and none
+        holding those texts.
         """
+        found: dict[str, str] = {}
+        for name, value in self._split(text).items():
+            if not value or any(label.search(value) for label in self._label_patterns):
+                break
+            found[name] = value
+        return found or None
+
+    def _split(self, text: str) -> dict[str, str]:
+        """The stripped text between the template's texts, for each column found in order (none found: {})."""
         literals, names = self._parts
         found: dict[str, str] = {}
         start = self._literal_patterns[0].search(text)
         if start is None:
-            return None
+            return found
         position = start.end()
         for index, name in enumerate(names):
             following = literals[index + 1]
@@ -146,6 +160,14 @@ class AnswerTemplate:
         literals = self._parts[0]
         first = literals[0] if literals[0].strip() else ""  # spaces before the first field: any, or none
         return [re.compile(_forgiving(literal), re.IGNORECASE) for literal in [first, *literals[1:]]]
+
+    @cached_property
+    def _label_patterns(self) -> list[re.Pattern[str]]:
+        """The texts the template writes before its fields, each from its last line ("Verdict:", "<label>"), as
+        whole words; texts of spaces and punctuation only cannot be told from a value's own and are left out."""
+        labels = {literal.rsplit("\n", 1)[-1].strip() or literal.strip() for literal in self._parts[0][:-1]}
+        return [re.compile(r"\b" * label[0].isalnum() + _forgiving(label) + r"\b" * label[-1].isalnum(), re.IGNORECASE)
+                for label in sorted(labels) if any(c.isalnum() for c in label)]
 
     @cached_property
     def _closing_pattern(self) -> re.Pattern[str]:

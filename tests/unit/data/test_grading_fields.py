@@ -1,5 +1,7 @@
 """Answer templates of grading sheets: rendering, parsing back, validation, numbers and field kinds."""
 
+import re
+
 import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
@@ -41,9 +43,7 @@ def test_render_names_missing_columns():
     {"score": "1,5", "label": "partial", "feedback": "Half the steps."},
     {"score": "2.5 points", "label": "pass", "feedback": "ok"},
     {"score": "1,000", "label": "pass", "feedback": "Line one.\nLine two.\n\nLine four."},
-    {"score": "0", "label": "fail", "feedback": "Score: 3 would need the proof."},
-    {"score": "1", "label": "fail", "feedback": "Not this:\nLabel: pass\nScore: 2\nFeedback: nested"},
-    {"score": "", "label": "", "feedback": ""},
+    {"score": "0", "label": "fail", "feedback": "A higher score would need the proof; the subscores: fine."},
 ])
 def test_tricky_values_round_trip(values):
     text = SHEET.render(values)
@@ -75,6 +75,34 @@ def test_parsing_forgives_case_spaces_and_a_cut_answer(text, found):
 @pytest.mark.parametrize("text", ["", "The answer is 2 and it passes.", "Grade: 2"])
 def test_text_without_the_first_field_parses_to_none(text):
     assert SHEET.parse(text) is None and not SHEET.complete(None)
+
+
+GRADER = AnswerTemplate.make(["label", "score", "feedback"], "Verdict: {label}\nScore: {score}\nFeedback: {feedback}")
+
+
+@pytest.mark.parametrize(("text", "found"), [
+    # the model began another answer inside its feedback: the verdicts disagree, so the feedback is not read
+    ("Verdict: Incorrect\nScore: 0\nFeedback: 0.5\nVerdict: Correct", {"label": "Incorrect", "score": "0"}),
+    ("Verdict: Correct\nScore: 2\nFeedback: Good.\nVerdict: Correct\nScore: 2\nFeedback: Good.",
+     {"label": "Correct", "score": "2"}),
+    ("Verdict: Correct\nScore: 2\nFeedback: Good. verdict : Correct", {"label": "Correct", "score": "2"}),
+    ("Verdict: Correct\nScore: 2\nFeedback: Score: 2.5.", {"label": "Correct", "score": "2"}),  # a label repeated
+    ("Verdict: Correct\nScore: 2\nFeedback: ", {"label": "Correct", "score": "2"}),  # nothing written
+    ("Verdict: Correct\nScore: \nFeedback: Good.", {"label": "Correct"}),  # what follows an unread field is not read
+    ("Verdict: Correct\nScore: 2\nVerdict: Incorrect\nScore: 0\nFeedback: Wrong.", {"label": "Correct"}),
+    ("Verdict: \nScore: 2\nFeedback: Good.", None),
+    ("Verdict: Feedback: Good.", None),
+])
+def test_a_value_that_is_empty_or_holds_the_templates_labels_is_not_read(text, found):
+    parsed = GRADER.parse(text)
+    assert parsed == found
+    assert not GRADER.complete(parsed)
+
+
+def test_a_value_holding_another_fields_tag_is_not_read():
+    template = AnswerTemplate.make(["score", "label"], "<score>{score}</score><label>{label}</label>")
+    assert template.parse("<score>2</score><label>pass</label><score>3</score>") == {"score": "2"}
+    assert template.parse("<score>2</score><label></label>") == {"score": "2"}
 
 
 def test_closing_text_may_be_missing_when_generation_stopped_early():
@@ -121,15 +149,16 @@ def test_template_errors_come_all_at_once():
         "them to tell where one ends; for example 'Score: {score}\\nLabel: {label}\\nFeedback: {feedback}'")
 
 
-# Values as the property allows them (no surrounding whitespace), often holding pieces of the template.
-pieces = st.sampled_from(["Score:", "Label: ", "\nLabel: ", "\nFeedback: ", "Feedback:", "\n", " ", "1,5"])
-values = st.lists(st.one_of(pieces, st.text(max_size=8)), max_size=6).map("".join).map(str.strip)
+# Values as the property allows them (not empty, no surrounding whitespace), often holding words of the template.
+pieces = st.sampled_from(["Score", "score 3", "Label -", "Feedback", "x: y", "\n", " ", "1,5"])
+values = st.lists(st.one_of(pieces, st.text(max_size=8)), min_size=1, max_size=6).map("".join).map(str.strip)
+LABELS = re.compile(r"\b(score|label|feedback)\s*:", re.IGNORECASE)
 
 
 @given(values, values, values, st.sampled_from(["", " ", "\n \n"]))
 def test_parse_inverts_render(score, label, feedback, around):
-    # The property's condition: no value but the last holds the template text that follows it (in any case).
-    assume("label" not in score.casefold() and "feedback" not in label.casefold())
+    # The property's condition: every value is written and none holds one of the template's labels.
+    assume(all(value and not LABELS.search(value) for value in (score, label, feedback)))
     row = {"score": score, "label": label, "feedback": feedback}
     assert SHEET.parse(around + SHEET.render(row) + around) == row
 
@@ -138,7 +167,8 @@ def test_parse_inverts_render(score, label, feedback, around):
                 max_size=12).map("".join))
 def test_parse_never_fails_on_template_like_text(text):
     parsed = SHEET.parse(text)
-    assert parsed is None or (list(parsed) == COLUMNS[:len(parsed)] and all(v == v.strip() for v in parsed.values()))
+    assert parsed is None or (list(parsed) == COLUMNS[:len(parsed)]
+                              and all(v and v == v.strip() and not LABELS.search(v) for v in parsed.values()))
 
 
 @pytest.mark.parametrize(("text", "number"), [
