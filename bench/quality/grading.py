@@ -21,6 +21,8 @@ Writes bench/results/<this machine>/grading.json after every seed (an interrupte
     python bench/quality/grading.py --arms minilm-scoring --seeds 3                    # ~30 min on 2 cores
     python bench/quality/grading.py --arms smollm2-grading --seeds 2 --json bench/results/epyc-avx512-bf16/grading.json
     python bench/quality/grading.py --arms minilm-scoring --seeds 1 --train-rows 300 --eval-rows 40 --json /tmp/g.json
+    python bench/quality/grading.py --arms smollm2-grading --seeds 1 --train-rows 200 --eval-sample 50 \
+        --set model.name_or_path=gemma3-270m --json bench/results/epyc-avx512-bf16/grading-200rows-gemma3.json
     python bench/quality/grading.py --arms smollm2-grading --seeds 1 --json /tmp/g.json --keep /tmp/grading-runs
 """
 
@@ -159,6 +161,9 @@ def main() -> None:
                         help="a config change for every arm's training (recorded)")
     parser.add_argument("--train-rows", type=int, default=None, help="train on a sample of N training rows")
     parser.add_argument("--eval-rows", type=int, default=None, help="score the first N rows of each split")
+    parser.add_argument("--eval-sample", type=int, default=None, metavar="N",
+                        help="score a sample of N rows of each split, drawn across its questions (the first rows of a "
+                             "split are the answers to one or two questions)")
     parser.add_argument("--similar", type=int, default=0, metavar="K",
                         help="add a column similar_graded to every split: the verdicts and scores of the row's K most "
                              "similar training answers to its question (for a prompt_template that reads it)")
@@ -183,6 +188,9 @@ def main() -> None:
         splits["train"] = splits["train"].sample(n=min(args.train_rows, len(splits["train"])), random_state=0)
     if args.eval_rows:
         splits = {k: (v.head(args.eval_rows) if k in SPLITS else v) for k, v in splits.items()}
+    if args.eval_sample:
+        splits = {k: (v.sample(n=min(args.eval_sample, len(v)), random_state=0).sort_index() if k in SPLITS else v)
+                  for k, v in splits.items()}
     if args.similar:
         train = splits["train"]
         splits = {name: frame.assign(similar_graded=grading_baselines.similar_graded(
@@ -192,6 +200,8 @@ def main() -> None:
     if result and result.get("rows") != rows:
         raise SystemExit(f"{path} holds another split ({result.get('rows')}); pass --json with a new file")
     result.update({"machine": machine, "rows": rows, "baselines": baselines(splits)})
+    if args.train_rows or args.eval_rows or args.eval_sample:
+        result["subset"] = {"train_rows": args.train_rows, "eval_rows": args.eval_rows, "eval_sample": args.eval_sample}
     result.setdefault("arms", {})
     for name in BASELINES:
         print(f"{name:24s}", {s: shown(result['baselines'][name][s]) for s in SPLITS}, flush=True)
