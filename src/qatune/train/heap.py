@@ -14,8 +14,10 @@ after epoch, whatever the precision and whether or not ``malloc_reuse`` is on (b
 the memory is free, not leaked: ``malloc_trim`` returns it). A fixed set of widths does not climb.
 
 :class:`Heap` reads the resident set after every update (``/proc/self/statm``, microseconds) and trims glibc's heaps
-when it exceeds, by ``TRIM_SLACK``, the most a settled step has held: memory stays near what the widest batch needs,
-and a run that does not fragment never trims (a trim costs the next step its page faults).
+when it exceeds, by ``TRIM_SLACK``, the most an ordinary step has held after a trim: memory stays near what the widest
+batch needs, and a run that does not fragment never trims (a trim costs the next step its page faults). The epoch's
+heaviest step does not count: it leaves larger blocks freed, and measured against it, later epochs would hold more
+freed memory between steps than the first epoch's peak.
 """
 
 from __future__ import annotations
@@ -60,8 +62,11 @@ class Heap:
         """Trim after every update: each step starts on a heap that holds no freed memory."""
         self.resident, self.trim = resident, trim
         self.settled = 0
-        """The most the resident set held after a step that followed a trim (or the run's first step)."""
+        """The most the resident set held after an ordinary step that followed a trim (or the run's first step)."""
         self.fresh = True
+        self.heaviest = False
+        """The update under way is the epoch's heaviest: the memory it leaves freed is no measure of an ordinary
+        step's, and settled on it, the slack would let freed memory pile up past the epoch's peak."""
         self.trims = 0
         self.epoch_highs: list[int] = []
         self.high = 0
@@ -74,7 +79,9 @@ class Heap:
             self.trim()
             self.trims += 1
             return round(self.resident() / MIB, 1)
-        if self.fresh:
+        if self.heaviest:
+            self.heaviest = False  # the epoch's end trims next
+        elif self.fresh:
             self.settled, self.fresh = max(self.settled, rss), False
         elif self.enabled and rss > self.settled * (1 + TRIM_SLACK):
             self.trim()
@@ -86,6 +93,7 @@ class Heap:
     def before_heaviest(self) -> None:
         """Hand freed memory back before the step that sets the epoch's peak (its heaviest batch, the last): its
         blocks then take pages of their own rather than add to holes earlier widths left."""
+        self.heaviest = True
         if self.enabled:
             self.trim()
             self.trims += 1
@@ -94,6 +102,7 @@ class Heap:
         """Compare this epoch's highest resident set with the last one's: a warning when it grew by more than
         EPOCH_GROWTH_WARNING (the same rows should need the same memory), logged and written to ``metrics_log``
         (metrics.jsonl), and returned. Validation's memory is trimmed too."""
+        self.heaviest = False
         if self.enabled:
             self.trim()
             self.fresh = True

@@ -37,6 +37,23 @@ def test_freed_memory_is_handed_back_only_when_it_piles_up():
     assert heap.trims == 1
 
 
+def test_what_the_heaviest_step_leaves_is_not_what_a_settled_step_holds():
+    """The epoch's heaviest step follows a trim and leaves its large blocks freed; settled on it, the slack would let
+    later epochs hold that much freed memory between ordinary steps, more than the first epoch's peak."""
+    process = FakeProcess(live=1000)
+    heap = Heap(enabled=True, resident=process.resident, trim=process.trim)
+    heap.after_update()  # settles at 1000
+    process.freed = 100
+    heap.after_update()  # trimmed: the next step would settle
+    heap.before_heaviest()
+    process.freed = 500  # what the heaviest batch freed
+    assert heap.after_update() == 1500.0 and process.trims == 2
+    heap.end_epoch(1)
+    assert heap.after_update() == 1000.0  # the next epoch's first step: settles where ordinary steps are
+    process.freed = 150  # 15% over an ordinary step
+    assert heap.after_update() == 1000.0 and process.trims == 4
+
+
 def test_trimmed_after_every_update_each_step_starts_with_no_freed_memory():
     process = FakeProcess(live=1000)
     heap = Heap(enabled=True, resident=process.resident, trim=process.trim, every_step=True)
