@@ -137,7 +137,18 @@ def train_and_score(arm: str, seed: int, tmp: Path, sets: list[str]) -> dict:
               "train_result": json.loads((run / "run.json").read_text())["result"]}
     for split in SPLITS:
         result[split] = evaluate([str(run)], tmp / f"{split}.csv")
+    result["unparsed_answers"] = {split: unparsed_answers(run / f"predictions-{split}.csv") for split in SPLITS}
     return result
+
+
+def unparsed_answers(predictions: Path, count: int = 5) -> list[str]:
+    """The first answers of eval's predictions file that were not parsed whole, as the model wrote them."""
+    import csv
+
+    if not predictions.is_file():
+        return []
+    with predictions.open(encoding="utf-8", newline="") as file:
+        return [row["prediction"] for row in csv.DictReader(file) if row.get("parsed") == "false"][:count]
 
 
 def recipe_hash(config: Path) -> str:
