@@ -76,7 +76,7 @@ def _all_answers(path):
 
 def run_qatune(args, train_rows, eval_rows):
     from qatune.config import load_config
-    from qatune.inference.evaluate import evaluate_records
+    from qatune.evaluation.evaluate import evaluate_records
     from qatune.train import fit, prepare
 
     speedups = SpeedupsLine()

@@ -163,7 +163,7 @@ def main() -> int:
     from qatune.config import GenerateConfig
     from qatune.data.spreadsheet import load_from_config
     from qatune.data.templates import PromptTemplate
-    from qatune.inference.generate import answer_questions
+    from qatune.kinds import answer_questions
     from qatune.model.folder import load_model_folder
 
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="gguf-server-bench-"))

@@ -108,7 +108,7 @@ def run_side(run: Path, records: list, texts: list[str]) -> dict:
     from qatune.config import GenerateConfig
     from qatune.data.generative import PromptEncoder
     from qatune.data.templates import PromptTemplate
-    from qatune.inference.generate import answer_questions
+    from qatune.kinds import answer_questions
     from qatune.model.folder import load_model_folder
 
     loaded = load_model_folder(run, device="cpu")

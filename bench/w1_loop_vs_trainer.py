@@ -138,7 +138,7 @@ def arm_trainer(args, paths) -> dict:
 def _training_set_loss(model, tokenizer, records) -> float:
     """Mean cross-entropy per supervised answer token of the final model over the whole training set (teacher
     forcing), by the same code for both arms."""
-    from qatune.inference.evaluate import teacher_forced_loss
+    from qatune.kinds.generative import teacher_forced_loss
     from qatune.model.folder import ModelInfo
 
     total, count = teacher_forced_loss(model, tokenizer, ModelInfo(task="generative", max_length=W1.positions),

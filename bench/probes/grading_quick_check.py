@@ -27,8 +27,8 @@ import pandas as pd
 from bench_machine import describe, headline
 
 from qatune.config import GenerateConfig
-from qatune.inference.generate import answer_questions
 from qatune.inference.run_model import load_run_model
+from qatune.kinds import answer_questions
 
 
 def line(output: str, key: str) -> str | None:

@@ -97,8 +97,8 @@ def main() -> int:
     from qatune.data.spreadsheet import load_from_config
     from qatune.data.templates import PromptTemplate
     from qatune.export.gguf import export_gguf
-    from qatune.inference.generate import answer_questions
     from qatune.inference.metrics import corpus_scores
+    from qatune.kinds import answer_questions
     from qatune.model.folder import load_model_folder
     from qatune.model.gguf_file import load_gguf_run
     from qatune.train import train

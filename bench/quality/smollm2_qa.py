@@ -97,8 +97,8 @@ def main() -> int:
     import logging
 
     from qatune.config import load_config
-    from qatune.inference.evaluate import evaluate_base, evaluate_run
-    from qatune.inference.generate import answer_one
+    from qatune.evaluation.asking import answer_one
+    from qatune.evaluation.evaluate import evaluate_base, evaluate_run
     from qatune.train import train
 
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)

@@ -81,11 +81,11 @@ def test_results_of_another_file_of_the_same_name_are_replaced_with_a_warning(ru
 
 
 def test_a_wrong_set_or_column_fails_before_the_model_loads(run, held_out_workbook, monkeypatch):
-    import qatune.inference.evaluate
+    import qatune.evaluation.evaluate
 
     def no_loading(*args, **kwargs):
         raise AssertionError("the model was loaded before the file was read")
 
-    monkeypatch.setattr(qatune.inference.evaluate, "load_run_model", no_loading)
+    monkeypatch.setattr(qatune.evaluation.evaluate, "load_run_model", no_loading)
     result = CliRunner().invoke(cli, ["eval", str(run), "--data", str(held_out_workbook), "--set", "data.sheet=1"])
     assert result.exit_code == 1 and "column 'question' not found" in result.stderr, result.output

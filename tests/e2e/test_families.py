@@ -238,7 +238,7 @@ def test_serve_answers_as_generate_does_at_temperature_0(family):
     pytest.importorskip("fastapi")
     from fastapi.testclient import TestClient
 
-    from qatune.inference.generate import answer_questions
+    from qatune.kinds import answer_questions
     from qatune.model.folder import load_model_folder
     from qatune.serve.app import Settings, create_app
 

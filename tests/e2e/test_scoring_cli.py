@@ -179,7 +179,7 @@ def test_serve_answers_with_the_fields_and_export_refuses_a_scorer(scorer):
         assert body["answer"] == f"Verdict: {body['fields']['verdict']}\nScore: {body['fields']['score']}"
         assert client.get("/run").json()["kind"] == "scoring"
         # the scorer's heads answer through serve's batches as through qatune generate
-        from qatune.inference.generate import answer_questions
+        from qatune.kinds import answer_questions
         from qatune.model.folder import load_model_folder
 
         held = rows(6, 5)

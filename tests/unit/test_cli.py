@@ -103,15 +103,15 @@ def test_a_closed_pipe_is_not_an_internal_error():
 
 
 def test_an_empty_answer_prints_an_empty_line_and_a_note(monkeypatch):
-    import qatune.inference.generate
+    import qatune.evaluation.asking
 
-    monkeypatch.setattr(qatune.inference.generate, "answer_one", lambda *args, **kwargs: "")
+    monkeypatch.setattr(qatune.evaluation.asking, "answer_one", lambda *args, **kwargs: "")
     result = CliRunner().invoke(cli, ["generate", "runs/any", "What is the capital of France?"])
     assert result.exit_code == 0
     assert result.stdout == "\n"
     assert result.stderr == ("note: the model's answer is empty; a model trained longer, or on more rows like this "
                              "question, may answer it\n")
-    monkeypatch.setattr(qatune.inference.generate, "answer_one", lambda *args, **kwargs: "Paris")
+    monkeypatch.setattr(qatune.evaluation.asking, "answer_one", lambda *args, **kwargs: "Paris")
     result = CliRunner().invoke(cli, ["generate", "runs/any", "What is the capital of France?"])
     assert (result.stdout, result.stderr) == ("Paris\n", "")
 

@@ -85,7 +85,7 @@ from pathlib import Path
 import gguf
 
 from qatune.export.gguf import export_gguf
-from qatune.inference.generate import answer_questions
+from qatune.kinds import answer_questions
 from qatune.model.gguf_file import load_gguf_run, read_gguf_run
 
 run, out = Path(sys.argv[1]), Path(sys.argv[2])

@@ -12,8 +12,8 @@ def run_generate(run_dir: str, question: str | None, context: str | None, contex
                  data_file: str | None, fields: tuple[str, ...], output: str | None, overrides: tuple[str, ...],
                  which: str, options: dict[str, Any], seed: int | None, with_runs: tuple[str, ...] = ()) -> str | Path:
     """The answer to QUESTION, or with --file the path of the answered file (``with_runs``: --with)."""
-    from qatune.inference.generate import answer_one
-    from qatune.inference.graded_sheets import answer_file
+    from qatune.evaluation.asking import answer_one
+    from qatune.evaluation.graded_sheets import answer_file
 
     if data_file is not None:
         if question is not None:

@@ -9,17 +9,14 @@ from typing import Any
 
 import torch
 
-from qatune.commands.check_fields import field_findings, fields_section, render_fields
 from qatune.config import Config, LoraSettings
-from qatune.data.generative import PromptEncoder, percentile
-from qatune.data.padding import IGNORE_INDEX
 from qatune.data.spans import PassageAnswers
 from qatune.data.spreadsheet import describe_validation, normalize_question
-from qatune.data.templates import PromptTemplate
 from qatune.data.validate import error, warning
 from qatune.errors import row_list
+from qatune.kinds import kind_of
+from qatune.kinds.fields_check import render_fields
 from qatune.model.families import gguf_refusal
-from qatune.tasks import task_kind
 from qatune.train import Prepared, fit, prepare, sharding
 from qatune.train.duration_estimate import MATMUL_SHARE, batch_widths, matmul_rate, training_seconds
 from qatune.train.memory_estimate import (
@@ -45,6 +42,7 @@ def run_check(config: Config, overfit: int | None = None, overfit_steps: int = O
     run will train on, on this machine (``train --num-processes``); the memory estimate shows DDP and FSDP on that
     many (2 without it) and judges the configured set-up on it (a ddp config without it: one process)."""
     prepared = prepare(config, with_model=False)
+    kind = kind_of(config.task)
     findings = list(prepared.findings)
     report: dict[str, Any] = {
         "task": config.task,
@@ -56,31 +54,16 @@ def run_check(config: Config, overfit: int | None = None, overfit_steps: int = O
     if report["leakage"]["count"]:
         findings.append(warning("leakage", f"{report['leakage']['count']} questions appear in both the training and "
                                            "the evaluation data: evaluation scores will be too optimistic"))
-    if task_kind(config.task).writes:
-        report.update(_generative_section(prepared))
-        report["grounding"] = _grounding(prepared)
-        if not report["supervision"]["eos_supervised"]:
-            findings.append(error("eos-not-supervised", "the EOS after the answer is not a label: the model never "
-                                                        "learns to stop"))
-        if prepared.info.answer_fields:
-            report["fields"] = fields_section(prepared)
-            findings += field_findings(report["fields"], config)
-    elif task_kind(config.task).scores:
-        report["lengths"] = {**prepared.reports["encoding"]["lengths"], "what": "tokens per row"}
-        report["truncated_rows"] = prepared.reports["encoding"]["truncated_rows"]
-        report["prompt_template"] = prepared.info.prompt_template
-        report["examples"] = [prepared.tokenizer.decode(item.input_ids) for item in prepared.dataset.items[:2]]
-        report["fields"] = fields_section(prepared)
-        findings += field_findings(report["fields"], config)
-    else:
-        report.update(_extractive_section(prepared))
+    section, found = kind.check(prepared)
+    report.update(section)
+    findings += found
     if config.model.trust_remote_code:
         findings.append(remote_code_warning(config))
     refusal = sharding.config_refusal(config)
     if refusal:
         findings.append(error("distributed", refusal))
     model = meta_model(config, prepared.tokenizer, prepared.info.seq2seq)
-    if task_kind(config.task).writes and not prepared.info.seq2seq:
+    if kind.gguf_refusal(prepared.info) is None:
         from qatune.export.gguf_write import tokenizer_refusal
 
         unwritten = gguf_refusal(model.config) or tokenizer_refusal(prepared.tokenizer)
@@ -128,12 +111,12 @@ def _duration(prepared: Prepared, model: Any) -> dict[str, Any]:
     rate = matmul_rate(dtype, "cuda" if gpu else "cpu") * MATMUL_SHARE
     answers = [len(i.input_ids) - i.prompt_length for i in items if hasattr(i, "prompt_length")]
     prompts = [i.prompt_length for i in items if hasattr(i, "prompt_length")] or list(prepared.dataset.lengths)
-    writes = task_kind(config.task).writes
     mean = (lambda values: round(sum(values) / len(values)) if values else 0)  # noqa: E731
-    eval_rows = [(mean(prompts), mean(answers) if writes else 0)] * len(prepared.eval_records)
+    eval_rows = [(mean(prompts), mean(answers))] * len(prepared.eval_records)
     dims = shape(model)
     # a language model's head: on the supervised positions (supervised_head), else on every one
-    head_tokens = (sum(answers) if config.train.speedups != "off" else sum(prepared.dataset.lengths)) if writes else 0
+    head_tokens = kind_of(config.task).vocabulary_logits(1, sum(prepared.dataset.lengths), sum(answers),
+                                                         config.train.speedups == "off")
     found = training_seconds(model, batch_widths(list(prepared.dataset.lengths), config.train.batch_size),
                              config.train.epochs, config.model.lora is not None, eval_rows, rate, dims["layers"],
                              dims["hidden"], head_tokens)
@@ -215,90 +198,6 @@ def _leakage(prepared: Prepared) -> dict[str, Any]:
     return {"count": len(both), "examples": both[:5]}
 
 
-def _generative_section(prepared: Prepared) -> dict[str, Any]:
-    examples = prepared.dataset.items
-    lengths = prepared.reports["encoding"]["lengths"]
-    info = prepared.info
-    # The token that ends an answer: the EOS, or a chat template's end-of-turn token.
-    end = PromptEncoder(prepared.tokenizer, PromptTemplate(info.prompt_template, info.answer_prefix)).end_id
-    # The collator's own counts, per example without building a batch of each (200,000 rows: 10 s -> 0.2 s);
-    # the batch validator has checked real batches of it.
-    collator = prepared.collator
-    supervised = [collator.supervised(example) for example in examples]
-    eos_ok = all(collator.last_label(example) == end for example in examples)
-    rendered = [render_trained_tokens(prepared, example) for example in examples[:2]]
-    encoding = prepared.reports["encoding"]
-    return {
-        "lengths": {**lengths, "what": "prompt + answer + EOS tokens"},
-        "truncated_rows": encoding["truncated_rows"],
-        "dropped_rows": encoding["too_long_rows"],
-        "supervision": {"min": min(supervised), "mean": sum(supervised) / len(supervised), "eos_supervised": eos_ok,
-                        "end_token": prepared.tokenizer.decode([end], skip_special_tokens=False),
-                        "train_on_prompt": prepared.config.train.train_on_prompt},
-        "prompt_template": info.prompt_template,
-        "examples": rendered,
-    }
-
-
-def _grounding(prepared: Prepared) -> dict[str, Any] | None:
-    """How the training answers relate to their passages, what generate.grounded auto decides from it, and whether
-    the run's answers will be grounded (None for a run without passages or with answer fields)."""
-    answers = PassageAnswers.from_json(prepared.info.grounding)
-    if answers is None:
-        return None
-    setting = prepared.config.generate.grounded
-    return {**answers.to_json(), "setting": setting, "on": setting == "on" or (setting == "auto" and answers.auto)}
-
-
-def _extractive_section(prepared: Prepared) -> dict[str, Any]:
-    features = prepared.dataset.items
-    tokens = [len(f) for f in features]
-    per_row: dict[int, int] = {}
-    for feature in features:
-        per_row[feature.row] = per_row.get(feature.row, 0) + 1
-    encoding = prepared.reports["encoding"]
-    rendered = [render_span(prepared, f) for f in features if f.has_answer][:2]
-    return {
-        "lengths": {"min": min(tokens), "median": percentile(tokens, 50), "p95": percentile(tokens, 95),
-                    "max": max(tokens), "what": "question + context tokens per window"},
-        "windows": {"total": encoding["windows"], "without_answer": encoding["windows_without_answer"],
-                    "max_per_row": max(per_row.values())},
-        "answer_not_in_context_rows": encoding["answer_not_in_context_rows"],
-        "span_audit": encoding["span_audit"],
-        "examples": rendered,
-    }
-
-
-def render_trained_tokens(prepared: Prepared, example: Any) -> str:
-    """The example's text with the trained (label) tokens inside ⟦ ⟧."""
-    if prepared.info.seq2seq:
-        source = prepared.tokenizer.decode(example.input_ids, skip_special_tokens=False)
-        target = prepared.tokenizer.decode(example.target_ids, skip_special_tokens=False)
-        return f"encoder: {source}\ndecoder: ⟦{target}⟧"
-    batch = prepared.collator([example])
-    n = len(example)  # the collator may round the width up (training on bf16 CPUs, GPUs): no padding shown
-    ids = batch["input_ids"][0, :n].tolist()
-    trained = [label != IGNORE_INDEX for label in batch["labels"][0, :n].tolist()]
-    trained[0] = False  # the first token is never predicted
-    pieces, start = [], 0
-    for i in range(1, len(ids) + 1):
-        if i == len(ids) or trained[i] != trained[start]:
-            text = prepared.tokenizer.decode(ids[start:i], skip_special_tokens=False)
-            pieces.append(f"⟦{text}⟧" if trained[start] else text)
-            start = i
-    return "".join(pieces)
-
-
-def render_span(prepared: Prepared, feature: Any) -> str:
-    record = prepared.train_records[feature.example]
-    context = record.context or ""
-    start = feature.offsets[feature.start_position][0]
-    end = feature.offsets[feature.end_position][1]
-    left, right = max(0, start - 120), min(len(context), end + 120)
-    snippet = ("…" if left else "") + context[left:start] + "⟦" + context[start:end] + "⟧" + context[end:right]
-    return f"Q: {record.question}\nC: {snippet}{'…' if right < len(context) else ''}"
-
-
 def _overfit(config: Config, prepared: Prepared, n: int, steps: int) -> dict[str, Any]:
     rows = prepared.train_records[:n]
     small = config.model_copy(deep=True)
@@ -340,30 +239,7 @@ def render_report(report: dict[str, Any]) -> str:
               (f"  {lengths['what']}: min {lengths['min']}, median {lengths['median']}, p95 {lengths['p95']}, "
                f"max {lengths['max']}"),
               f"  max_length: {report['max_length']}"]
-    if task_kind(report["task"]).scores:
-        lines += [f"  rows cut at max_length (their end is not read): {len(report['truncated_rows'])}", "",
-                  "What the model reads", f"  text template: {report['prompt_template']!r}",
-                  "  examples, as tokens read back:"]
-    elif task_kind(report["task"]).writes:
-        lines.append(f"  rows truncated (question shortened): {len(report['truncated_rows'])}; "
-                     f"dropped (does not fit): {len(report['dropped_rows'])}")
-        sup = report["supervision"]
-        lines += ["", "What is trained",
-                  (f"  supervised tokens per example: min {sup['min']}, mean {sup['mean']:.1f}; "
-                   f"EOS supervised: {'yes' if sup['eos_supervised'] else 'NO'} ({sup['end_token']!r}); "
-                   f"prompt trained: {'yes' if sup['train_on_prompt'] else 'no'}"),
-                  f"  prompt template: {report['prompt_template']!r}",
-                  "  examples (trained tokens inside ⟦ ⟧):"]
-    else:
-        windows, audit = report["windows"], report["span_audit"]
-        lines.append(f"  windows: {windows['total']} ({windows['without_answer']} without the answer -> CLS; "
-                     f"at most {windows['max_per_row']} per row)")
-        lines += ["", "Span audit",
-                  (f"  labelled spans that decode to the answer: {audit['matched']}/{audit['checked']} "
-                   f"({100 * audit['share']:.1f}%); answer ends inside a token: {audit['token_boundary']}; "
-                   f"mismatches: {len(audit['mismatches'])}"),
-                  f"  answers not found in their context: {len(report['answer_not_in_context_rows'])}",
-                  "  examples (labelled span inside ⟦ ⟧):"]
+    lines += kind_of(report["task"]).check_lines(report)
     for example in report["examples"]:
         lines += ["    " + line for line in example.splitlines()] + [""]
     if "fields" in report:

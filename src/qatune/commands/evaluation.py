@@ -27,7 +27,7 @@ def run_eval(run_dir: str | None, data_file: str | None, which: str, base: bool,
              progress: bool, grounded: str | None = None) -> EvalResult:
     """The options of ``qatune eval`` checked against each other, then the evaluation they ask for. ``grounded``:
     --grounded (generate.grounded for this evaluation; None: the run's own)."""
-    from qatune.inference.evaluate import evaluate_base, evaluate_run
+    from qatune.evaluation.evaluate import evaluate_base, evaluate_run
 
     if base:
         if compare_with is not None:
@@ -49,7 +49,7 @@ def run_eval(run_dir: str | None, data_file: str | None, which: str, base: bool,
     if compare_with is None:
         return EvalResult(*evaluate_run(run_dir, data_file, which, batch_size, progress, reading=overrides,
                                         grounded=grounded))
-    from qatune.inference.compare_report import compare_run
+    from qatune.evaluation.compare_report import compare_run
 
     run, compared = compare_run(run_dir, data_file, compare_with, which, batch_size, progress=progress,
                                 reading=overrides, grounded=grounded)
@@ -58,8 +58,8 @@ def run_eval(run_dir: str | None, data_file: str | None, which: str, base: bool,
 
 def result_lines(result: EvalResult) -> list[str]:
     """What ``qatune eval`` prints without --json: the metrics, each field's, and the files written."""
-    from qatune.inference.compare_report import summary_lines
-    from qatune.inference.evaluate import field_summary
+    from qatune.evaluation.compare_report import summary_lines
+    from qatune.evaluation.evaluate import field_summary
 
     metrics, paths = result.metrics, result.paths
     lines = []

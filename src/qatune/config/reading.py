@@ -222,6 +222,7 @@ def _cross_checks(config: Config) -> list[str]:
     if task_kind(config.task).writes:
         problems += _template_checks(data)
     problems += _answer_field_checks(config.task, data)
+    problems += _choice_checks(config.task, data)
     if task_kind(config.task).scores:
         problems += _scoring_checks(config)
     else:
@@ -258,6 +259,20 @@ def _template_checks(data: DataConfig) -> list[str]:
     return problems
 
 
+def _choice_checks(task: str, data: DataConfig) -> list[str]:
+    """data.choice_columns: an exam sheet's choices, for the task whose record asks for them."""
+    columns = data.choice_columns
+    if task_kind(task).choice_columns == "refused":
+        return [] if columns is None else [f"data.choice_columns: only for task multiple-choice (a question's "
+                                           f"choices, one column each); remove it for task {task}"]
+    if not columns or len(columns) < 2:
+        return [f"data.choice_columns: task {task} needs at least two, one column per choice, e.g. [A, B, C, D]"]
+    repeated = sorted({name for name in columns if columns.count(name) > 1})
+    if repeated:
+        return [f"data.choice_columns: {repeated} listed more than once; list each column once"]
+    return []
+
+
 def _answer_field_checks(task: str, data: DataConfig) -> list[str]:
     """data.answer_columns and the keys that go with it. The template itself is checked where it is built
     (qatune.data.grading_fields.AnswerTemplate, below which this layer sits), before any file is read."""
@@ -270,9 +285,9 @@ def _answer_field_checks(task: str, data: DataConfig) -> list[str]:
                             "predict, e.g. [verdict, score]")
         return problems
     problems = []
-    if task_kind(task).points:
-        problems.append("data.answer_columns: not for task extractive (the answer is a span of the context); set "
-                        "task: generative or scoring, or remove data.answer_columns and use data.answer_column")
+    if task_kind(task).answer_columns == "refused":
+        problems.append(f"data.answer_columns: not for task {task} (the answer is {task_kind(task).answer_said}); "
+                        "set task: generative or scoring, or remove data.answer_columns and use data.answer_column")
     if not columns:
         problems.append("data.answer_columns: empty; list the answer columns, e.g. [score, label, feedback], or set "
                         "it to null for data.answer_column")

@@ -148,6 +148,9 @@ class DataConfig(Section):
     """With answer_columns: train the spellings of one label that differ only in case, spacing or punctuation
     ("correct." beside "Correct") as its most frequent spelling; off, each spelling is a label of its own (qatune
     check names them). Evaluation compares labels ignoring case, spacing and punctuation either way."""
+    choice_columns: list[str] | None = None
+    """Multiple-choice: the columns holding a question's choices, e.g. [A, B, C, D]; the answer column holds the
+    right choice (its text, its letter, or its column's name). The default prompt lists them after the question."""
     context_column: str | None = None
     """Extractive: the passage column that contains each answer."""
     answer_start_column: str | None = None
@@ -376,7 +379,8 @@ class Config(Section):
     task: Literal[TASK_NAMES] = "generative"  # type: ignore[valid-type]
     """generative: a causal LM writes the answer; extractive: an encoder picks a span of the context; scoring: a
     model reads the row's text and predicts its label and number answer columns (a grading sheet's verdict and
-    score) with a head per column."""
+    score) with a head per column; multiple-choice: a causal LM answers an exam question with the choice it finds
+    most likely (data.choice_columns)."""
     seed: int = 42
     """Seed for initialisation, shuffling and the validation split."""
     output_dir: str = "runs/qatune"

@@ -222,10 +222,11 @@ def answer_kinds(data: DataConfig, records: list[QARecord]) -> dict[str, str] | 
 
 
 def prompt_columns(data: DataConfig) -> list[str]:
-    """Columns the prompt names besides the question and context columns (``{Total Marks}``)."""
+    """Columns the prompt names besides the question and context columns (``{Total Marks}``), a multiple-choice
+    sheet's choices among them."""
     templates = [data.user_template] if data.prompt_template in ("auto", "chat") else [data.prompt_template]
     roles = {column_key(name) for name in ("question", "context", data.question_column, data.context_column) if name}
-    names: list[str] = []
+    names: list[str] = list(data.choice_columns or [])  # the default prompt lists them
     for template in templates:
         for name in template_fields(template or "") or []:
             if column_key(name) not in roles and name not in names:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import re
+import string
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -138,14 +139,24 @@ def resolve_template(data: DataConfig, tokenizer: Any = None, model_name: str = 
     if setting == "chat" and tokenizer is None:
         setting = "auto"  # a scratch tokenizer is trained before the template is needed; it has no chat template
     if setting == "chat" or (setting == "auto" and has_chat):
-        user = data.user_template or (DEFAULT_CONTEXT_USER_MESSAGE if data.context_column else DEFAULT_USER_MESSAGE)
+        user = data.user_template or _with_choices(DEFAULT_CONTEXT_USER_MESSAGE if data.context_column
+                                                   else DEFAULT_USER_MESSAGE, data)
         return chat_template(tokenizer, _canonical(user, columns), data.system_prompt, model_name)
     if setting == "auto":
         if tokenizer is not None and (data.user_template is not None or data.system_prompt is not None):
             log.warning("data.user_template and data.system_prompt are not used: the tokenizer of %s has no chat "
                         "template, so data.prompt_template auto is the plain question/answer template", model_name)
-        return PromptTemplate(DEFAULT_CONTEXT_TEMPLATE if data.context_column else DEFAULT_TEMPLATE)
+        return PromptTemplate(_with_choices(DEFAULT_CONTEXT_TEMPLATE if data.context_column else DEFAULT_TEMPLATE,
+                                            data))
     return PromptTemplate(_canonical(setting, columns))
+
+
+def _with_choices(template: str, data: DataConfig) -> str:
+    """A default template with data.choice_columns listed after the question, one line each ("B. {Second}")."""
+    if not data.choice_columns:
+        return template
+    lines = "".join(f"\n{letter}. {{{name}}}" for letter, name in zip(string.ascii_uppercase, data.choice_columns))
+    return template.replace("{question}", "{question}" + lines, 1)
 
 
 def base_chat_template(tokenizer: Any) -> str | None:

@@ -24,12 +24,12 @@ from qatune.export import ExportError
 from qatune.export.gguf_check import ANSWER_ROWS, CHECK_ROWS, Check, check_file, check_records, failure_message
 from qatune.export.gguf_prompt import modelfile, unwritable_characters
 from qatune.export.gguf_write import QUANTS, tokenizer_refusal, write_gguf
+from qatune.kinds import kind_of
 from qatune.model.families import family_of, gguf_refusal, rope_parameters
 from qatune.model.folder import LoadedModel, ModelInfo, load_model_folder
 from qatune.runs import layout
 from qatune.runs.atomic import atomic_write_text
 from qatune.runs.lock import RunLock
-from qatune.tasks import task_kind
 
 __all__ = ["Check", "ExportError", "export_gguf", "unsupported"]
 
@@ -80,13 +80,9 @@ def export_gguf(run_dir: str | Path, output: str | Path, quant: str = "f16", whi
 def unsupported(loaded: LoadedModel) -> str | None:
     """Why the loaded run cannot be written as GGUF (None: it can)."""
     info, model = loaded.info, loaded.model
-    kind = task_kind(info.task)
-    if not kind.writes:
-        article = "an" if kind.name[0] in "aeiou" else "a"
-        return (f"it is {article} {kind.name} model: its answer is {kind.answer_said} (llama.cpp runs language models "
-                "that write their answers)")
-    if info.seq2seq:
-        return "it is an encoder-decoder model (T5), which llama.cpp's GGUF does not hold"
+    refusal = kind_of(info.task).gguf_refusal(info)
+    if refusal:
+        return refusal
     refusal = gguf_refusal(model.config)
     if refusal:
         return refusal

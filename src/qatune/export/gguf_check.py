@@ -22,7 +22,7 @@ from qatune.data.spreadsheet import QARecord, load_from_config, split_validation
 from qatune.data.templates import PromptTemplate
 from qatune.export import ExportError
 from qatune.export.gguf_write import read_into, round_like_file
-from qatune.inference.generate import answer_questions
+from qatune.kinds import answer_questions
 from qatune.model.families import family_of
 from qatune.model.folder import LoadedModel
 from qatune.model.gguf_file import load_gguf_run, read_gguf_run

@@ -1,3 +1,3 @@
-"""A trained model answering: ``qatune generate`` (generate.py; a whole sheet: graded_sheets.py), ``qatune eval`` and
-its metrics (evaluate.py, metrics.py, field_metrics.py), ``eval --compare`` (compare.py; its command and files:
-compare_report.py), a run's model loaded for them (run_model.py)."""
+"""How a model answers, the pieces every kind of QA is answered with: decoding (generate.py: batched, grounded in the
+passage, a grading sheet's fields chosen), spans and heads, the metrics of an answer (metrics.py, field_metrics.py,
+their records: metric_records.py), a run's model loaded (run_model.py)."""

@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import torch
 from pydantic import ValidationError
 
 from qatune.config import GenerateConfig
-from qatune.data.extractive import Feature, SpanCollator, best_span, prepare_features
+from qatune.data.extractive import Feature, SpanCollator, best_span
 from qatune.data.generative import PromptEncoder, Seq2SeqEncoder
 from qatune.data.grading_fields import AnswerTemplate
 from qatune.data.padding import left_pad, right_pad
@@ -32,33 +31,6 @@ from qatune.model.sources import model_max_positions
 from qatune.tasks import task_kind
 
 log = logging.getLogger("qatune")
-
-
-def answer_questions(model: Any, tokenizer: Any, info: ModelInfo, questions: list[str],
-                     contexts: list[str | None] | None = None, generate: GenerateConfig | None = None,
-                     batch_size: int = 32, progress: bool = False,
-                     fields: list[dict[str, str]] | None = None) -> list[str]:
-    """One answer per question, in the input order. ``fields``: per question, the other columns the
-    prompt template names."""
-    generate = generate or GenerateConfig()
-    contexts = contexts if contexts is not None else [None] * len(questions)
-    if task_kind(info.task).writes:
-        fields = fields if fields is not None else [{}] * len(questions)
-        return generate_answers(model, tokenizer, info, questions, contexts, generate, batch_size, progress, fields)
-    if task_kind(info.task).scores:
-        from qatune.inference.scoring import score_records, scored_answers
-
-        rows = [QARecord(question=q, answers=[], context=c, row=i, fields=f or {})
-                for i, (q, c, f) in enumerate(zip(questions, contexts, fields or [{}] * len(questions)))]
-        return scored_answers(info, score_records(model, tokenizer, info, rows, batch_size, progress,
-                                                  generate.precision)[0])
-    if any(not c for c in contexts):
-        raise DataError("extractive QA needs a context for every question; pass --context/--context-file "
-                        "or a file with a context column")
-    records = [QARecord(question=q, answers=[], context=c, row=i) for i, (q, c) in enumerate(zip(questions, contexts))]
-    features, _, kept = prepare_features(tokenizer, records, info.max_length, info.doc_stride, train=False)
-    starts, ends, _, _ = score_windows(model, tokenizer, features, batch_size, progress, generate.precision)
-    return extract_answers(features, starts, ends, kept, generate)
 
 
 def generate_answers(model: Any, tokenizer: Any, info: ModelInfo, questions: list[str], contexts: list[str | None],
@@ -176,45 +148,9 @@ def extract_answers(features: list[Feature], starts: list[torch.Tensor], ends: l
     return answers
 
 
-def answer_one(run_dir: str | Path, question: str, context: str | None = None, context_file: str | None = None,
-               which: str = "final", options: dict[str, Any] | None = None, seed: int | None = None,
-               fields: dict[str, str] | None = None) -> str:
-    """The answer of a trained run to one question (the ``qatune generate RUN "question"`` command).
-
-    ``fields``: values of the other columns the run's prompt names (``--field 'Total Marks=3'``)."""
-    from qatune.inference.run_model import load_run_model, read_run
-
-    if context_file is not None:
-        context = _read_context(context_file)
-    config, info = read_run(run_dir, which)  # what the prompt needs, before the model loads
-    _check_context(info, context)
-    given = _check_fields(info, fields or {})
-    grounded(info, generate_config(config.generate, options))  # --grounded on where it cannot be
-    loaded = load_run_model(run_dir, which)
-    seed_sampling(seed)
-    generate = generate_config(loaded.config.generate, options)
-    return answer_questions(loaded.model, loaded.tokenizer, loaded.info, [question.strip()], [context], generate,
-                            fields=[given])[0]
-
-
 def uses_context(info: ModelInfo) -> bool:
     """Whether the run reads a passage besides the question: extractive runs, and prompts with {context}."""
     return task_kind(info.task).points or PromptTemplate(info.prompt_template).uses_context
-
-
-def _check_context(info: ModelInfo, context: str | None) -> None:
-    """A run that reads a passage gets one; a run that does not refuses one rather than ignoring it."""
-    if not uses_context(info):
-        if context is not None:
-            raise DataError("this run's prompt has no {context}: it answers from the question alone; "
-                            "leave out --context/--context-file")
-        return
-    if context and context.strip():
-        return
-    if task_kind(info.task).points:
-        raise DataError("this run does extractive QA: pass the passage with --context TEXT or --context-file FILE")
-    raise DataError("this run's prompt uses a context ({context}): pass the passage with --context TEXT or "
-                    "--context-file FILE")
 
 
 def run_answer_template(info: ModelInfo) -> AnswerTemplate | None:
@@ -225,19 +161,6 @@ def run_answer_template(info: ModelInfo) -> AnswerTemplate | None:
 
 
 
-def _check_fields(info: ModelInfo, fields: dict[str, str]) -> dict[str, str]:
-    """--field values by the names the run's prompt uses (matched ignoring case, spaces and _/-)."""
-    template = PromptTemplate(info.prompt_template if not task_kind(info.task).points else "")
-    given, unknown, missing = template.match_fields(fields)
-    if unknown:
-        raise DataError(f"--field {unknown[0]!r}: the run's prompt names no such column; it names "
-                        f"{template.fields or 'none'}")
-    if missing:
-        raise DataError(f"the run's prompt also needs the column(s) {missing}: pass each with --field 'NAME=VALUE', "
-                        "or answer a file that has them with --file")
-    return given
-
-
 def generate_config(base: GenerateConfig, options: dict[str, Any] | None) -> GenerateConfig:
     updates = {k: v for k, v in (options or {}).items() if v is not None}
     try:
@@ -245,15 +168,6 @@ def generate_config(base: GenerateConfig, options: dict[str, Any] | None) -> Gen
     except ValidationError as exc:
         first = exc.errors()[0]
         raise ConfigError(f"{'.'.join(map(str, first['loc']))}: {first['msg']}") from None
-
-
-def _read_context(path: str) -> str:
-    try:
-        return Path(path).read_text(encoding="utf-8-sig")
-    except FileNotFoundError:
-        raise DataError(f"context file {path} not found") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise DataError(f"cannot read context file {path}: {exc}") from None
 
 
 def seed_sampling(seed: int | None) -> None:

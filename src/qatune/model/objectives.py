@@ -14,7 +14,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from qatune.data.padding import IGNORE_INDEX
-from qatune.tasks import task_kind
 
 _BOOKKEEPING = {"row", "n_items", "n_tokens"}
 
@@ -111,31 +110,8 @@ def span_logits(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch
     return out.start_logits.float().masked_fill(pad, floor), out.end_logits.float().masked_fill(pad, floor)
 
 
-def objective_for(task: str, model: nn.Module) -> nn.Module:
-    """The training objective of a model, through its own forward."""
-    if task_kind(task).points:
-        return SpanObjective(model)
-    if task_kind(task).scores:
-        from qatune.model.scoring import scoring_objective
-
-        return scoring_objective(model)
-    if is_encoder_decoder(model):
-        return Seq2SeqObjective(model)
-    return CausalLMObjective(model)
-
-
 def is_encoder_decoder(model: nn.Module) -> bool:
     return bool(getattr(getattr(model, "config", None), "is_encoder_decoder", False))
-
-
-def count_items(batch: dict[str, torch.Tensor], task: str) -> int:
-    """Supervised tokens (generative), labelled windows (extractive) or rows (scoring: counted by its collator) in a
-    batch."""
-    if "n_items" in batch:
-        return int(batch["n_items"])
-    if task_kind(task).writes:
-        return int((batch["labels"][:, 1:] != IGNORE_INDEX).sum())
-    return int((batch["start_positions"] != IGNORE_INDEX).sum())
 
 
 def count_tokens(batch: dict[str, torch.Tensor]) -> int:

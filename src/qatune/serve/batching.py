@@ -24,9 +24,9 @@ from qatune.data.extractive import best_span_offsets, prepare_features
 from qatune.data.spreadsheet import QARecord
 from qatune.inference.generate import score_windows
 from qatune.inference.grounding import AllowedAnswers
+from qatune.kinds import kind_of
 from qatune.model.folder import LoadedModel
 from qatune.serve.decoding import AnswerText, Decoder, Sampling
-from qatune.tasks import task_kind
 
 log = logging.getLogger("qatune")
 
@@ -51,8 +51,9 @@ class Extraction:
 
 
 @dataclass(frozen=True)
-class Scoring:
-    """A scoring run's request: a row to grade (its question, passage and other columns)."""
+class Whole:
+    """A request whose answer the run's kind gives whole (a scoring run's heads, a multiple-choice run's choice):
+    a row (its question, passage and other columns)."""
 
     question: str
     context: str | None
@@ -94,7 +95,7 @@ class Failed:
 class Job:
     """One request. ``notify`` receives its events on the worker thread and must not block."""
 
-    request: Generation | Extraction | Scoring
+    request: Generation | Extraction | Whole
     notify: Callable[[Any], None]
     stream: bool = True
     """Send each piece of text as it is final (Delta events); else only the Finished event."""
@@ -129,8 +130,8 @@ class Batcher:
         self._current: list[Job] = []
         self._stopping = False
         info = loaded.info
-        self.kind = task_kind(info.task)
-        if self.kind.writes:
+        self.kind = kind_of(info.task)
+        if not (self.kind.record.points or self.kind.answers_whole):
             self._decoder = Decoder(loaded.model, loaded.tokenizer, info.seq2seq)
 
     def start(self) -> None:
@@ -195,10 +196,10 @@ class Batcher:
         self._current = jobs
         try:
             with torch.inference_mode():
-                if self.kind.points:
+                if self.kind.record.points:
                     self._extract(jobs)
-                elif self.kind.scores:
-                    self._score(jobs)
+                elif self.kind.answers_whole:
+                    self._whole(jobs)
                 else:
                     more = self._more if self.max_batch_size > 1 else None
                     self._decoder.run([_Row(job, self.loaded.tokenizer) for job in jobs], more)
@@ -231,16 +232,14 @@ class Batcher:
                                  score=score if found else None, start=start, end=end))
 
 
-    def _score(self, jobs: list[Job]) -> None:
-        """A scoring run's answers: its heads' values, written as its answer template writes them."""
-        from qatune.inference.scoring import score_records, scored_answers
-
+    def _whole(self, jobs: list[Job]) -> None:
+        """Answers the run's kind gives whole, as ``qatune generate`` gives them."""
         loaded = self.loaded
-        records = [QARecord(question=job.request.question, answers=[], context=job.request.context, row=i,
-                            fields=job.request.fields) for i, job in enumerate(jobs)]
-        values, _, _ = score_records(loaded.model, loaded.tokenizer, loaded.info, records, batch_size=32,
-                                     precision=loaded.config.generate.precision)
-        for job, text in zip(jobs, scored_answers(loaded.info, values)):
+        requests = [job.request for job in jobs]
+        texts = self.kind.answer(loaded.model, loaded.tokenizer, loaded.info, [r.question for r in requests],
+                                 [r.context for r in requests], loaded.config.generate, batch_size=32,
+                                 fields=[r.fields for r in requests])
+        for job, text in zip(jobs, texts):
             job.done = True
             if job.stream:
                 job.notify(Delta(text))

@@ -26,10 +26,11 @@ from qatune.inference.grounding import (
 )
 from qatune.inference.metric_records import columns
 from qatune.inference.run_model import model_id
+from qatune.kinds import kind_of
 from qatune.model.folder import LoadedModel
 from qatune.model.sources import model_max_positions
 from qatune.runs.layout import read_status
-from qatune.serve.batching import Batcher, Delta, Extraction, Failed, Generation, Job, Scoring
+from qatune.serve.batching import Batcher, Delta, Extraction, Failed, Generation, Job, Whole
 from qatune.serve.decoding import Sampling
 from qatune.serve.replies import Reply, SlotStreamingResponse
 from qatune.serve.request_checks import Gate
@@ -223,12 +224,12 @@ class Service:
         longest = max_answer_length or self.loaded.config.generate.max_answer_length
         return Extraction(question, context, longest), tokens
 
-    def scoring(self, question: str, context: str | None, fields: dict[str, str], param: str) -> tuple[Scoring, int]:
+    def whole(self, question: str, context: str | None, fields: dict[str, str], param: str) -> tuple[Whole, int]:
         text = self.template.render(question, context, fields)
         self._check_prompt_chars(len(text), param)
         tokens = len(self.loaded.tokenizer(text)["input_ids"])
         self._check_prompt_length(tokens, param)
-        return Scoring(question, context, fields, tokens), tokens
+        return Whole(question, context, fields, tokens), tokens
 
     def _check_prompt_chars(self, chars: int, param: str) -> None:
         """Refuse what is surely too long before tokenizing it (tokenizing 1 MB takes a second, on the event loop)."""
@@ -272,8 +273,8 @@ class Service:
         if self.kind.points:
             # max_tokens bounds the span, in the run's tokens, as it bounds a generated answer
             return self.extraction(question, context, self.requested_tokens(body), param=param)
-        if self.kind.scores:
-            return self.scoring(question, context, fields, param)
+        if kind_of(self.info.task).answers_whole:
+            return self.whole(question, context, fields, param)
         request = self.generation(body, question, context, fields, param)
         return request, len(request.prompt)
 

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from qatune.model.objectives import CausalLMObjective, is_encoder_decoder, objective_for
+from qatune.model.objectives import CausalLMObjective, is_encoder_decoder
 from qatune.speedups import activations, causal, fused_lora, gpt2, malloc_reuse, master_weights
 from qatune.speedups.attention import AttentionByWidth, attention_switch
 from qatune.speedups.checks import REDUCED_PRECISION_SLACK, forget
@@ -30,7 +30,6 @@ from qatune.speedups.clipping import folded_clipper
 from qatune.speedups.master_weights import MasterWeights
 from qatune.speedups.prefixes import PrefixPlanner
 from qatune.speedups.shapes import width_multiple
-from qatune.tasks import task_kind
 
 log = logging.getLogger("qatune")
 
@@ -118,10 +117,10 @@ class Speedups:
 
     # --- set-up
 
-    def attach(self, model: nn.Module, task: str, longest: int = 0) -> nn.Module:
+    def attach(self, model: nn.Module, objective: nn.Module, longest: int = 0) -> nn.Module:
         """Place the model on the run's device, patch it where a path is on (each checked there, under the run's
-        precision), and return the loss to train (:func:`qatune.model.objectives.objective_for` when nothing
-        changes it). ``longest``: the longest training row, for the log."""
+        precision), and return the loss to train: ``objective`` (the run's kind's, over ``model``) unless a path
+        computes the same loss with less work. ``longest``: the longest training row, for the log."""
         self.longest = longest
         model.to(self.device)
         forget(model)
@@ -130,18 +129,18 @@ class Speedups:
         if self.on("fused_gelu"):
             activations.fuse_activations(model)
         self._attach_lora(model)
-        causal_lm = task_kind(task).writes and not is_encoder_decoder(model)
+        causal_lm = type(objective) is CausalLMObjective
         if not causal_lm:
-            kind = "an encoder-decoder model" if task_kind(task).writes else f"a {task} model"
+            why = ("an encoder-decoder model has no causal LM loss" if is_encoder_decoder(model)
+                   else "the run's loss is not a causal LM's")
             for name in causal.CAUSAL_PATHS:
-                self._off(name, f"{kind} has no causal LM loss")
+                self._off(name, why)
         if self.on("attention_by_width"):
             switch = attention_switch(model)
             if isinstance(switch, str):
                 self._off("attention_by_width", switch)
             else:
                 self.attention = switch
-        objective = objective_for(task, model)
         if causal_lm:
             wanted = {name for name in causal.CAUSAL_PATHS if self.on(name)}
             with self._check_precision():

@@ -1,10 +1,10 @@
 """The kinds of QA qatune trains, each one record: what its answer is (text a decoder writes, a span of a context, the
 values of heads), what its config may and must say, how its model loads and adapts, what qatune init writes for it.
 
-The layers ask a run's record (:func:`task_kind`) what it needs to know and pick their code for the kind of answer
-it names; no module outside this package recognises a task by comparing its name. Adding a kind of QA whose answer
-is of a kind qatune has: a record here, and its tests. A new kind of answer adds the code that encodes, trains and
-answers it in the layers that handle answers (docs/architecture.md lists them).
+What a kind *does* (its rows encoded, its objective, its answers and metrics' parts, its check, its export) is its
+class in :mod:`qatune.kinds`, which the layers above it ask; the layers below it read the record
+(:func:`task_kind`). No module outside these two packages recognises a task by comparing its name. A new kind of
+QA: its record here, its class there, and its tests (docs/architecture.md lists what multiple choice touches).
 """
 
 from __future__ import annotations
@@ -36,6 +36,8 @@ class TaskKind:
     """data.context_column."""
     answer_columns: Literal["optional", "required", "refused"]
     """data.answer_columns (a grading sheet's fields)."""
+    choice_columns: Literal["required", "refused"] = "refused"
+    """data.choice_columns (an exam sheet's choices)."""
     seq2seq_auto_class: str | None = None
     """An encoder-decoder's auto class, where one can do this kind."""
     lora: bool = True
@@ -45,6 +47,8 @@ class TaskKind:
     init_learning_rate: float = 5.0e-5
     """What qatune init writes."""
     init_max_length: int | Literal["auto"] = "auto"
+    on_page: bool = True
+    """Whether qatune ui offers it."""
 
     @property
     def writes(self) -> bool:
@@ -74,6 +78,9 @@ TASK_KINDS = {kind.name: kind for kind in (
              "AutoModelForSequenceClassification", "a sequence classifier", "SEQ_CLS", ("auto", "bert", "gpt2"),
              context="optional", answer_columns="required", lora=False, base_answers="none",
              init_learning_rate=3.0e-5),
+    TaskKind("multiple-choice", "multiple-choice QA", WRITTEN, "the one of the row's choices it finds most likely",
+             "AutoModelForCausalLM", "a causal language model", "CAUSAL_LM", ("auto", "gpt2"), context="optional",
+             answer_columns="refused", choice_columns="required", on_page=False),
 )}
 TASK_NAMES = tuple(TASK_KINDS)
 
@@ -90,5 +97,6 @@ def guessed_task(answers_in_context: float | None) -> str:
 
 
 def model_does(model_task: str, task: str) -> bool:
-    """Whether a model made for ``model_task`` (a packaged model's) does ``task``."""
-    return model_task == task
+    """Whether a model made for ``model_task`` (a packaged model's) does ``task``: it loads as that task's models do
+    (a causal LM writes generative answers and chooses among an exam question's choices alike)."""
+    return task_kind(model_task).auto_class == task_kind(task).auto_class

@@ -24,8 +24,9 @@ import torch
 from tqdm.auto import tqdm
 
 from qatune.errors import TrainingError, row_list
+from qatune.kinds import Kind, kind_of
 from qatune.model.folder import save_model
-from qatune.model.objectives import count_items, count_tokens, model_inputs
+from qatune.model.objectives import count_tokens, model_inputs
 from qatune.runs import layout
 from qatune.speedups import Speedups
 from qatune.train import sharding
@@ -89,7 +90,7 @@ def train_step(loop: Loop, window: list[dict[str, torch.Tensor]]) -> dict[str, A
     """Forward/backward over one accumulation window, clip, check, step. None when no update was applied."""
     accelerator, objective, optimizer, speedups = loop.accelerator, loop.objective, loop.optimizer, loop.speedups
     state, guard = loop.state, loop.guard
-    items = _global_count(accelerator, sum(count_items(b, loop.task) for b in window))
+    items = _global_count(accelerator, sum(loop.kind.count_items(b) for b in window))
     if items == 0:
         log.warning("step %d: a batch with no supervised tokens (rows %s); skipped", state.step + 1,
                     row_list(_batch_rows(window)))
@@ -178,7 +179,8 @@ class Loop:
                             sharded=sharded)
         if train_cfg.activation_checkpointing:
             log.info("%s", checkpoint_activations(prepared.model))
-        objective = speedups.attach(prepared.model, config.task, max(prepared.dataset.lengths, default=0))
+        objective = speedups.attach(prepared.model, kind_of(config.task).objective(prepared.model),
+                                    max(prepared.dataset.lengths, default=0))
         if sharded:
             log.info("%s", sharding.shard(prepared.model, prepared.precision, accelerator.device,
                                           offload=train_cfg.cpu_offload))
@@ -241,8 +243,8 @@ class Loop:
         return self.accelerator.num_processes
 
     @property
-    def task(self) -> str:
-        return self.prepared.config.task
+    def kind(self) -> Kind:
+        return kind_of(self.prepared.config.task)
 
     @property
     def sharded(self) -> bool:

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from qatune.config import Config
-from qatune.tasks import task_kind
+from qatune.kinds import kind_of
 
 GIB = 2**30
 
@@ -103,9 +103,8 @@ def estimate(model: torch.nn.Module, config: Config, precision: str, batch_token
     activations = dims["layers"] * layer
     if config.train.activation_checkpointing:  # each block's input, and one block recomputed at a time
         activations = dims["layers"] * rows * width * dims["hidden"] * 2 * per_value + layer
-    logit_rows = rows * (supervised if task_kind(config.task).writes and config.train.speedups != "off" else width)
-    # an extractive model's outputs are two per position and a scoring model's a few per row: no vocabulary
-    logits = logit_rows * dims["vocab"] * 4 * 2 if task_kind(config.task).writes else 0
+    logit_rows = kind_of(config.task).vocabulary_logits(rows, width, supervised, config.train.speedups == "off")
+    logits = logit_rows * dims["vocab"] * 4 * 2
     work = {"activations": activations, "backward's working memory": int(BACKWARD_SHARE * activations),
             "logits": logits}
     if precision == "bf16" and not masters:  # autocast keeps a bf16 copy of every weight it multiplies
@@ -164,7 +163,7 @@ def heaviest_step(dataset: Any, config: Config, on: Any, multiple: int = 1, epoc
 
     sampler = training_batches(dataset, config)
     items = dataset.items
-    causal = bool(items) and all(hasattr(item, "prompt_length") for item in items) and task_kind(config.task).writes
+    causal = bool(items) and all(hasattr(item, "prompt_length") for item in items)
     shares = causal and not config.train.train_on_prompt
     best = (0, 0, 0)
     for epoch in range(min(epochs, config.train.epochs)):

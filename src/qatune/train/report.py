@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from qatune.data.spreadsheet import describe_validation
-from qatune.inference.evaluate import field_summary
+from qatune.evaluation.evaluate import field_summary
 from qatune.inference.field_plots import write_field_pictures
 from qatune.inference.metric_records import METRICS, VALIDATED
 from qatune.runs import atomic, layout

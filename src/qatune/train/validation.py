@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from qatune.inference.evaluate import evaluation_parts, metrics_from, write_predictions
+from qatune.evaluation.evaluate import evaluation_parts, metrics_from, write_predictions
 from qatune.inference.lockstep import Lockstep
 from qatune.inference.metric_records import said
 from qatune.runs import layout

@@ -44,7 +44,7 @@ def task_choices(found: Inspection | None, with_context: bool) -> dict[str, Any]
     installed = installed_packaged_models()
     tasks = []
     for kind in TASK_KINDS.values():
-        if kind.answer not in TASK_LABELS or (kind.context == "required" and not with_context):
+        if not kind.on_page or kind.answer not in TASK_LABELS or (kind.context == "required" and not with_context):
             continue
         models = model_choices(kind.name)
         packaged = next((m["value"] for m in models if m["value"] in installed), None)

@@ -7,7 +7,7 @@ from tests.conftest import MIXED_ROWS, one_epoch_config
 
 
 def test_check_shows_a_rows_tokens_without_the_padding_a_rounded_width_adds(tmp_path):
-    from qatune.commands.check import render_trained_tokens
+    from qatune.kinds.generative import render_trained_tokens
 
     prepared = prepare(one_epoch_config(tmp_path, MIXED_ROWS))
     example = prepared.dataset[0]

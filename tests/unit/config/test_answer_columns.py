@@ -28,7 +28,7 @@ def test_grading_keys_load_with_their_types():
 def test_answer_columns_are_for_generative_and_scoring_tasks_only():
     text = problems("task=extractive", "data.context_column=passage", "data.answer_columns=[score]")
     assert text == ("config: --set data.answer_columns: not for task extractive (the answer is a span of the "
-                    "context); set task: generative or scoring, or remove data.answer_columns and use "
+                    "context it is given); set task: generative or scoring, or remove data.answer_columns and use "
                     "data.answer_column")
 
 

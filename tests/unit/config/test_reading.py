@@ -87,7 +87,7 @@ def test_all_problems_are_reported_at_once(tmp_path):
      r"data.class_weights: only for task scoring \(how its label heads weigh their classes\); remove it"),
     ("task: scoring\nmodel: {name_or_path: g, number_head: median}\ndata: {train_file: x, answer_columns: [a]}\n",
      "model.number_head: must be 'regression' or 'values'"),
-    ("task: summarise\n", "task: must be 'generative', 'extractive' or 'scoring'"),
+    ("task: summarise\n", "task: must be 'generative', 'extractive', 'scoring' or 'multiple-choice'"),
     ("seed: true\nmodel: {name_or_path: g}\ndata: {train_file: x}\n", "seed: must be a number, not true"),
     ("model: {name_or_path: g}\ndata: {train_file: x}\ntrain: {max_grad_norm: false}\n",
      "train.max_grad_norm: must be a number, not false"),

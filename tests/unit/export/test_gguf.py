@@ -77,7 +77,7 @@ def lora_run(tmp_path_factory):
 
 def run_answers(run, check_rows):
     loaded = load_model_folder(run)
-    from qatune.inference.generate import answer_questions
+    from qatune.kinds import answer_questions
 
     return answer_questions(loaded.model, loaded.tokenizer, loaded.info, [r.question for r in check_rows],
                             [r.context for r in check_rows])

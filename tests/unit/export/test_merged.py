@@ -7,7 +7,7 @@ import pytest
 from click.testing import CliRunner
 
 from qatune.cli import cli
-from qatune.inference.generate import answer_questions
+from qatune.kinds import answer_questions
 from qatune.model.folder import load_model_folder
 from tests.lora_runs import LORA_ROWS
 
@@ -32,7 +32,7 @@ def test_eval_generate_and_merged_export_agree(lora_run, tmp_path):
     first_train_loss = json.loads((run / "metrics.jsonl").read_text().splitlines()[0])["loss"]
     assert metrics["num_examples"] == 12 and 0 < metrics["loss"] < first_train_loss
     from qatune.data.spreadsheet import load_from_config
-    from qatune.inference.evaluate import evaluate_records
+    from qatune.evaluation.evaluate import evaluate_records
 
     records, _ = load_from_config(merged.config.data, run.parent / "qa.csv")
     merged_metrics, _ = evaluate_records(merged.model, merged.tokenizer, merged.info, records)

@@ -3,11 +3,11 @@ number field, written by eval beside its results and by the training report for 
 
 import json
 
-from qatune.inference.evaluate import metrics_from, write_predictions, write_results
+from qatune.evaluation.evaluate import metrics_from, write_predictions, write_results
 from qatune.inference.field_plots import draw_field_pictures, picture_path
 from qatune.model.folder import ModelInfo
 from qatune.train.report import write_report
-from tests.unit.inference.test_compare import INFO, RUN, grading_records
+from tests.unit.evaluation.test_compare import INFO, RUN, grading_records
 
 PNG = b"\x89PNG\r\n\x1a\n"
 

@@ -11,7 +11,7 @@ import torch
 from click.testing import CliRunner
 
 from qatune.cli import cli
-from qatune.inference.generate import answer_questions
+from qatune.kinds import answer_questions
 from qatune.model.folder import ModelInfo, load_model_folder
 from tests.conftest import cli_ok
 from tests.prompt_runs import context_run, score_run

@@ -9,9 +9,9 @@ import pytest
 from qatune.config import load_config
 from qatune.data.grading_fields import FieldSpec, field_spec
 from qatune.data.spreadsheet import QARecord
-from qatune.inference.evaluate import field_summary, metrics_from, write_predictions
+from qatune.evaluation.evaluate import field_summary, metrics_from, write_predictions
+from qatune.evaluation.graded_sheets import write_graded
 from qatune.inference.generate import run_answer_template
-from qatune.inference.graded_sheets import write_graded
 from qatune.model.folder import ModelInfo
 
 INFO = ModelInfo(task="generative", max_length=64, answer_fields={"score": "number", "label": "label",

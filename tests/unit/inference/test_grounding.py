@@ -10,8 +10,8 @@ import torch
 from qatune.config import GenerateConfig
 from qatune.data.spans import in_passage
 from qatune.errors import ConfigError
-from qatune.inference.generate import answer_questions
 from qatune.inference.grounding import GroundedLogits, allowed_answers, ground_scores, grounded
+from qatune.kinds import answer_questions
 from qatune.model.folder import ModelInfo, load_model_folder
 from tests.conftest import chat_tokenizer, cli_ok
 from tests.prompt_runs import context_run

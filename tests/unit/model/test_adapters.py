@@ -6,7 +6,7 @@ import json
 import pytest
 
 from qatune.errors import ModelError
-from qatune.inference.generate import answer_questions
+from qatune.kinds import answer_questions
 from qatune.model.folder import load_model_folder
 from qatune.train import prepare, train
 from tests.lora_runs import lora_config

@@ -13,11 +13,12 @@ from tests.conftest import MIXED_ROWS, SPAN_ROWS, one_epoch_config
     ids=["causal", "seq2seq", "extractive"])
 def test_rounded_widths_leave_loss_and_gradients_unchanged(tmp_path, rows, overrides):
     # The padding a rounded width adds is masked like any other: the same rows give the same loss and gradients.
-    from qatune.model.objectives import model_inputs, objective_for
+    from qatune.kinds import kind_of
+    from qatune.model.objectives import model_inputs
 
     prepared = prepare(one_epoch_config(tmp_path, rows, *overrides))
     model = prepared.model.eval()  # no dropout: both passes see the same function
-    objective = objective_for(prepared.config.task, model)
+    objective = kind_of(prepared.config.task).objective(model)
     items = [prepared.dataset[i] for i in range(min(5, len(prepared.dataset)))]
 
     def run(multiple):

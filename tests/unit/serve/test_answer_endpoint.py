@@ -5,7 +5,8 @@ import asyncio
 
 import pytest
 
-from qatune.inference.generate import answer_questions, run_answer_template
+from qatune.inference.generate import run_answer_template
+from qatune.kinds import answer_questions
 from qatune.model.folder import ModelInfo, load_model_folder
 from tests.prompt_runs import train_tiny
 

@@ -10,7 +10,7 @@ from contextlib import contextmanager
 
 import pytest
 
-from qatune.inference.generate import answer_questions
+from qatune.kinds import answer_questions
 from qatune.model.folder import load_model_folder
 from tests.prompt_runs import context_run, score_run
 from tests.serve_runs import faq_rows, train_run, xquad_rows

@@ -5,7 +5,7 @@ import pytest
 
 from qatune.config import GenerateConfig
 from qatune.data.spans import in_passage
-from qatune.inference.generate import answer_questions
+from qatune.kinds import answer_questions
 from qatune.model.folder import load_model_folder
 from tests.prompt_runs import context_run
 

@@ -8,6 +8,7 @@ import math
 import pytest
 import torch
 
+from qatune.model.objectives import CausalLMObjective
 from qatune.speedups import NAMES, Speedups
 from qatune.speedups.causal import SupervisedRowsObjective
 from tests.conftest import speedups_on, tiny_config
@@ -49,7 +50,7 @@ def batch_on(device):
 def test_listed_paths_pass_their_checks_on_the_gpu_and_give_the_models_loss(build, precision):
     model = build()
     speedups = Speedups(list(NAMES), precision, "cuda")
-    objective = speedups.attach(model, "generative")
+    objective = speedups.attach(model, CausalLMObjective(model))
     assert next(model.parameters()).device.type == "cuda"
     assert isinstance(objective, SupervisedRowsObjective) and "supervised_head" in objective.paths, speedups.reasons
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32

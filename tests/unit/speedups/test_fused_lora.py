@@ -9,6 +9,7 @@ pytest.importorskip("peft")
 
 from peft import LoraConfig, get_peft_model
 
+from qatune.model.objectives import CausalLMObjective
 from qatune.speedups import fused_lora as lean_lora
 
 PROJECTIONS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -165,7 +166,7 @@ def test_a_lora_run_trains_with_the_one_pass_product():
 
     model = llama_with_lora()
     speedups = Speedups("auto", "fp32", "cpu")
-    speedups.attach(model, "generative")
+    speedups.attach(model, CausalLMObjective(model))
     assert speedups.on("lora_one_pass")
     kinds = backward_kinds(model)
     loss_and_grads(model)
@@ -184,7 +185,7 @@ def test_an_older_peft_whose_layers_lack_what_the_path_reads_keeps_peft_s_forwar
     assert lean_lora.missing_attributes(model) == ["lora_variant"]
     assert lean_lora.install(model) == 0
     speedups = Speedups("auto", "fp32", "cpu")
-    speedups.attach(model, "generative")
+    speedups.attach(model, CausalLMObjective(model))
     assert speedups.reasons["lora_one_pass"] == ("peft 0.15.2 is older than this path reads (its LoRA layers lack "
                                                  "lora_variant); pip install 'peft>=0.18'")
     assert lean_lora.remove(model) == 0  # no layer was given the one-pass forward

@@ -111,7 +111,7 @@ def test_off_patches_nothing_and_trains_through_the_models_own_forward(tmp_path)
     model = get_peft_model(model, LoraConfig(r=2, target_modules=["c_attn"], lora_dropout=0.0, task_type="CAUSAL_LM"))
     forwards = {name: module.forward for name, module in model.named_modules()}
     speedups = Speedups("off", "bf16", "cpu")
-    objective = speedups.attach(model, "generative")
+    objective = speedups.attach(model, CausalLMObjective(model))
     assert type(objective) is CausalLMObjective
     assert {name: module.forward for name, module in model.named_modules()} == forwards
     assert any(type(m) is NewGELUActivation for m in model.modules())           # fused_gelu did not swap it
@@ -165,7 +165,7 @@ def test_a_path_listed_without_what_it_needs_says_so():
     from tests.unit.speedups.models import tiny_llama as llama
 
     speedups = Speedups(["shared_prefix", "last_layer_rows"], "fp32", "cpu")
-    objective = speedups.attach(llama(), "generative")
+    objective = speedups.attach(model := llama(), CausalLMObjective(model))
     assert type(objective) is CausalLMObjective
     assert speedups.reasons["shared_prefix"] == speedups.reasons["last_layer_rows"] == "needs supervised_head"
 
@@ -201,7 +201,7 @@ def test_the_checks_run_after_the_model_is_placed_on_the_runs_device(monkeypatch
         return real_choose(m, wanted, attention, slack)
 
     monkeypatch.setattr(causal, "choose", choose)
-    Speedups("auto", "bf16", "cpu").attach(model, "generative")
+    Speedups("auto", "bf16", "cpu").attach(model, CausalLMObjective(model))
     # On a CPU the checks compare in fp32, before bf16_master_weights turns the weights to bf16.
     assert events == [("placed", "cpu"), ("checked", "cpu", False, 1.0)]
     assert {p.dtype for p in model.parameters()} == {torch.bfloat16}

@@ -105,17 +105,18 @@ def test_processes_judge_a_ddp_config_by_its_ddp_row_sharing_the_ram(tmp_path, m
 MEASURED = """
 import json, sys
 from qatune.config import load_config
-from qatune.train import fit, preparation, prepare
+from qatune.kinds import generative
+from qatune.train import fit, prepare
 from qatune.train.memory_estimate import estimate, resident_bytes
 
 baseline = []
-load = preparation.load_pretrained
+load = generative.load_pretrained
 
 def measured_load(*args, **kwargs):
     baseline.append(resident_bytes())  # libraries, tokenizer, data: what the model adds to is above it
     return load(*args, **kwargs)
 
-preparation.load_pretrained = measured_load
+generative.load_pretrained = measured_load
 config = load_config(None, [f"data.train_file={sys.argv[1]}", "model.name_or_path=smollm2-135m-instruct",
                             "train.precision=fp32", "train.speedups=off", "train.batch_size=4", "train.epochs=1"])
 prepared = prepare(config)

@@ -72,7 +72,7 @@ def test_skip_gives_up_after_too_many_bad_steps_in_a_row(tmp_path):
 
 
 def test_the_best_model_from_before_is_never_overwritten(tmp_path, monkeypatch):
-    from qatune.train import preparation as prepare_module
+    from qatune.kinds import generative as prepare_module
 
     original = prepare_module.build_scratch
 

@@ -17,13 +17,8 @@ from qatune.data.grading_fields import AnswerTemplate, FieldSpec
 from qatune.data.numbers import parse_number
 from qatune.data.spreadsheet import QARecord
 from qatune.errors import DataError
-from qatune.inference.generate import (
-    answer_questions,
-    generate_config,
-    run_answer_template,
-    seed_sampling,
-    uses_context,
-)
+from qatune.inference.generate import generate_config, run_answer_template, seed_sampling, uses_context
+from qatune.kinds import answer_questions
 from qatune.runs.atomic import atomic_write_bytes, atomic_write_text
 
 log = logging.getLogger("qatune")

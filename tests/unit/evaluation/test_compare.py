@@ -7,7 +7,7 @@ import io
 import pytest
 
 from qatune.data.spreadsheet import QARecord
-from qatune.inference.compare import (
+from qatune.evaluation.compare import (
     RIGHT_TO_WRONG,
     SAME,
     WRONG_TO_RIGHT,
@@ -16,8 +16,8 @@ from qatune.inference.compare import (
     compare,
     field_right,
 )
-from qatune.inference.compare_report import render_csv, render_markdown, summary_lines
-from qatune.inference.evaluate import metrics_from
+from qatune.evaluation.compare_report import render_csv, render_markdown, summary_lines
+from qatune.evaluation.evaluate import metrics_from
 from qatune.inference.generate import run_answer_template
 from qatune.model.folder import ModelInfo
 

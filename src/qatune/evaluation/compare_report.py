@@ -1,6 +1,6 @@
 """A comparison's files and the command that makes them (``qatune eval RUN --data FILE --compare OTHER``):
 :func:`compare_run` evaluates both models and writes compare-NAME.md and compare-NAME.csv; :func:`render_markdown`,
-:func:`render_csv` and :func:`summary_lines` are pure functions of a :class:`~qatune.inference.compare.Comparison`.
+:func:`render_csv` and :func:`summary_lines` are pure functions of a :class:`~qatune.evaluation.compare.Comparison`.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from typing import Any
 
 from qatune.data.templates import PromptTemplate
 from qatune.errors import ConfigError
-from qatune.inference.compare import BASE, RIGHT_TO_WRONG, WRONG_TO_RIGHT, Comparison, RowChange, Side, compare
-from qatune.inference.evaluate import (
+from qatune.evaluation.compare import BASE, RIGHT_TO_WRONG, WRONG_TO_RIGHT, Comparison, RowChange, Side, compare
+from qatune.evaluation.evaluate import (
     Evaluation,
     base_name,
     base_predictions,

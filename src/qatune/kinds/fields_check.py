@@ -11,20 +11,18 @@ from qatune.data.grading_fields import format_value, label_key
 from qatune.data.validate import warning
 from qatune.errors import row_list
 from qatune.model.scoring import Head
-from qatune.tasks import task_kind
-from qatune.train import Prepared
-from qatune.train.preparation import scoring_layout
 
 RARE_CLASS_ROWS = 10
 """A label with fewer training rows than this is too rare for a model to learn: check warns."""
 
 
-def fields_section(prepared: Prepared) -> dict[str, Any]:
+def fields_section(prepared: Any, heads: list[Head] | None = None) -> dict[str, Any]:
     """A grading run's answer columns: each one's kind (and whether data.field_kinds set it or the training values
     suggested it); for labels and numbers the training rows per value and the values of the evaluation rows that
     training never shows; for labels the spellings likely the same; for numbers the decimal separator, the
     tolerance, the training range, the evaluation rows outside it and the rows dropped for holding no number; the
-    rendered answers' lengths in tokens."""
+    rendered answers' lengths in tokens (``heads``: a scoring run's, which predict the columns: no answer is
+    written). ``prepared``: the run as train/preparation.py prepared it."""
     configured = prepared.config.data.field_kinds or {}
     settled = prepared.fields
     columns = {}
@@ -50,8 +48,8 @@ def fields_section(prepared: Prepared) -> dict[str, Any]:
             entry.update(decimal=settled.decimals.get(name), tolerance=spec.tolerance,
                          not_numbers=[{"row": row, "cell": cell} for row, cell in settled.not_numbers.get(name, [])])
         columns[name] = entry
-    if task_kind(prepared.config.task).scores:  # heads predict the columns: no answer is written
-        for head in scoring_layout(prepared.config, settled).heads:
+    if heads is not None:
+        for head in heads:
             columns[head.name]["head"] = _describe_head(head)
         return {"template": prepared.info.answer_template, "columns": columns, "answer_tokens": None}
     answers = [prepared.info.answer_prefix + r.answer for r in prepared.train_records]

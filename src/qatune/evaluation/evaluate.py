@@ -6,7 +6,6 @@ import csv
 import io
 import json
 import logging
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -14,48 +13,29 @@ from typing import Any
 import torch
 
 from qatune.config import Config, GenerateConfig, with_reading_overrides
-from qatune.data.extractive import prepare_features, window_length
-from qatune.data.generative import (
-    CausalCollator,
-    PromptEncoder,
-    Seq2SeqCollator,
-    Seq2SeqEncoder,
-    choose_max_length,
-    encode_examples,
-)
-from qatune.data.padding import IGNORE_INDEX
 from qatune.data.spans import in_passage
-from qatune.data.spreadsheet import QARecord, answer_kinds, answer_template, load_from_config
-from qatune.data.templates import PromptTemplate
+from qatune.data.spreadsheet import QARecord, load_from_config
 from qatune.errors import ConfigError
-from qatune.inference.batches import inference_precision
 from qatune.inference.field_metrics import grading_metrics
 from qatune.inference.field_plots import write_field_pictures
 from qatune.inference.generate import (
-    extract_answers,
-    generate_answers,
     run_answer_template,
-    score_windows,
     uses_context,
 )
 from qatune.inference.grounding import grounded as grounded_on
 from qatune.inference.grounding import passage_metrics, with_grounding
-from qatune.inference.lockstep import Lockstep, in_step
+from qatune.inference.lockstep import Lockstep
 from qatune.inference.metric_records import METRICS, metrics_of
 from qatune.inference.metrics import best_scores, corpus_scores
 from qatune.inference.run_model import load_run_model, model_id, read_run, results_place
+from qatune.kinds import kind_of
 from qatune.model.folder import ModelInfo
-from qatune.model.gguf_file import resolve_prompt
-from qatune.model.objectives import Seq2SeqObjective, model_inputs
 from qatune.model.sources import (
     load_model_config,
     load_pretrained,
     load_tokenizer,
-    model_max_positions,
 )
 from qatune.runs import atomic, layout
-from qatune.speedups import evaluation_loss
-from qatune.tasks import task_kind
 
 log = logging.getLogger("qatune")
 
@@ -77,26 +57,11 @@ def evaluation_parts(model: Any, tokenizer: Any, info: ModelInfo, records: list[
                      generate: GenerateConfig | None = None, batch_size: int = 32, progress: bool = False,
                      speedups: str | list[str] = "auto", lockstep: Lockstep | None = None
                      ) -> tuple[list[str], float, int]:
-    """Predictions plus the summed loss and its item count: parts that add up across data shards.
-    ``lockstep``: this process's share of the rows of a sharded model (every process passes at least one row)."""
-    generate = generate or GenerateConfig()
-    if task_kind(info.task).scores:
-        from qatune.inference.scoring import score_records, scored_answers
-
-        values, loss_sum, count = score_records(model, tokenizer, info, records, batch_size, progress,
-                                                generate.precision, lockstep)
-        return scored_answers(info, values), loss_sum, count
-    if task_kind(info.task).writes:
-        loss_sum, count = teacher_forced_loss(model, tokenizer, info, records, batch_size, generate.precision,
-                                               speedups, lockstep)
-        predictions = generate_answers(model, tokenizer, info, [r.question for r in records],
-                                       [r.context for r in records], generate, batch_size, progress,
-                                       [r.fields for r in records], lockstep)
-        return predictions, loss_sum, count
-    features, _, kept = prepare_features(tokenizer, records, info.max_length, info.doc_stride, train=False)
-    starts, ends, loss_sum, count = score_windows(model, tokenizer, features, batch_size, progress,
-                                                  generate.precision, lockstep)
-    return extract_answers(features, starts, ends, kept, generate), loss_sum, count
+    """Predictions plus the summed loss and its item count: parts that add up across data shards, as the run's
+    kind computes them. ``lockstep``: this process's share of the rows of a sharded model (every process passes
+    at least one row)."""
+    return kind_of(info.task).evaluation_parts(model, tokenizer, info, records, generate or GenerateConfig(),
+                                               batch_size, progress, speedups, lockstep)
 
 
 def metrics_from(info: ModelInfo, records: list[QARecord], predictions: list[str], loss_sum: float,
@@ -104,7 +69,7 @@ def metrics_from(info: ModelInfo, records: list[QARecord], predictions: list[str
     """exact_match, f1, loss, perplexity and num_examples; for a run with answer fields (a grading sheet's) also
     parse_rate, unparsed and fields (:func:`qatune.inference.field_metrics.grading_metrics`)."""
     loss = loss_sum / count if count else None
-    perplexity = _safe_exp(loss) if task_kind(info.task).writes else None
+    perplexity = kind_of(info.task).perplexity(loss)
     scores = corpus_scores(predictions, [r.answers for r in records])
     metrics = {**scores, "loss": loss, "perplexity": perplexity, "num_examples": len(records)}
     template = run_answer_template(info)
@@ -137,43 +102,6 @@ def _field_score(name: str, field: dict[str, Any]) -> str:
 
 def _number(value: float | None, unit: str = "", digits: int = 1) -> str:
     return "n/a" if value is None else f"{value:.{digits}f}{unit}"
-
-
-def teacher_forced_loss(model: Any, tokenizer: Any, info: ModelInfo, records: list[QARecord],
-                         batch_size: int, precision: str = "fp32", speedups: str | list[str] = "auto",
-                         lockstep: Lockstep | None = None) -> tuple[float, int]:
-    template = PromptTemplate(info.prompt_template, info.answer_prefix)
-    encoder = (Seq2SeqEncoder if info.seq2seq else PromptEncoder)(tokenizer, template)
-    encoder.warm(records)
-    examples, _ = encode_examples(encoder, records, info.max_length)
-    if not examples and lockstep is None:
-        return 0.0, 0
-    if info.seq2seq:
-        objective, collate = Seq2SeqObjective(model), Seq2SeqCollator(tokenizer.pad_token_id)
-    else:
-        objective, collate = evaluation_loss(model, CausalCollator(tokenizer.pad_token_id), speedups)
-    device = next(model.parameters()).device
-    examples.sort(key=len)
-    chunks = [examples[i : i + batch_size] for i in range(0, len(examples), batch_size)]
-    total, count = 0.0, 0
-    model.eval()
-    with torch.inference_mode(), inference_precision(precision, device):
-        for chunk, mine in in_step(chunks, lockstep, []):
-            if not chunk:  # this process has no row short enough: a forward of one unsupervised token
-                objective(**_unsupervised_token(tokenizer, device))
-                continue
-            batch = {k: v.to(device) if torch.is_tensor(v) else v for k, v in model_inputs(collate(chunk)).items()}
-            out = objective(**batch)
-            if mine:
-                total += float(out["loss_sum"])
-                count += int(out["count"])
-    return total, count
-
-
-def _unsupervised_token(tokenizer: Any, device: torch.device) -> dict[str, torch.Tensor]:
-    token = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    one = torch.tensor([[token]], device=device)
-    return {"input_ids": one, "attention_mask": torch.ones_like(one), "labels": torch.full_like(one, IGNORE_INDEX)}
 
 
 def evaluate_run(run_dir: str | Path, data_file: str | Path, which: str = layout.FINAL,
@@ -210,6 +138,7 @@ def run_evaluation(run_dir: str | Path, data_file: str | Path, which: str = layo
     generate = with_grounding(config.generate, grounded)
     grounded_on(info, generate)  # --grounded on for a run without passages fails before the model loads
     records, report = load_from_config(data, data_file, with_context=uses_context(info))
+    records = kind_of(info.task).settle_rows(records, report)
     loaded = load_run_model(run_dir, which)
     metrics, predictions = evaluate_records(
         loaded.model, loaded.tokenizer, loaded.info, records, generate,
@@ -235,6 +164,7 @@ def evaluate_base(config: Config, data_file: str | Path | None = None, batch_siz
     if data_file is None:
         raise ConfigError("--base evaluates on data.eval_file, and this config has none; pass --data FILE")
     records, report = load_from_config(config.data, data_file)
+    records = kind_of(config.task).settle_rows(records, report)
     metrics, predictions, info = base_predictions(config, records, batch_size, progress)
     metrics["data_file"] = str(data_file)
     metrics["rows_dropped"] = report.dropped_total
@@ -247,57 +177,30 @@ def evaluate_base(config: Config, data_file: str | Path | None = None, batch_siz
 def check_base(config: Config, flag: str = "--base") -> None:
     """Refuse, before anything loads, a config whose model before fine-tuning cannot answer (``flag``: the option
     that asked for it, named by the error)."""
-    if task_kind(config.task).scores:
-        raise ConfigError(f"{flag} evaluates a model before fine-tuning, and a scoring model's heads are built for "
-                          "its answer columns when it trains: there is no base to ask; compare the run with another "
-                          "run instead (--compare RUN)")
-    if config.model.name_or_path is None:
-        raise ConfigError(f"{flag} needs a pretrained model (model.name_or_path); a scratch model knows nothing "
-                          "before training")
+    kind_of(config.task).check_base(config, flag)
 
 
 def base_name(config: Config) -> str:
-    if task_kind(config.task).points:
-        return f"{config.model.name_or_path} (base, its span head untrained)"
-    return f"{config.model.name_or_path} (base, not fine-tuned)"
-
-
-UNTRAINED_HEAD = ("an extractive model's span head is trained by fine-tuning: before it, its weights are random "
-                  "(seeded by the config's seed), so the base model points at answers by chance and scores near zero")
+    return kind_of(config.task).base_name(config)
 
 
 def base_predictions(config: Config, records: list[QARecord], batch_size: int | None = None,
                      progress: bool = False) -> tuple[dict[str, Any], list[str], ModelInfo]:
     """The pretrained model of ``config`` (:func:`check_base` passed) on ``records``, prompted exactly as a run of
     that config would be: its metrics, its predictions and the ModelInfo it was asked with."""
+    kind = kind_of(config.task)
     tokenizer = load_tokenizer(config.model, config.task)
     model_config = load_model_config(config.model)
     torch.manual_seed(config.seed)  # an extractive model's untrained span head: the same weights at every comparison
     model = load_pretrained(config.model, config.task, tokenizer, model_config)
-    if task_kind(config.task).points:
-        info = ModelInfo(task="extractive", max_length=window_length(config.data.max_length,
-                                                                     model_max_positions(model_config, tokenizer)),
-                         doc_stride=config.data.doc_stride)
-        model.to("cuda" if torch.cuda.is_available() else "cpu").eval()
-        metrics, predictions = evaluate_records(model, tokenizer, info, records, config.generate,
-                                                batch_size or config.train.eval_batch_size, progress,
-                                                config.train.speedups)
-        return {**metrics, "note": UNTRAINED_HEAD}, predictions, info
-    seq2seq = bool(getattr(model_config, "is_encoder_decoder", False))
-    template = resolve_prompt(config.data, config.model, tokenizer)
-    encoder = (Seq2SeqEncoder if seq2seq else PromptEncoder)(tokenizer, template)
-    limit = model_max_positions(model_config, tokenizer)
-    max_length = choose_max_length([encoder.full_length(r) for r in records], config.data.max_length, limit)
-    fields = answer_template(config.data)
-    info = ModelInfo(task=config.task, max_length=max_length, prompt_template=template.template,
-                     answer_prefix=template.answer_prefix, seq2seq=seq2seq,
-                     answer_fields=answer_kinds(config.data, records),
-                     answer_template=fields.template if fields is not None else None)
+    base = kind.base_model(config, tokenizer, model_config, records)
     model.to("cuda" if torch.cuda.is_available() else "cpu").eval()
-    metrics, predictions = evaluate_records(model, tokenizer, info, records, config.generate,
+    metrics, predictions = evaluate_records(model, tokenizer, base.info, records, config.generate,
                                             batch_size or config.train.eval_batch_size, progress,
                                             config.train.speedups)
-    return metrics, predictions, info
+    if base.note is not None:
+        metrics["note"] = base.note
+    return metrics, predictions, base.info
 
 
 def write_results(out_dir: Path, data_file: str | Path, metrics: dict[str, Any], records: list[QARecord],
@@ -357,12 +260,3 @@ def write_predictions(path: Path, records: list[QARecord], predictions: list[str
                 line += [record.answer_fields.get(name, ""), (parsed or {}).get(name, "")]
         writer.writerow(line)
     atomic.atomic_write_text(path, buffer.getvalue())
-
-
-def _safe_exp(loss: float | None) -> float | None:
-    if loss is None:
-        return None
-    try:
-        return math.exp(loss)
-    except OverflowError:
-        return float("inf")

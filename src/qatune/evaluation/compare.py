@@ -10,7 +10,7 @@ tolerance), else the first text field (token F1 of at least 50). An answer that 
 template is wrong in every field.
 
 :func:`compare` is a pure function of the records and the two lists of predictions; the files and the command
-(:func:`qatune.inference.compare_report.compare_run`) are in compare_report.
+(:func:`qatune.evaluation.compare_report.compare_run`) are in compare_report.
 """
 
 from __future__ import annotations
