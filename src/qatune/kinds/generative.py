@@ -152,10 +152,15 @@ class Generative(Kind):
                          ) -> tuple[list[str], float, int]:
         loss_sum, count = teacher_forced_loss(model, tokenizer, info, records, batch_size, generate.precision,
                                               speedups, lockstep)
-        predictions = generate_answers(model, tokenizer, info, [r.question for r in records],
-                                       [r.context for r in records], generate, batch_size, progress,
-                                       [r.fields for r in records], lockstep)
+        predictions = self.predictions(model, tokenizer, info, records, generate, batch_size, progress, lockstep)
         return predictions, loss_sum, count
+
+    def predictions(self, model: Any, tokenizer: Any, info: ModelInfo, records: list[QARecord],
+                    generate: GenerateConfig, batch_size: int, progress: bool, lockstep: Lockstep | None
+                    ) -> list[str]:
+        """The answers evaluation_parts scores, with a sharded model's processes in ``lockstep``."""
+        return generate_answers(model, tokenizer, info, [r.question for r in records], [r.context for r in records],
+                                generate, batch_size, progress, [r.fields for r in records], lockstep)
 
     def perplexity(self, loss: float | None) -> float | None:
         if loss is None:

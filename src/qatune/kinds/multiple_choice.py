@@ -25,7 +25,7 @@ from qatune.inference.batches import inference_precision
 from qatune.inference.field_choice import read_prompt, value_scores
 from qatune.inference.lockstep import Lockstep, in_step
 from qatune.kinds.base import Built, Encoded
-from qatune.kinds.generative import Generative, teacher_forced_loss
+from qatune.kinds.generative import Generative
 from qatune.model.folder import ModelInfo
 
 NOT_A_CHOICE = "the answer is none of its choices"
@@ -93,20 +93,17 @@ class MultipleChoice(Generative):
             answers.append(choices[max(range(len(choices)), key=scores.__getitem__)])
         return answers
 
-    def evaluation_parts(self, model: Any, tokenizer: Any, info: ModelInfo, records: list[QARecord],
-                         generate: GenerateConfig, batch_size: int = 32, progress: bool = False,
-                         speedups: str | list[str] = "auto", lockstep: Lockstep | None = None
-                         ) -> tuple[list[str], float, int]:
-        loss_sum, count = teacher_forced_loss(model, tokenizer, info, records, batch_size, generate.precision,
-                                              speedups, lockstep)
-        predictions: list[str] = []
+    def predictions(self, model: Any, tokenizer: Any, info: ModelInfo, records: list[QARecord],
+                    generate: GenerateConfig, batch_size: int, progress: bool, lockstep: Lockstep | None
+                    ) -> list[str]:
+        answers: list[str] = []
         # a row at a time: with a sharded model (lockstep) every process reads as many prompts and choices
         for chunk, mine in in_step([[record] for record in records], lockstep, []):
             row = chunk[0] if chunk else records[0]
             said = self.answer(model, tokenizer, info, [row.question], [row.context], generate, fields=[row.fields])
             if mine:
-                predictions += said
-        return predictions, loss_sum, count
+                answers += said
+        return answers
 
 
 def chosen(answer: str, choices: dict[str, str]) -> str | None:
