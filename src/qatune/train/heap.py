@@ -17,10 +17,7 @@ the memory is free, not leaked: ``malloc_trim`` returns it). A fixed set of widt
 when it exceeds, by ``TRIM_SLACK``, the most an ordinary step has held after a trim: memory stays near what the widest
 batch needs, and a run that does not fragment never trims (a trim costs the next step its page faults). The epoch's
 heaviest step does not count: it leaves larger blocks freed, and measured against it, later epochs would hold more
-freed memory between steps than the first epoch's peak. After the first epoch, the most an ordinary step of it held
-is a limit too (``EPOCH_SLACK`` above it): a step's peak is what it starts with plus what it allocates, so a later
-epoch whose steps start with no more than the first's did peaks where the first did, whatever the slack allows (a
-model whose steps allocate little beside what they hold, SmolLM2 under bf16, otherwise peaked ~10% higher).
+freed memory between steps than the first epoch's peak.
 """
 
 from __future__ import annotations
@@ -46,9 +43,6 @@ def few_shapes(collator: Any, precision: str, device_type: str) -> bool:
 
 TRIM_SLACK = 0.08
 """Freed memory kept beyond what a settled step held, as a share of it, before it is handed back."""
-EPOCH_SLACK = 0.02
-"""After the first epoch, freed memory kept beyond the most an ordinary step of the first epoch held, as a share of
-it, before it is handed back."""
 EPOCH_GROWTH_WARNING = 0.25
 """The resident set's growth from one epoch to the next (the same rows) that the log warns of."""
 MIB = 2**20
@@ -74,9 +68,6 @@ class Heap:
         """The update under way is the epoch's heaviest: the memory it leaves freed is no measure of an ordinary
         step's, and settled on it, the slack would let freed memory pile up past the epoch's peak."""
         self.trims = 0
-        self.first_epoch = 0
-        """The most the resident set held after an ordinary step of the first epoch; 0 while it runs."""
-        self.ordinary_high = 0
         self.epoch_highs: list[int] = []
         self.high = 0
 
@@ -90,23 +81,14 @@ class Heap:
             return round(self.resident() / MIB, 1)
         if self.heaviest:
             self.heaviest = False  # the epoch's end trims next
-            return round(rss / MIB, 1)
-        self.ordinary_high = max(self.ordinary_high, rss)
-        if self.fresh:
+        elif self.fresh:
             self.settled, self.fresh = max(self.settled, rss), False
-        elif self.enabled and rss > self.limit():
+        elif self.enabled and rss > self.settled * (1 + TRIM_SLACK):
             self.trim()
             self.trims += 1
             self.fresh = True
             rss = self.resident()
         return round(rss / MIB, 1)
-
-    def limit(self) -> float:
-        """The resident set past which freed memory is handed back."""
-        limit = self.settled * (1 + TRIM_SLACK)
-        if self.first_epoch:
-            limit = min(limit, max(self.settled, self.first_epoch) * (1 + EPOCH_SLACK))
-        return limit
 
     def before_heaviest(self) -> None:
         """Hand freed memory back before the step that sets the epoch's peak (its heaviest batch, the last): its
@@ -124,7 +106,6 @@ class Heap:
         if self.enabled:
             self.trim()
             self.fresh = True
-        self.first_epoch = self.first_epoch or self.ordinary_high
         previous = self.epoch_highs[-1] if self.epoch_highs else None
         self.epoch_highs.append(self.high)
         self.high = 0
