@@ -18,6 +18,11 @@ when it exceeds, by ``TRIM_SLACK``, the most an ordinary step has held after a t
 batch needs, and a run that does not fragment never trims (a trim costs the next step its page faults). The epoch's
 heaviest step does not count: it leaves larger blocks freed, and measured against it, later epochs would hold more
 freed memory between steps than the first epoch's peak.
+
+A step whose batch is larger than any before it in the epoch needs blocks larger than any the heap holds, so they
+are new memory on top of what it holds: such a step starts on a trimmed heap (:meth:`Heap.before_step`; a few steps
+an epoch, the epoch's heaviest, its last, among them). Otherwise, where the first epoch met its widest batches on a
+heap trimmed by chance, a later epoch met them on a full one and peaked ~10% higher (SmolLM2 under bf16).
 """
 
 from __future__ import annotations
@@ -64,48 +69,56 @@ class Heap:
         self.settled = 0
         """The most the resident set held after an ordinary step that followed a trim (or the run's first step)."""
         self.fresh = True
-        self.heaviest = False
-        """The update under way is the epoch's heaviest: the memory it leaves freed is no measure of an ordinary
-        step's, and settled on it, the slack would let freed memory pile up past the epoch's peak."""
+        """The next ordinary step settles: the heap was trimmed since the last one."""
+        self.trimmed = True
+        """No step has run since the heap was last trimmed: it holds no freed memory."""
+        self.largest_step = False
+        """The update under way is the epoch's largest so far (its heaviest, the last, among them): the memory it
+        leaves freed is no measure of an ordinary step's, and settled on it, the slack would let freed memory pile
+        up past the epoch's peak."""
         self.trims = 0
+        self.largest = 0
+        """The most tokens a step of this epoch has had so far."""
         self.epoch_highs: list[int] = []
         self.high = 0
 
     def after_update(self) -> float:
         """Trim if freed memory piled up; returns the resident set in MiB (after any trim), for the log."""
         rss = self.resident()
-        self.high = max(self.high, rss)
+        self.high, self.trimmed = max(self.high, rss), False
         if self.enabled and self.every_step:
             self.trim()
-            self.trims += 1
+            self.trims, self.trimmed = self.trims + 1, True
             return round(self.resident() / MIB, 1)
-        if self.heaviest:
-            self.heaviest = False  # the epoch's end trims next
+        if self.largest_step:
+            self.largest_step = False  # the next step settles, or the epoch's end trims
         elif self.fresh:
             self.settled, self.fresh = max(self.settled, rss), False
         elif self.enabled and rss > self.settled * (1 + TRIM_SLACK):
             self.trim()
             self.trims += 1
-            self.fresh = True
+            self.fresh = self.trimmed = True
             rss = self.resident()
         return round(rss / MIB, 1)
 
-    def before_heaviest(self) -> None:
-        """Hand freed memory back before the step that sets the epoch's peak (its heaviest batch, the last): its
-        blocks then take pages of their own rather than add to holes earlier widths left."""
-        self.heaviest = True
-        if self.enabled:
+    def before_step(self, tokens: int, heaviest: bool = False) -> None:
+        """Hand freed memory back before a step whose batch (``tokens``, padding included) is the epoch's largest so
+        far, and always before its ``heaviest`` (the last: sampler.py): its blocks then take pages of their own
+        rather than add to the holes earlier widths left."""
+        self.largest_step, self.largest = heaviest or tokens > self.largest, max(self.largest, tokens)
+        if self.enabled and self.largest_step and (heaviest or not self.trimmed):
             self.trim()
             self.trims += 1
+            self.fresh = self.trimmed = True
 
     def end_epoch(self, epoch: int, step: int = 0, metrics_log: Any = None) -> str | None:
         """Compare this epoch's highest resident set with the last one's: a warning when it grew by more than
         EPOCH_GROWTH_WARNING (the same rows should need the same memory), logged and written to ``metrics_log``
         (metrics.jsonl), and returned. Validation's memory is trimmed too."""
-        self.heaviest = False
+        self.largest_step, self.largest = False, 0
         if self.enabled:
             self.trim()
-            self.fresh = True
+            self.fresh = self.trimmed = True
         previous = self.epoch_highs[-1] if self.epoch_highs else None
         self.epoch_highs.append(self.high)
         self.high = 0

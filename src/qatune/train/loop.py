@@ -66,8 +66,7 @@ def fit(prepared: Prepared, run_dir: Path | None, progress: bool = True, resume_
         for epoch in range(state.epoch, train_cfg.epochs):
             loop.start_epoch(epoch)
             for window, last in windows(loop.loader, train_cfg.gradient_accumulation_steps):
-                if last:
-                    loop.heap.before_heaviest()  # the epoch's heaviest batch (sampler.py) on a trimmed heap
+                loop.heap.before_step(sum(batch["input_ids"].numel() for batch in window), heaviest=last)
                 state.consumed += len(window)
                 done = train_step(loop, window)
                 if done is not None:

@@ -45,13 +45,41 @@ def test_what_the_heaviest_step_leaves_is_not_what_a_settled_step_holds():
     heap.after_update()  # settles at 1000
     process.freed = 100
     heap.after_update()  # trimmed: the next step would settle
-    heap.before_heaviest()
+    heap.before_step(64, heaviest=True)
     process.freed = 500  # what the heaviest batch freed
     assert heap.after_update() == 1500.0 and process.trims == 2
     heap.end_epoch(1)
     assert heap.after_update() == 1000.0  # the next epoch's first step: settles where ordinary steps are
     process.freed = 150  # 15% over an ordinary step
     assert heap.after_update() == 1000.0 and process.trims == 4
+
+
+def test_a_step_larger_than_any_before_it_in_the_epoch_starts_on_a_trimmed_heap():
+    """Its blocks are larger than any the heap holds: on a full heap they are new memory on top of it, and a later
+    epoch that meets its largest batches on a full heap peaks higher than the first."""
+    process = FakeProcess(live=1000)
+    heap = Heap(enabled=True, resident=process.resident, trim=process.trim)
+    heap.before_step(100)  # the epoch's first step follows the last epoch's trim: nothing to hand back
+    process.freed = 50
+    heap.after_update()
+    assert process.trims == 0 and heap.settled == 0  # the largest so far: no measure of an ordinary step
+    heap.before_step(80)  # smaller than one before it: the heap's blocks fit it
+    heap.after_update()
+    assert process.trims == 0 and heap.settled == 1050 * MB
+    heap.before_step(120)  # the largest so far
+    assert process.trims == 1
+    process.freed = 70
+    heap.after_update()
+    heap.before_step(110)
+    assert process.trims == 1
+    heap.end_epoch(1)  # trims; the next epoch counts its largest afresh
+    heap.before_step(90)
+    assert process.trims == 2
+    heap.after_update()
+    heap.before_step(95)
+    assert process.trims == 3
+    heap.before_step(150, heaviest=True)
+    assert process.trims == 4
 
 
 def test_trimmed_after_every_update_each_step_starts_with_no_freed_memory():
@@ -185,7 +213,14 @@ def test_freed_memory_is_handed_back_before_each_epochs_heaviest_batch(tmp_path,
                                 "data.prompt_template=Q: {question}\nA:", "train.epochs=3", "train.batch_size=4",
                                 "train.gradient_accumulation_steps=2"])  # 6 batches: 3 updates an epoch
     trimmed_at, trained, step = [], [], loop.train_step
-    monkeypatch.setattr(heap.Heap, "before_heaviest", lambda self: trimmed_at.append(len(trained)))
+    before_step = heap.Heap.before_step
+
+    def before(self, tokens, heaviest=False):
+        if heaviest:
+            trimmed_at.append(len(trained))
+        before_step(self, tokens, heaviest)
+
+    monkeypatch.setattr(heap.Heap, "before_step", before)
     monkeypatch.setattr(loop, "train_step", lambda lp, window: trained.append(window) or step(lp, window))
     fit(prepare(config), None, progress=False)
     assert len(trained) == 9 and trimmed_at == [2, 5, 8]  # before each epoch's last update
