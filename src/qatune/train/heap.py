@@ -48,6 +48,9 @@ def few_shapes(collator: Any, precision: str, device_type: str) -> bool:
 
 TRIM_SLACK = 0.08
 """Freed memory kept beyond what a settled step held, as a share of it, before it is handed back."""
+EPOCH_SLACK = 0.02
+"""After the first epoch, freed memory kept beyond the most an ordinary step of the first epoch held, as a share of
+it, before it is handed back."""
 EPOCH_GROWTH_WARNING = 0.25
 """The resident set's growth from one epoch to the next (the same rows) that the log warns of."""
 MIB = 2**20
@@ -79,6 +82,9 @@ class Heap:
         self.trims = 0
         self.largest = 0
         """The most tokens a step of this epoch has had so far."""
+        self.first_epoch = 0
+        """The most the resident set held after an ordinary step of the first epoch; 0 while it runs."""
+        self.ordinary_high = 0
         self.epoch_highs: list[int] = []
         self.high = 0
 
@@ -90,16 +96,25 @@ class Heap:
             self.trim()
             self.trims, self.trimmed = self.trims + 1, True
             return round(self.resident() / MIB, 1)
-        if self.largest_step:
-            self.largest_step = False  # the next step settles, or the epoch's end trims
-        elif self.fresh:
+        if self.largest_step:  # what it leaves freed is trimmed by the next step's slack, or the epoch's end
+            self.largest_step, self.fresh = False, self.fresh and not self.settled
+            return round(rss / MIB, 1)
+        self.ordinary_high = max(self.ordinary_high, rss)
+        if self.fresh:
             self.settled, self.fresh = max(self.settled, rss), False
-        elif self.enabled and rss > self.settled * (1 + TRIM_SLACK):
+        elif self.enabled and rss > self.limit():
             self.trim()
             self.trims += 1
             self.fresh = self.trimmed = True
             rss = self.resident()
         return round(rss / MIB, 1)
+
+    def limit(self) -> float:
+        """The resident set past which freed memory is handed back after a step."""
+        limit = self.settled * (1 + TRIM_SLACK)
+        if self.first_epoch:
+            limit = min(limit, max(self.settled, self.first_epoch) * (1 + EPOCH_SLACK))
+        return limit
 
     def before_step(self, tokens: int, heaviest: bool = False) -> None:
         """Hand freed memory back before a step whose batch (``tokens``, padding included) is the epoch's largest so
@@ -108,8 +123,7 @@ class Heap:
         self.largest_step, self.largest = heaviest or tokens > self.largest, max(self.largest, tokens)
         if self.enabled and self.largest_step and (heaviest or not self.trimmed):
             self.trim()
-            self.trims += 1
-            self.fresh = self.trimmed = True
+            self.trims, self.trimmed = self.trims + 1, True
 
     def end_epoch(self, epoch: int, step: int = 0, metrics_log: Any = None) -> str | None:
         """Compare this epoch's highest resident set with the last one's: a warning when it grew by more than
@@ -119,6 +133,7 @@ class Heap:
         if self.enabled:
             self.trim()
             self.fresh = self.trimmed = True
+        self.first_epoch = self.first_epoch or self.ordinary_high
         previous = self.epoch_highs[-1] if self.epoch_highs else None
         self.epoch_highs.append(self.high)
         self.high = 0

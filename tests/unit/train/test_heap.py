@@ -82,6 +82,25 @@ def test_a_step_larger_than_any_before_it_in_the_epoch_starts_on_a_trimmed_heap(
     assert process.trims == 4
 
 
+def test_after_the_first_epoch_no_step_holds_more_than_the_first_epochs_did():
+    """A step peaks at what it starts with plus what it allocates: a later epoch whose steps start holding more freed
+    memory than the first epoch's ever did would peak higher, though within the slack of a settled step."""
+    process = FakeProcess(live=1000)
+    heap = Heap(enabled=True, resident=process.resident, trim=process.trim)
+    heap.after_update()  # settles at 1000
+    process.freed = 40
+    assert heap.after_update() == 1040.0  # the most an ordinary step of epoch 1 holds
+    heap.before_step(64, heaviest=True)
+    process.freed = 300
+    heap.after_update()  # the heaviest step's freed blocks: not an ordinary step's
+    heap.end_epoch(1)
+    heap.after_update()  # epoch 2 settles at 1000 again
+    process.freed = 60  # 6%: within a settled step's slack, and within 2% of epoch 1's 1,040
+    assert heap.after_update() == 1060.0 and process.trims == 2
+    process.freed = 70  # 1,070: more than 2% over what any ordinary step of epoch 1 held
+    assert heap.after_update() == 1000.0 and process.trims == 3
+
+
 def test_trimmed_after_every_update_each_step_starts_with_no_freed_memory():
     process = FakeProcess(live=1000)
     heap = Heap(enabled=True, resident=process.resident, trim=process.trim, every_step=True)
