@@ -160,7 +160,12 @@ def test_one_sheet_from_a_scorer_and_a_generative_grader(grading_run, tmp_path):
     assert [row[: len(before[0])] for row in after] == before  # every input cell, row and column kept
     assert all(row[5] in ("Correct", "Partially correct", "Incorrect") for row in after[1:])  # the scorer's
     assert all(isinstance(row[6], int | float) for row in after[1:])
-    assert sum(bool(row[7]) for row in after[1:]) >= 7  # the generative grader's feedback
+    # The generative grader's feedback, where its answer parsed whole. Asked from 'Feedback:' as training tokenizes an
+    # answer ('Feedback', ':', 'ĠCorrect'), this one-layer grader writes ' Correct' and then, on 7 of the 10 rows, its
+    # label's line again ('Correct\nFeedback: Correct.'), which does not parse. Asked after a lone space token, which
+    # training never put there, it filled 9 cells, with noise such as 'Lood pointance.'. 3 cells here; 2 leaves a row
+    # for another CPU's rounding.
+    assert sum(bool(row[7]) for row in after[1:]) >= 2
     refused = CliRunner().invoke(cli, ["generate", str(tmp_path / "scorer"), "--file", str(GRADING / "answers.xlsx"),
                                        "--out", str(tmp_path / "again.xlsx"), "--with", str(tmp_path / "scorer")])
     assert refused.exit_code == 1

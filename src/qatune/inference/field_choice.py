@@ -25,6 +25,10 @@ from qatune.model.kv_cache import cache_argument
 from qatune.tasks import task_kind
 
 CHOSEN_KINDS = ("label", "number")
+STAND_INS = ("x", "The", "the", "0")
+"""Stand-ins for a text field's value: what the answer so far is tokenized with, to see which of its last ids a
+value could change (:func:`asked_ids`). Several, since a small BPE joins the space to some first words and not to
+others."""
 
 
 def chooses_fields(info: ModelInfo, generate: GenerateConfig) -> bool:
@@ -59,7 +63,7 @@ def write_answers(model: Any, tokenizer: Any, info: ModelInfo, prompts: list[lis
                 texts[row] += _most_likely(model, encoder, caches[row], texts[row], spec.values, following, last,
                                            device, generate.precision)
             continue
-        continued = free_text([prompt + encoder.answer_ids(text)[:-1] for prompt, text in zip(prompts, texts)])
+        continued = free_text([prompt + asked_ids(encoder, text) for prompt, text in zip(prompts, texts)])
         texts = [text + _until(value, following, last) for text, value in zip(texts, continued)]
     return [(text + literals[-1]).strip() for text in texts]
 
@@ -107,6 +111,20 @@ def value_scores(model: Any, encoder: PromptEncoder, read: tuple[Any, torch.Tens
             score += float(logprobs[k, : len(ids) - 1].gather(1, targets[:, None]).sum())
         scores.append(score)
     return scores
+
+
+def asked_ids(encoder: PromptEncoder, text: str) -> list[int]:
+    """The ids a text field's value is generated after: those of the answer so far (``text``) that no value after it
+    changes, so they start a trained answer's ids whatever its value. A BPE tokenizer joins the space after
+    "Feedback:" to the value's first word ('ĠGreat'): asked after a lone space token ('Ġ'), which training never put
+    before such a word, a model writes junk. A tokenizer that keeps the space apart or drops it keeps the whole answer
+    so far. The value written is appended to ``text`` as it is (its space included): it comes back stripped."""
+    alone = encoder.answer_ids(text)[:-1]
+    shared = len(alone)
+    for value in STAND_INS:
+        ids = encoder.answer_ids(text + value)
+        shared = next((i for i, (a, b) in enumerate(zip(alone[:shared], ids)) if a != b), shared)
+    return alone[:shared]
 
 
 def _until(value: str, following: str, last: bool) -> str:

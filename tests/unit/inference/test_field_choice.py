@@ -10,7 +10,7 @@ from qatune.config import GenerateConfig
 from qatune.data.generative import PromptEncoder
 from qatune.data.grading_fields import AnswerTemplate, field_spec
 from qatune.data.templates import PromptTemplate
-from qatune.inference.field_choice import chooses_fields, write_answers
+from qatune.inference.field_choice import asked_ids, chooses_fields, write_answers
 from qatune.model.folder import ModelInfo
 
 LABELS = ["thing 7", "thing 14", "item 3"]
@@ -72,3 +72,31 @@ def test_a_text_field_in_the_middle_ends_where_the_next_fields_text_starts(scrat
     answers = write_answers(model, tokenizer, info, prompts(tokenizer, 1), GenerateConfig(),
                             lambda continued: ["fine\nVerdict: whatever the model wrote"])
     assert answers[0].startswith("Note: fine\nVerdict: ") and answers[0].split("Verdict: ")[1] in LABELS
+
+
+@pytest.mark.parametrize("note", ["thing 7", "a note"])
+def test_a_text_field_is_asked_from_the_start_of_a_trained_answers_ids(scratch_gpt2, note):
+    """The ids a text field is generated after are where training's ids of the whole answer start: not a lone
+    space token ('Ġ') after 'Note:' where training joins the space to the note's first word ('Ġthing'); 'Note:' also
+    where it does not ('Ġ', 'a'), since the model then writes that space itself."""
+    model, tokenizer = scratch_gpt2
+    encoder = PromptEncoder(tokenizer, PromptTemplate(INFO.prompt_template, INFO.answer_prefix))
+    asked = []
+
+    def written(continued):
+        asked.extend(continued)
+        return [note] * len(continued)
+
+    given = prompts(tokenizer, 2)
+    answers = write_answers(model, tokenizer, INFO, given, GenerateConfig(), written)
+    for prompt, ids, answer in zip(given, asked, answers):
+        assert answer.endswith(f"\nNote: {note}")
+        trained = prompt + encoder.answer_ids(answer)
+        assert ids == trained[: len(ids)]
+        assert ids == prompt + encoder.answer_ids(answer[: -len(note) - 1])[:-1]  # up to 'Note:', nothing cut before
+
+
+def test_a_tokenizer_that_keeps_the_space_apart_asks_after_it(char_tokenizer):
+    """One token a character: no value changes the space's id, so the whole answer so far is asked from."""
+    encoder = PromptEncoder(char_tokenizer, PromptTemplate(INFO.prompt_template, INFO.answer_prefix))
+    assert asked_ids(encoder, "Note: ") == encoder.answer_ids("Note: ")[:-1]
