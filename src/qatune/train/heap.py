@@ -15,14 +15,16 @@ the memory is free, not leaked: ``malloc_trim`` returns it). A fixed set of widt
 
 :class:`Heap` reads the resident set after every update (``/proc/self/statm``, microseconds) and trims glibc's heaps
 when it exceeds, by ``TRIM_SLACK``, the most an ordinary step has held after a trim: memory stays near what the widest
-batch needs, and a run that does not fragment never trims (a trim costs the next step its page faults). The epoch's
-heaviest step does not count: it leaves larger blocks freed, and measured against it, later epochs would hold more
-freed memory between steps than the first epoch's peak.
+batch needs, and a run that does not fragment never trims (a trim costs the next step its page faults). A step whose
+batch is the epoch's largest so far does not count: it leaves larger blocks freed, and measured against it, later
+epochs would hold more freed memory between steps than the first epoch's peak. After the first epoch, the most an
+ordinary step of it left the process holding is a limit too (``EPOCH_SLACK`` over it).
 
-A step whose batch is larger than any before it in the epoch needs blocks larger than any the heap holds, so they
-are new memory on top of what it holds: such a step starts on a trimmed heap (:meth:`Heap.before_step`; a few steps
-an epoch, the epoch's heaviest, its last, among them). Otherwise, where the first epoch met its widest batches on a
-heap trimmed by chance, a later epoch met them on a full one and peaked ~10% higher (SmolLM2 under bf16).
+A step peaks at what the process holds when it starts plus what it cannot take from that. A step whose batch is
+larger than any before it in the epoch needs blocks larger than any the heap holds, so they are new memory on top of
+it: such a step starts on a trimmed heap (:meth:`Heap.before_step`; a few steps an epoch, its heaviest, the last,
+among them). Otherwise, where the first epoch met its widest batches on a heap trimmed by chance, a later epoch met
+them on a full one and peaked ~10% higher (SmolLM2 under bf16: bench/results/*/memory_epochs.json).
 """
 
 from __future__ import annotations
