@@ -39,6 +39,7 @@ from qatune.train.memory_estimate import resident_bytes
 
 log = logging.getLogger("qatune")
 
+
 def few_shapes(collator: Any, precision: str, device_type: str) -> bool:
     """Have the collator pad batches to few widths where each new shape keeps memory (bf16 on a CPU); whether it
     does."""
@@ -63,7 +64,8 @@ step starts from what is alive, so no later epoch's peak passes the first's, and
 
 
 class Heap:
-    """Called after every update and at every epoch's end; ``trims`` counts the hand-backs."""
+    """The loop calls :meth:`before_step` before every step, :meth:`after_update` after every update and
+    :meth:`end_epoch` at every epoch's end; ``trims`` counts the hand-backs."""
 
     def __init__(self, enabled: bool | None = None, resident: Callable[[], int] = resident_bytes,
                  trim: Callable[[], object] = hand_back_freed_memory, every_step: bool | None = None):
@@ -87,6 +89,8 @@ class Heap:
         self.first_epoch = 0
         """The most the resident set held after an ordinary step of the first epoch; 0 while it runs."""
         self.ordinary_high = 0
+        """The most the resident set has held after an ordinary step so far (at the first epoch's end:
+        ``first_epoch``)."""
         self.epoch_highs: list[int] = []
         self.high = 0
 
