@@ -18,23 +18,21 @@ from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any
 
-import yaml
 from fastapi import FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, Response
-from pydantic import BaseModel, TypeAdapter
+from pydantic import BaseModel
 from starlette.background import BackgroundTask
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.routing import Mount
 
-from qatune.config import load_config
 from qatune.data.tables import read_table
 from qatune.errors import QatuneError
-from qatune.runs import layout
 from qatune.serve.guard import Access, Guard
 from qatune.ui import PageError, sheet, steps
 from qatune.ui.jobs import Job, Jobs
+from qatune.ui.preconditions import refuse_remote_code_of_file, refuse_remote_code_of_run, require_passed_check
 from qatune.ui.progress import BAR, training_progress
 from qatune.ui.trying import MOUNT, Trying, serve_page
 from qatune.ui.workspace import EXPORTS, LOGS, RUNS, SHEETS, Workspace
@@ -188,7 +186,7 @@ def create_app(workspace: Workspace, settings: UiSettings = UiSettings()) -> Fas
     def trainable(config: str) -> dict[str, Any]:
         """Whether the Train step may start ``config`` now, and why not (no refusal to meet after a click)."""
         try:
-            _require_passed_check(jobs, workspace, config)
+            require_passed_check(jobs, workspace, config)
         except PageError as exc:
             return {"config": config, "ok": False, "why": str(exc)}
         running = jobs.running("train")
@@ -265,20 +263,20 @@ def create_app(workspace: Workspace, settings: UiSettings = UiSettings()) -> Fas
     @app.post("/api/check")
     async def check(body: ConfigBody) -> dict[str, Any]:
         path = workspace.existing(body.config, "config")
-        await run_in_threadpool(_refuse_remote_code, path, body.config, f"qatune check --config {body.config}")
+        await run_in_threadpool(refuse_remote_code_of_file, path, body.config, f"qatune check --config {body.config}")
         return job_json(jobs.start("check", steps.check_args(body.config), body.config, digest=steps.digest(path)))
 
     @app.post("/api/train")
     async def train(body: TrainBody) -> dict[str, Any]:
         if body.resume is not None:
             run = f"{RUNS}/{workspace.run(body.resume.removeprefix(f'{RUNS}/')).name}"
-            await run_in_threadpool(_refuse_run_remote_code, workspace, run, f"qatune train --resume {run}")
+            await run_in_threadpool(refuse_remote_code_of_run, workspace, run, f"qatune train --resume {run}")
             job = jobs.start("train", steps.train_args(None, run, False), run)
         else:
             if body.config is None:
                 raise PageError("pass the config to train, or a run to resume")
-            await run_in_threadpool(_refuse_remote_code, workspace.existing(body.config, "config"), body.config)
-            _require_passed_check(jobs, workspace, body.config)
+            await run_in_threadpool(refuse_remote_code_of_file, workspace.existing(body.config, "config"), body.config)
+            require_passed_check(jobs, workspace, body.config)
             run = await run_in_threadpool(steps.config_run, workspace, body.config)
             job = jobs.start("train", steps.train_args(body.config, None, body.overwrite), run)
         project.run = run
@@ -311,10 +309,10 @@ def create_app(workspace: Workspace, settings: UiSettings = UiSettings()) -> Fas
     @app.post("/api/compare")
     async def compare(body: CompareBody) -> dict[str, Any]:
         run = f"{RUNS}/{workspace.run(body.run.removeprefix(f'{RUNS}/')).name}"
-        await run_in_threadpool(_refuse_run_remote_code, workspace, run, f"qatune eval {run} --compare base")
+        await run_in_threadpool(refuse_remote_code_of_run, workspace, run, f"qatune eval {run} --compare base")
         if body.other != "base":
             other = f"{RUNS}/{workspace.run(body.other.removeprefix(f'{RUNS}/')).name}"
-            await run_in_threadpool(_refuse_run_remote_code, workspace, other, f"qatune eval {run} --compare {other}")
+            await run_in_threadpool(refuse_remote_code_of_run, workspace, other, f"qatune eval {run} --compare {other}")
         args, data = await run_in_threadpool(steps.compare_args, workspace, run, body.other, body.sheet)
         project.run = run
         return job_json(jobs.start("compare", args, run, data=data))
@@ -322,7 +320,7 @@ def create_app(workspace: Workspace, settings: UiSettings = UiSettings()) -> Fas
     @app.post("/api/try")
     async def load_to_try(body: RunBody) -> dict[str, Any]:
         name = workspace.run(body.run.removeprefix(f"{RUNS}/")).name
-        await run_in_threadpool(_refuse_run_remote_code, workspace, f"{RUNS}/{name}", f"qatune serve {RUNS}/{name}")
+        await run_in_threadpool(refuse_remote_code_of_run, workspace, f"{RUNS}/{name}", f"qatune serve {RUNS}/{name}")
         await trying.load(workspace.root / RUNS / name, name)
         project.run = f"{RUNS}/{name}"
         return {"run": f"{RUNS}/{name}", "page": f"{MOUNT}/", "command": f"qatune serve {RUNS}/{name}"}
@@ -331,14 +329,14 @@ def create_app(workspace: Workspace, settings: UiSettings = UiSettings()) -> Fas
     async def answer(body: AnswerBody) -> dict[str, Any]:
         run = f"{RUNS}/{workspace.run(body.run.removeprefix(f'{RUNS}/')).name}"
         workspace.sheet(body.sheet)
-        await run_in_threadpool(_refuse_run_remote_code, workspace, run, f"qatune generate {run} --file sheets/"
+        await run_in_threadpool(refuse_remote_code_of_run, workspace, run, f"qatune generate {run} --file sheets/"
                                 f"{body.sheet}")
         return job_json(jobs.start("answer", steps.answer_args(run, body.sheet), run, sheet=body.sheet))
 
     @app.post("/api/export")
     async def export(body: ExportBody) -> dict[str, Any]:
         run = f"{RUNS}/{workspace.run(body.run.removeprefix(f'{RUNS}/')).name}"
-        await run_in_threadpool(_refuse_run_remote_code, workspace, run, f"qatune export {run} --gguf OUT.gguf")
+        await run_in_threadpool(refuse_remote_code_of_run, workspace, run, f"qatune export {run} --gguf OUT.gguf")
         args, gguf = steps.export_args(workspace, run, body.quant)
         return job_json(jobs.start("export", args, run, gguf=gguf))
 
@@ -384,51 +382,6 @@ def create_app(workspace: Workspace, settings: UiSettings = UiSettings()) -> Fas
         return found
 
     return app
-
-
-def _refuse_remote_code(path: Path, name: str, command: str | None = None) -> None:
-    """A config on disk (written outside the page, or a run's saved one) that asks to run a model's own code, valid
-    or not (check reports the rest)."""
-    if not path.is_file():
-        return
-    try:
-        sheet.refuse_remote_code(load_config(path), name, command)
-    except PageError:
-        raise
-    except QatuneError:  # not a valid config: the key read as pydantic would read it
-        raw = yaml.safe_load(path.read_text(encoding="utf-8")) if path.stat().st_size < 1_000_000 else None
-        model = raw.get("model") if isinstance(raw, dict) else None
-        if isinstance(model, dict) and _true(model.get("trust_remote_code")):
-            raise PageError(sheet.remote_code_message(name, str(model.get("name_or_path") or "the model"),
-                                                      command or f"qatune train --config {name}"), 403) from None
-
-
-def _refuse_run_remote_code(workspace: Workspace, run: str, command: str) -> None:
-    """A run trained (outside the page) with model.trust_remote_code loads its model's code too."""
-    _refuse_remote_code(workspace.path(f"{run}/{layout.CONFIG}"), f"{run}/{layout.CONFIG}", command)
-
-
-def _true(value: Any) -> bool:
-    try:
-        return TypeAdapter(bool).validate_python(value) is True
-    except ValueError:
-        return False
-
-
-def _require_passed_check(jobs: Jobs, workspace: Workspace, config: str) -> None:
-    """Training starts from a config whose check, of its text as it is now, found no error."""
-    path = workspace.existing(config, "config")
-    job = jobs.latest("check", config)
-    report = steps.check_result(job) if job is not None else None
-    if job is None or job.extra["digest"] != steps.digest(path):
-        raise PageError(f"check {config} first: the Check step runs qatune check on it "
-                        + ("(it changed since its last check)" if job is not None else "(it has not been checked)"),
-                        409)
-    if report is None:
-        raise PageError(f"the check of {config} is still running; train once it has found no error", 409)
-    if not report.get("ok"):
-        raise PageError(f"the check of {config} found errors: fix them (the Check step lists each with its fix), "
-                        "then check again", 409)
 
 
 def _static(name: str) -> str:
