@@ -4,8 +4,8 @@ Each step of the page is a qatune command: the page shows the command and the co
 a normal run directory. workspace.py holds the folder every file lies in, sheet.py the Sheet step (``init``'s
 guesses, the config), offers.py the tasks and models it offers, jobs.py the commands run as processes (check, train,
 eval --compare, generate --file, export), progress.py what a training has logged, steps.py each step's command line
-and what it left, trying.py the tuned model behind ``serve``'s page and API, app.py the routes, server.py the
-uvicorn process, static/ the page.
+and what it left, trying.py the tuned model behind ``serve``'s page and API, preconditions.py what a job must meet
+before the page starts it, app.py the routes, server.py the uvicorn process, static/ the page.
 FastAPI and uvicorn come with the ``serve`` extra (qatune.serve.check_installed says how to get them).
 """
 
