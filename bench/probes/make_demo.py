@@ -14,6 +14,7 @@ answer) with `model.name_or_path` set to NAME and the run in runs/NAME-demo, wri
 another packaged model gives a clearly better before/after within the same few minutes.
 
     python bench/probes/make_demo.py --model gemma3-270m
+    python bench/probes/make_demo.py --model gemma3-270m --set train.learning_rate=5e-5 --json .../FILE.json
 """
 
 from __future__ import annotations
@@ -46,11 +47,12 @@ def make_variable(name: str) -> str:
     return done.stdout.strip()
 
 
-def demo_with(model: str, env: dict) -> tuple[subprocess.CompletedProcess, dict]:
-    """`make demo`'s four steps with another model: its output and the two evaluations' paths."""
+def demo_with(model: str, env: dict, overrides: list[str]) -> tuple[subprocess.CompletedProcess, dict]:
+    """`make demo`'s four steps with another model (and the config's ``overrides``, KEY=VALUE): its output and the
+    two evaluations' paths."""
     qatune = str(ROOT / ".venv" / "bin" / "qatune")
     run = ROOT / "runs" / f"{model}-demo"
-    sets = ["--set", f"model.name_or_path={model}", "--set", f"output_dir={run}"]
+    sets = [arg for pair in [f"model.name_or_path={model}", f"output_dir={run}", *overrides] for arg in ("--set", pair)]
     evals = {"base": run.with_name(run.name + "-base") / "eval-xquad_demo.json",
              "fine_tuned": run / "eval-xquad_demo.json"}
     for path in evals.values():
@@ -72,6 +74,9 @@ def demo_with(model: str, env: dict) -> tuple[subprocess.CompletedProcess, dict]
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=None, help="another packaged model for make demo's four steps")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="with --model: a config key for the untouched model and the training")
+    parser.add_argument("--json", type=Path, default=None, help="default: bench/results/<machine>/make_demo*.json")
     args = parser.parse_args()
     info = describe()
     print(headline(info), flush=True)
@@ -85,7 +90,7 @@ def main() -> int:
         env = {**os.environ, "QATUNE_CACHE_DIR": cache}
         start = time.perf_counter()
         if args.model:
-            done, evals = demo_with(args.model, env)
+            done, evals = demo_with(args.model, env, args.set)
         else:
             done = subprocess.run(["make", "demo"], cwd=ROOT, capture_output=True, text=True, check=False, env=env)
         seconds = time.perf_counter() - start
@@ -120,9 +125,9 @@ def main() -> int:
               "printed": table, "answer": answer, "demo_tiny_wall_seconds": tiny_seconds, "gguf_cache_mb": converted}
     if args.model:
         result |= {"benchmark": f"make demo's four steps with model.name_or_path={args.model} (an empty cache)",
-                   "model": args.model}
+                   "model": args.model, "sets": args.set}
         del result["demo_tiny_wall_seconds"]
-    write_json(results_path(f"make_demo_{args.model}" if args.model else "make_demo"), result)
+    write_json(args.json or results_path(f"make_demo_{args.model}" if args.model else "make_demo"), result)
     return 0
 
 
