@@ -23,6 +23,8 @@ Writes bench/results/<this machine>/grading.json after every seed (an interrupte
     python bench/quality/grading.py --arms minilm-scoring --seeds 1 --train-rows 300 --eval-rows 40 --json /tmp/g.json
     python bench/quality/grading.py --arms smollm2-grading --seeds 1 --train-rows 200 --eval-sample 50 \
         --set model.name_or_path=gemma3-270m --json bench/results/epyc-avx512-bf16/grading-200rows-gemma3.json
+    python bench/quality/grading.py --arms smollm2-grading --seeds 2 --set model.name_or_path=gemma3-270m \
+        --set train.learning_rate=5e-5 --json bench/results/epyc-avx512-bf16/grading-gemma3-grader.json   # ~2 h
     python bench/quality/grading.py --arms smollm2-grading --seeds 1 --json /tmp/g.json --keep /tmp/grading-runs
 """
 
