@@ -4,7 +4,8 @@ answer parses and no verdict is free text; a text field (feedback) is generated 
 
 A value is ranked by the log-likelihood of its tokens and of the template's text that follows it (the end token
 after the last field), so "0.5" cannot win over "0.5" followed by more digits that the model would write. The
-prompt is read once per row; its keys and values are copied for the candidates of each choice.
+prompt is read once per row; its keys and values are copied for the candidates of each choice. Rows go through all
+fields a group at a time, so the keys and values held are a group's, whatever the number of rows.
 """
 
 from __future__ import annotations
@@ -19,9 +20,9 @@ from qatune.data.generative import PromptEncoder
 from qatune.data.grading_fields import AnswerTemplate, FieldSpec
 from qatune.data.padding import right_pad
 from qatune.data.templates import PromptTemplate
-from qatune.inference.batches import inference_precision
+from qatune.inference.batches import inference_precision, length_sorted_batches
 from qatune.model.folder import ModelInfo
-from qatune.model.kv_cache import cache_argument
+from qatune.model.kv_cache import cache_argument, last_logits_only
 from qatune.tasks import task_kind
 
 CHOSEN_KINDS = ("label", "number")
@@ -40,9 +41,22 @@ def chooses_fields(info: ModelInfo, generate: GenerateConfig) -> bool:
 
 
 def write_answers(model: Any, tokenizer: Any, info: ModelInfo, prompts: list[list[int]], generate: GenerateConfig,
-                  free_text: Any) -> list[str]:
-    """The answers to ``prompts`` (token ids), field by field. ``free_text(prompts)``: the model's generated
-    continuations of prompt token ids (a text field's value, up to the end of the answer)."""
+                  free_text: Any, group: int = 32, progress: bool = False) -> list[str]:
+    """The answers to ``prompts`` (token ids), field by field, ``group`` rows of similar length at a time (the
+    prompts whose keys and values are held at once). ``free_text(prompts)``: the model's generated continuations of
+    prompt token ids (a text field's value, up to the end of the answer)."""
+    answers = [""] * len(prompts)
+    model.eval()
+    for rows, _ in length_sorted_batches([len(p) for p in prompts], max(1, group), progress, "generate"):
+        for i, answer in zip(rows, _write_group(model, tokenizer, info, [prompts[i] for i in rows], generate,
+                                                free_text)):
+            answers[i] = answer
+    return answers
+
+
+def _write_group(model: Any, tokenizer: Any, info: ModelInfo, prompts: list[list[int]], generate: GenerateConfig,
+                 free_text: Any) -> list[str]:
+    """:func:`write_answers`' answers to a group of prompts: each field of every row, then the next field."""
     template = AnswerTemplate.make(list(info.answer_fields or {}), info.answer_template)
     specs = info.specs() or {}
     encoder = PromptEncoder(tokenizer, PromptTemplate(info.prompt_template, info.answer_prefix))
@@ -50,7 +64,6 @@ def write_answers(model: Any, tokenizer: Any, info: ModelInfo, prompts: list[lis
     device = next(model.parameters()).device
     texts = [""] * len(prompts)
     caches: list[Any] = [None] * len(prompts)
-    model.eval()
     for index, name in enumerate(names):
         texts = [text + literals[index] for text in texts]
         spec = specs.get(name, FieldSpec("text"))
@@ -72,7 +85,7 @@ def write_answers(model: Any, tokenizer: Any, info: ModelInfo, prompts: list[lis
 def read_prompt(model: Any, prompt: list[int], device: torch.device, precision: str) -> tuple[Any, torch.Tensor]:
     """The prompt's keys and values, and the log-probabilities of the first answer token."""
     with inference_precision(precision, device):
-        out = model(input_ids=torch.tensor([prompt], device=device), use_cache=True)
+        out = model(input_ids=torch.tensor([prompt], device=device), use_cache=True, **last_logits_only(model))
     return getattr(out, cache_argument(model)), torch.log_softmax(out.logits[0, -1].float(), -1)
 
 

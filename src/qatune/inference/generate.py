@@ -51,7 +51,7 @@ def generate_answers(model: Any, tokenizer: Any, info: ModelInfo, questions: lis
         prompts.append(ids)
     if lockstep is None and chooses_fields(info, generate):
         return write_answers(model, tokenizer, info, prompts, generate, lambda continued: _continuations(
-            model, tokenizer, info, continued, generate, batch_size, progress, encoder, None))
+            model, tokenizer, info, continued, generate, batch_size, False, encoder, None), batch_size, progress)
     spans = None
     if grounded(info, generate):
         prefix, stops, no_answer = "" if info.seq2seq else info.answer_prefix, encoder.stop_ids, no_answer_text(info)

@@ -20,7 +20,7 @@ import torch
 
 from qatune.data.padding import left_pad, right_pad
 from qatune.inference.grounding import ground_scores
-from qatune.model.kv_cache import cache_argument
+from qatune.model.kv_cache import cache_argument, last_logits_only
 
 log = logging.getLogger("qatune")
 
@@ -110,12 +110,9 @@ class Decoder:
         self.model = model
         self.pad_id = tokenizer.pad_token_id
         self.seq2seq = seq2seq
-        parameters = inspect.signature(model.forward).parameters
         self.cache_name = cache_argument(model)
-        self.extra: dict[str, Any] = {}
-        if not seq2seq and "logits_to_keep" in parameters:
-            self.extra["logits_to_keep"] = 1  # as model.generate does: same numbers, less work
-        self.with_positions = not seq2seq and "position_ids" in parameters
+        self.extra: dict[str, Any] = {} if seq2seq else last_logits_only(model)
+        self.with_positions = not seq2seq and "position_ids" in inspect.signature(model.forward).parameters
 
     def run(self, rows: list[Row], more: Callable[[int], list[Row]] | None = None) -> None:
         """Decode until every row has finished; each row receives its tokens through ``push``.

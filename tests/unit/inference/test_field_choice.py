@@ -1,7 +1,10 @@
 """A generative grader's label and number fields chosen from the values training saw: always one of them, the one
 the model finds most likely; its text fields generated."""
 
+import gc
+import re
 import warnings
+import weakref
 
 import pytest
 import torch
@@ -10,7 +13,8 @@ from qatune.config import GenerateConfig
 from qatune.data.generative import PromptEncoder
 from qatune.data.grading_fields import AnswerTemplate, field_spec
 from qatune.data.templates import PromptTemplate
-from qatune.inference.field_choice import asked_ids, chooses_fields, write_answers
+from qatune.inference import field_choice
+from qatune.inference.field_choice import asked_ids, chooses_fields, read_prompt, write_answers
 from qatune.model.folder import ModelInfo
 
 LABELS = ["thing 7", "thing 14", "item 3"]
@@ -100,3 +104,46 @@ def test_a_tokenizer_that_keeps_the_space_apart_asks_after_it(char_tokenizer):
     """One token a character: no value changes the space's id, so the whole answer so far is asked from."""
     encoder = PromptEncoder(char_tokenizer, PromptTemplate(INFO.prompt_template, INFO.answer_prefix))
     assert asked_ids(encoder, "Note: ") == encoder.answer_ids("Note: ")[:-1]
+
+
+def test_rows_go_through_every_field_a_group_at_a_time_and_come_back_in_order(scratch_gpt2, monkeypatch):
+    """The keys and values of a group's prompts are let go before the next group is read, so a sheet's rows do not
+    pile them up; each answer is its own row's, whatever order the groups took them in."""
+    model, tokenizer = scratch_gpt2
+    encoder = PromptEncoder(tokenizer, PromptTemplate(INFO.prompt_template, INFO.answer_prefix))
+    given = [encoder.prompt_ids(f"what is item {i}?" + " thing" * (7 - i)) for i in range(7)]  # longest first
+    held = []
+
+    def reading(*args):
+        read = read_prompt(*args)
+        held.append(weakref.ref(read[0]))
+        return read
+    monkeypatch.setattr(field_choice, "read_prompt", reading)
+    groups = []
+
+    def numbered(continued):
+        gc.collect()
+        groups.append((len(continued), sum(ref() is not None for ref in held)))
+        return [re.search(r"item (\d+)", tokenizer.decode(ids)).group(1) for ids in continued]
+
+    answers = write_answers(model, tokenizer, INFO, given, GenerateConfig(), numbered, group=3)
+    assert groups == [(3, 3), (3, 3), (1, 1)]  # rows, and prompts held, when each group's notes are written
+    assert [answer.rsplit("Note: ", 1)[1] for answer in answers] == [str(i) for i in range(7)]
+    assert write_answers(model, tokenizer, INFO, given, GenerateConfig(), numbered, group=100) == answers
+
+
+def test_a_prompt_is_read_for_the_log_probabilities_of_its_last_position_only(scratch_gpt2):
+    """The same log-probabilities of the first answer token as the whole prompt's logits give, without computing
+    logits for every other position of the prompt."""
+    model, tokenizer = scratch_gpt2
+    prompt = prompts(tokenizer, 1)[0]
+    shapes = []
+    hook = model.get_output_embeddings().register_forward_hook(lambda module, args, out: shapes.append(out.shape))
+    try:
+        _, first = read_prompt(model, prompt, torch.device("cpu"), "fp32")
+    finally:
+        hook.remove()
+    assert shapes == [torch.Size([1, 1, len(tokenizer)])] and len(prompt) > 1
+    with torch.no_grad():
+        whole = torch.log_softmax(model(input_ids=torch.tensor([prompt])).logits[0, -1], -1)
+    torch.testing.assert_close(first, whole)
