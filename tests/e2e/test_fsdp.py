@@ -71,13 +71,17 @@ def metrics(run):
     return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
 
 
-def assert_same_steps(a, b, rel=1e-5, weights=True):
+def assert_same_steps(a, b, rel=1e-5, weights=True, answers_apart=0):
+    """``answers_apart``: held-out answers that may differ (bf16: a greedy token where two logits are closer than
+    bf16's rounding, which differs with the batches' shapes where bf16 is emulated)."""
     ma, mb = metrics(a), metrics(b)
     assert [(m["event"], m["step"]) for m in ma] == [(m["event"], m["step"]) for m in mb]
     for x, y in zip(ma, mb, strict=True):
         assert abs(x["loss"] - y["loss"]) <= rel * abs(x["loss"]), (x, y)
         if x["event"] == "eval":
-            assert (x["exact_match"], x["f1"], x["num_examples"]) == (y["exact_match"], y["f1"], y["num_examples"])
+            assert x["num_examples"] == y["num_examples"]
+            apart = 100 * answers_apart / x["num_examples"] + 1e-9  # one answer moves EM and F1 at most this much
+            assert all(abs(x[name] - y[name]) <= apart for name in ("exact_match", "f1")), (x, y)
         else:
             # The global norm, not a shard's (one of two shards holds about 0.7 of it): summed over ranks in an
             # order gloo picks, it has been seen 9e-5 apart from one process's where the losses agree to 1e-5.
@@ -225,12 +229,13 @@ def test_t5_encoder_and_decoder_blocks_are_units_and_match_one_process(tmp_path,
 def test_bf16_matches_one_process_with_fp32_master_weights(tmp_path, data):
     """Under bf16 the units compute in bf16 from fp32 shards and reduce gradients in fp32, as one process's bf16
     weights with fp32 masters do: the same steps, to a fraction of bf16's resolution (2^-8) where they round
-    differently."""
+    differently, and the same held-out answers but one (validation batches other rows together on two processes
+    than on one)."""
     path = config(tmp_path, data, GPT2)
     log = train_both(tmp_path, path, "train.max_grad_norm=null", "train.precision=bf16", "train.epochs=1",
                      one_speedups="[bf16_master_weights]")
     assert "computing in bf16 with fp32 gradient reduction" in log
-    assert_same_steps(tmp_path / "one", tmp_path / "two", rel=1e-3, weights=False)
+    assert_same_steps(tmp_path / "one", tmp_path / "two", rel=1e-3, weights=False, answers_apart=1)
 
 
 SHARDED = """
