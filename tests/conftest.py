@@ -34,13 +34,21 @@ QATUNE_NO_SKIPS=1 (.ci/run sets it) such a test that skips fails, since a skippe
 BY_FIXTURE = {"browser": "browser", "hf_jinja": "external", "ollama_go": "external"}
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
 def pytest_collection_modifyitems(config, items):
     """The marker a test's fixtures imply (a page driven in Chromium: browser; node's or Go's renderers: external);
-    the files that start processes mark themselves distributed."""
+    the files that start processes mark themselves distributed.
+
+    make test runs the suite on every core (pytest-xdist, ``--dist loadgroup``): an end-to-end file's tests share what
+    its fixtures trained and started, and some go on from where the one before left a page, so a file's tests run in
+    one process, in order; every other test goes to whichever process is free."""
+    grouped = config.pluginmanager.hasplugin("xdist")
     for item in items:
         for fixture, marker in BY_FIXTURE.items():
             if fixture in getattr(item, "fixturenames", ()):
                 item.add_marker(marker)
+        if grouped and item.path.parent.name == "e2e":
+            item.add_marker(pytest.mark.xdist_group(item.path.stem))
 
 
 @pytest.hookimpl(hookwrapper=True)
