@@ -1,4 +1,5 @@
 import atexit
+import importlib.util
 import os
 import shutil
 import signal
@@ -34,21 +35,31 @@ QATUNE_NO_SKIPS=1 (.ci/run sets it) such a test that skips fails, since a skippe
 BY_FIXTURE = {"browser": "browser", "hf_jinja": "external", "ollama_go": "external"}
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
 def pytest_collection_modifyitems(config, items):
     """The marker a test's fixtures imply (a page driven in Chromium: browser; node's or Go's renderers: external);
-    the files that start processes mark themselves distributed.
-
-    make test runs the suite on every core (pytest-xdist, ``--dist loadgroup``): an end-to-end file's tests share what
-    its fixtures trained and started, and some go on from where the one before left a page, so a file's tests run in
-    one process, in order; every other test goes to whichever process is free."""
-    grouped = config.pluginmanager.hasplugin("xdist")
+    the files that start processes mark themselves distributed."""
     for item in items:
         for fixture, marker in BY_FIXTURE.items():
             if fixture in getattr(item, "fixturenames", ()):
                 item.add_marker(marker)
-        if grouped and item.path.parent.name == "e2e":
-            item.add_marker(pytest.mark.xdist_group(item.path.stem))
+
+
+if importlib.util.find_spec("xdist") is not None:
+
+    def pytest_xdist_make_scheduler(config, log):
+        """make test runs the suite in a process on every core (pytest-xdist, ``--dist loadgroup``): an end-to-end
+        file's tests share what its fixtures trained and started, and some go on from where the one before left a
+        page, so a file's tests run in one process, in order; every other test goes to whichever process is free."""
+        if config.getvalue("dist") != "loadgroup":
+            return None
+        from xdist.scheduler import LoadScopeScheduling
+
+        class EndToEndFiles(LoadScopeScheduling):
+            def _split_scope(self, nodeid: str) -> str:
+                path = nodeid.split("::", 1)[0]
+                return path if path.startswith("tests/e2e/") else nodeid
+
+        return EndToEndFiles(config, log)
 
 
 @pytest.hookimpl(hookwrapper=True)
