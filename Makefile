@@ -2,8 +2,8 @@
 #                 (configs/smollm2-demo.yaml): the untouched model's score on 80 held-out questions next to the
 #                 fine-tuned model's, then one answer (about 5 minutes on 2 cores).
 # make demo-tiny: a small GPT-2 built from scratch learns examples/data/faq.csv by heart (about 30 s).
-# make test:      the whole test suite, a process on every core (pytest-xdist); make test-fast: the tests not marked
-#                 slow, distributed, browser or external (under 2 minutes on 2 cores).
+# make test:      the whole test suite, a pytest process on every core (pytest-xdist; under 15 minutes on 2 cores);
+#                 make test-fast: the tests not marked slow, distributed, browser or external (under 2 minutes).
 # make bench:     the headline benchmarks on this machine (bench/headline.py; they read ../shared/data).
 PYTHON ?= python3
 VENV ?= .venv
