@@ -49,7 +49,8 @@ if importlib.util.find_spec("xdist") is not None:
     def pytest_xdist_make_scheduler(config, log):
         """make test runs the suite in a process on every core (pytest-xdist, ``--dist loadgroup``): an end-to-end
         file's tests share what its fixtures trained and started, and some go on from where the one before left a
-        page, so a file's tests run in one process, in order; every other test goes to whichever process is free."""
+        page, so a file's tests run in one process, in order; every other test goes to whichever process is free.
+        Grouped here, by path: xdist_group marks group nothing under pytest 9.2 (pytest-dev/pytest-xdist#1386)."""
         if config.getvalue("dist") != "loadgroup":
             return None
         from xdist.scheduler import LoadScopeScheduling
