@@ -47,11 +47,14 @@ demo-tiny: $(STAMP)
 	$(BIN)/qatune eval runs/tiny-gpt2 --data examples/data/faq.csv
 	$(BIN)/qatune generate runs/tiny-gpt2 "what character did john noble play in lord of the rings?"
 
+# A pytest process on every core; tests/conftest.py keeps an end-to-end file's tests in one of them.
+PYTEST := $(BIN)/python -m pytest -n auto --dist loadgroup --durations=15
+
 test: $(STAMP)
-	$(BIN)/python -m pytest -n auto --dist loadgroup --durations=15
+	$(PYTEST)
 
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -n auto --dist loadgroup -m "not slow and not distributed and not browser and not external" --durations=15
+	$(PYTEST) -m "not slow and not distributed and not browser and not external"
 
 bench: $(STAMP)
 	$(BIN)/pip install --quiet -e '.[bench]'
