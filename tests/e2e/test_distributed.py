@@ -1,7 +1,7 @@
 """Two processes (gloo on CPU) with batch B each train exactly like one process with batch B and
 gradient accumulation 2, evaluate the same (predictions gathered from both, no duplicates), and write
 the same run directory layout, leaving no torchrun folder in the temporary directory; a failure on one process
-ends both within seconds, in one line."""
+ends both within seconds, in one line; nothing the run listens on is reachable but from this machine."""
 
 import json
 import re
@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 
+import psutil
 import pytest
 from click.testing import CliRunner
 from safetensors.torch import load_file
@@ -135,3 +136,32 @@ def test_an_error_every_process_meets_is_said_once(tmp_path):
     assert error_lines(done.stderr) == [f"error: data file {tmp_path / 'gone.csv'} not found; check data.train_file / "
                                         "data.eval_file or the path you passed"], done.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_every_port_a_run_on_one_machine_opens_is_on_loopback(tmp_path):
+    """torchrun's store that the processes share and each process's gloo connections listen on 127.0.0.1 only
+    (torchrun --standalone's stores listen on every interface, and its agent unpickles the rendezvous state it
+    reads from one of them: anyone on the network could run code as the user)."""
+    run = tmp_path / "run"
+    # Both processes wait in their first evaluation, everything open.
+    env = injected(tmp_path, (0, "qatune.train.loop:evaluate_epoch", "sleep"),
+                   (1, "qatune.train.loop:evaluate_epoch", "sleep"))
+    launcher = subprocess.Popen([sys.executable, "-m", "qatune", "train", "--config", str(write_config(tmp_path)),
+                                 "--output-dir", str(run), "--quiet", "--num-processes", "2"], cwd=ROOT, env=env,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 300
+        while not (run / "metrics.jsonl").exists() or len((run / "metrics.jsonl").read_text().splitlines()) < 4:
+            assert launcher.poll() is None and time.monotonic() < deadline, launcher.stderr.read()
+            time.sleep(0.5)
+        time.sleep(1)
+        processes = [psutil.Process(launcher.pid), *psutil.Process(launcher.pid).children(recursive=True)]
+        listening = {(c.laddr.ip, c.laddr.port, p.pid) for p in processes
+                     for c in p.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN}
+    finally:
+        for process in reversed(psutil.Process(launcher.pid).children(recursive=True)):
+            process.kill()
+        launcher.kill()
+        launcher.wait()
+    assert len({pid for _, _, pid in listening}) == 3, listening  # torchrun's agent and the two processes
+    assert {address for address, _, _ in listening} == {"127.0.0.1"}, listening

@@ -11,11 +11,11 @@ import math
 import os
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from qatune.commands.launch import torchrun_launcher
 from qatune.model.families import family_of
 from tests.conftest import LOCAL, ROOT, cli_ok
 from tests.families import CASES, family_setup, sheet_rows, write_config, write_sheet
@@ -290,8 +290,7 @@ def sharded(built, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("sharded")
     (tmp / "sharded.py").write_text(SHARDED)
     configs = [str(config) for _, _, config, _ in built.values()]
-    job = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                            f"--log-dir={tmp / 'logs'}", str(tmp / "sharded.py"), str(STEPS), str(ROWS // 2),
+    job = subprocess.Popen([*torchrun_launcher(2), str(tmp / "sharded.py"), str(STEPS), str(ROWS // 2),
                             *configs], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
                            env={**os.environ, "PYTHONPATH": str(ROOT)}, start_new_session=True)
     try:

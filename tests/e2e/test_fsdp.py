@@ -17,6 +17,7 @@ import time
 import pytest
 from safetensors.torch import load_file
 
+from qatune.commands.launch import torchrun_launcher
 from tests.conftest import ROOT, chat_tokenizer, tiny_llama
 from tests.failing_process import error_lines, injected
 
@@ -266,8 +267,7 @@ dist.destroy_process_group()
 def test_parameters_are_dtensors_split_on_dim0_and_bf16_units_pass_bf16(tmp_path):
     script = tmp_path / "sharded.py"
     script.write_text(SHARDED)
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                           f"--log-dir={tmp_path / 'logs'}", str(script)], capture_output=True, text=True, cwd=ROOT,
+    done = subprocess.run([*torchrun_launcher(2), str(script)], capture_output=True, text=True, cwd=ROOT,
                           check=False, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert done.returncode == 0, done.stdout + done.stderr
     shares = re.findall(r"rank \d: (\d+) of (\d+)", done.stdout)

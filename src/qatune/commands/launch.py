@@ -13,11 +13,13 @@ import os
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
 
+from qatune.commands.torchrun import LOCAL_RENDEZVOUS, LOOPBACK
 from qatune.errors import ConfigError
 
 log = logging.getLogger("qatune")
@@ -70,14 +72,21 @@ def process_args(config_path: str | None, overrides: tuple[str, ...], output_dir
 def torchrun_command(processes: int, qatune_args: list[str], nodes: int = 1, node_rank: int = 0,
                      master: str | None = None, join_timeout: int = DEFAULT_JOIN_TIMEOUT) -> list[str]:
     """The torchrun command that starts this machine's ``processes`` running ``qatune qatune_args``."""
+    return [*torchrun_launcher(processes, nodes, node_rank, master, join_timeout), "-m", "qatune", *qatune_args]
+
+
+def torchrun_launcher(processes: int, nodes: int = 1, node_rank: int = 0, master: str | None = None,
+                      join_timeout: int = DEFAULT_JOIN_TIMEOUT) -> list[str]:
+    """The torchrun command that starts this machine's ``processes``, up to what they run (a script, ``-m``)."""
     launch = [sys.executable, "-m", "qatune.commands.torchrun", f"--nproc-per-node={processes}"]
-    if nodes == 1:
-        launch.append("--standalone")
+    if nodes == 1:  # torchrun's --standalone, its ports on loopback only
+        launch += ["--nnodes=1", f"--rdzv-backend={LOCAL_RENDEZVOUS}", f"--rdzv-endpoint={LOOPBACK}:0",
+                   f"--rdzv-id={uuid.uuid4()}", f"--local-addr={LOOPBACK}"]
     else:
         host, port = parse_master(master, nodes)
         launch += [f"--nnodes={nodes}", f"--node-rank={node_rank}", f"--master-addr={host}",
                    f"--master-port={port}", f"--rdzv-conf=timeout={join_timeout}"]
-    return [*launch, "-m", "qatune", *qatune_args]
+    return launch
 
 
 def wait_for_machines(nodes: int, node_rank: int, master: str | None, timeout: int) -> None:

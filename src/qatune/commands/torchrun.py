@@ -3,15 +3,28 @@ one line when a training process fails: the process has said why itself (naming 
 traceback of the failure, which name the first process to exit (often one that was stopped because another failed),
 add nothing for the person who started the run. torchrun's folder for the processes' error files is a temporary one
 removed at the end (torchrun's own default stays in the temporary directory after every run). Each process computes
-with its share of the machine's cores, where torchrun gives each one thread (and warns that it did)."""
+with its share of the machine's cores, where torchrun gives each one thread (and warns that it did).
+
+On one machine (``--rdzv-backend=qatune-local``) the rendezvous's state is a file of that folder (the user's alone),
+and every port the run opens listens on 127.0.0.1. torchrun's own one-machine rendezvous (``--standalone``) serves
+its state from a TCP store on every network interface, with no password, and its agent unpickles what it finds
+there every few seconds: anyone on the network who reached the port could run code as the user.
+"""
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import signal
+import socket
 import sys
 import tempfile
+from typing import Any
+
+LOCAL_RENDEZVOUS = "qatune-local"
+"""torchrun's ``--rdzv-backend`` for a run on this machine alone: its state in a file, its store on 127.0.0.1."""
+LOOPBACK = "127.0.0.1"
 
 
 def main(argv: list[str]) -> int:
@@ -21,6 +34,8 @@ def main(argv: list[str]) -> int:
     logging.getLogger("torch.distributed.elastic.multiprocessing.api").addFilter(_without_failure_line)
     share_cores(argv)
     with tempfile.TemporaryDirectory(prefix="qatune-torchrun-", ignore_cleanup_errors=True) as logs:
+        if f"--rdzv-backend={LOCAL_RENDEZVOUS}" in argv:
+            keep_to_loopback(logs)
         try:
             # A log folder the user named (PET_LOG_DIR, with PET_REDIRECTS or PET_TEE) is theirs to keep.
             torchrun([*([] if os.environ.get("PET_LOG_DIR") else [f"--log-dir={logs}"]), *argv])
@@ -46,6 +61,58 @@ def share_cores(argv: list[str]) -> None:
     if "OMP_NUM_THREADS" in os.environ or not given.isdigit() or int(given) < 1:
         return  # the user's setting, or a count torchrun works out itself (auto, gpu)
     os.environ["OMP_NUM_THREADS"] = str(max(1, torch.get_num_threads() // int(given)))
+
+
+def keep_to_loopback(folder: str) -> None:
+    """Make the one-machine rendezvous known to torchrun (its state in ``folder``), and have the processes' own
+    connections (gloo's, NCCL's bootstrap) use the loopback interface, unless the user named one."""
+    from torch.distributed.elastic.rendezvous import rendezvous_handler_registry
+
+    rendezvous_handler_registry.register(LOCAL_RENDEZVOUS, functools.partial(_local_rendezvous, folder=folder))
+    interface = loopback_interface()
+    for variable in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
+        if interface and variable not in os.environ:
+            os.environ[variable] = interface
+
+
+def loopback_interface() -> str | None:
+    """The loopback interface's name (Linux's ``lo``, macOS's ``lo0``), where the system lists it."""
+    try:
+        names = [name for _, name in socket.if_nameindex()]
+    except OSError:
+        return None
+    return next((name for name in names if name in ("lo", "lo0")), None)
+
+
+def _local_rendezvous(params: Any, folder: str) -> Any:
+    """torchrun's c10d rendezvous handler, its state in a file of ``folder`` (the user's own), the store it shares
+    with the processes (MASTER_ADDR:MASTER_PORT) on 127.0.0.1."""
+    from torch.distributed import FileStore
+    from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import create_handler
+
+    class LocalBackend(C10dRendezvousBackend):
+        @property
+        def name(self) -> str:
+            return LOCAL_RENDEZVOUS  # torchrun checks the handler's backend against the one it asked for
+
+    store = FileStore(os.path.join(folder, "rendezvous"))
+    handler = create_handler(store, LocalBackend(store, params.run_id), params)
+    # torch's own store server listens on every interface: TCPStore takes no address to bind.
+    handler._create_tcp_store_server = lambda addr, port: loopback_store()
+    return handler
+
+
+def loopback_store() -> Any:
+    """A TCP store served from a socket bound to 127.0.0.1 (a free port)."""
+    from torch.distributed import TCPStore
+
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind((LOOPBACK, 0))
+    listener.listen(socket.SOMAXCONN)
+    port = listener.getsockname()[1]
+    return TCPStore(LOOPBACK, port, is_master=True, multi_tenant=True, master_listen_fd=listener.detach())
 
 
 def _without_failure_line(record: logging.LogRecord) -> bool:

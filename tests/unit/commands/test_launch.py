@@ -1,21 +1,60 @@
 """The torchrun command of ``qatune train --num-processes/--nodes``, when it is started and what it returns, the
-addresses it refuses, and the cores each process computes with."""
+addresses it refuses, the cores each process computes with, and the one-machine rendezvous that keeps to
+loopback."""
 
 import os
+import socket
 import subprocess
 
+import psutil
 import pytest
 
 from qatune.commands import launch as launching
 from qatune.commands.launch import launch, launches, parse_master, process_args, torchrun_command
-from qatune.commands.torchrun import share_cores
+from qatune.commands.torchrun import _local_rendezvous, keep_to_loopback, loopback_interface, share_cores
 from qatune.errors import ConfigError
 
 
-def test_one_machine_is_standalone():
+def test_one_machine_meets_on_loopback_in_a_rendezvous_of_its_own():
     command = torchrun_command(2, ["train", "--config", "c.yaml"])
-    assert command[1:] == ["-m", "qatune.commands.torchrun", "--nproc-per-node=2", "--standalone", "-m", "qatune",
-                           "train", "--config", "c.yaml"]
+    run_id = command[7].removeprefix("--rdzv-id=")
+    assert command[1:] == ["-m", "qatune.commands.torchrun", "--nproc-per-node=2", "--nnodes=1",
+                           "--rdzv-backend=qatune-local", "--rdzv-endpoint=127.0.0.1:0", f"--rdzv-id={run_id}",
+                           "--local-addr=127.0.0.1", "-m", "qatune", "train", "--config", "c.yaml"]
+    assert len(run_id) == 36 and torchrun_command(2, ["train"])[7] != command[7]  # a new id for every run
+
+
+def listening(process=None):
+    """The (address, port) pairs ``process`` (this one) listens on."""
+    return {(c.laddr.ip, c.laddr.port) for c in (process or psutil.Process()).net_connections(kind="inet")
+            if c.status == psutil.CONN_LISTEN}
+
+
+def test_the_one_machine_rendezvous_keeps_its_state_in_a_file_and_serves_the_processes_on_loopback(tmp_path):
+    """torchrun's own (--standalone) serves both from TCP stores on every interface, the state pickled."""
+    from torch.distributed.elastic.rendezvous import RendezvousParameters
+
+    before = listening()
+    handler = _local_rendezvous(RendezvousParameters(
+        backend="qatune-local", endpoint="127.0.0.1:0", run_id="run", min_nodes=1, max_nodes=1,
+        local_addr="127.0.0.1"), folder=str(tmp_path))
+    try:
+        info = handler.next_rendezvous()
+        shared = info.bootstrap_store_info  # MASTER_ADDR:MASTER_PORT of the processes
+        assert (handler.get_backend(), info.rank, info.world_size) == ("qatune-local", 0, 1)
+        assert listening() - before == {("127.0.0.1", shared.master_port)} and shared.master_addr == "127.0.0.1"
+        assert [p.name for p in tmp_path.iterdir()] == ["rendezvous"]
+        assert "torch.rendezvous.run" in (tmp_path / "rendezvous").read_bytes().decode("latin-1")
+    finally:
+        handler.shutdown()
+
+
+def test_the_processes_connect_over_loopback_unless_told_otherwise(monkeypatch, tmp_path):
+    assert loopback_interface() in {name for _, name in socket.if_nameindex()}
+    monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
+    monkeypatch.setenv("NCCL_SOCKET_IFNAME", "eth1")  # the user's own choice
+    keep_to_loopback(str(tmp_path))
+    assert (os.environ["GLOO_SOCKET_IFNAME"], os.environ["NCCL_SOCKET_IFNAME"]) == (loopback_interface(), "eth1")
 
 
 def test_several_machines_meet_at_the_master():
@@ -47,7 +86,9 @@ def test_the_launch_runs_torchrun_and_ends_with_its_exit_code(monkeypatch):
     monkeypatch.setattr(launching.subprocess, "run",
                         lambda command, check: ran.append(command) or subprocess.CompletedProcess(command, 3))
     assert launch(["train", "--config", "c.yaml"], 2, 1, 0, None, 30) == 3
-    assert ran == [torchrun_command(2, ["train", "--config", "c.yaml"])]
+    expected = torchrun_command(2, ["train", "--config", "c.yaml"])
+    assert [[a for a in command if not a.startswith("--rdzv-id=")] for command in ran] == [
+        [a for a in expected if not a.startswith("--rdzv-id=")]]
 
 
 def test_each_process_reruns_this_train_command_without_the_launch_options():
@@ -62,7 +103,7 @@ def test_each_process_reruns_this_train_command_without_the_launch_options():
 def test_each_process_computes_with_its_share_of_the_cores(monkeypatch):
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.setattr("torch.get_num_threads", lambda: 16)  # what one process would compute with
-    share_cores(["--nproc-per-node=3", "--standalone", "-m", "qatune", "train"])
+    share_cores(["--nproc-per-node=3", "--nnodes=1", "-m", "qatune", "train"])
     assert os.environ["OMP_NUM_THREADS"] == "5"
     monkeypatch.setenv("OMP_NUM_THREADS", "2")  # the user's own setting stays
     share_cores(["--nproc-per-node=3"])
