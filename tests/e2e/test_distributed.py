@@ -144,8 +144,10 @@ def test_every_port_a_run_on_one_machine_opens_is_on_loopback(tmp_path):
     reads from one of them: anyone on the network could run code as the user)."""
     run = tmp_path / "run"
     # Both processes wait in their first evaluation, everything open.
+    temporary = tmp_path / "temporary"  # torchrun's folder, left there by the kill below
+    temporary.mkdir()
     env = injected(tmp_path, (0, "qatune.train.loop:evaluate_epoch", "sleep"),
-                   (1, "qatune.train.loop:evaluate_epoch", "sleep"))
+                   (1, "qatune.train.loop:evaluate_epoch", "sleep")) | {"TMPDIR": str(temporary)}
     launcher = subprocess.Popen([sys.executable, "-m", "qatune", "train", "--config", str(write_config(tmp_path)),
                                  "--output-dir", str(run), "--quiet", "--num-processes", "2"], cwd=ROOT, env=env,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
