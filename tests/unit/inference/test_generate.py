@@ -127,13 +127,22 @@ def test_a_file_without_the_context_column_is_refused(with_context, tmp_path):
     assert result.exit_code == 1 and "context" in result.stderr and len(result.stderr.strip().splitlines()) == 1
 
 
-def test_a_missing_passage_or_field_is_refused_before_the_model_loads(with_context, without_context, monkeypatch):
+def forbid_loading(monkeypatch, message):
+    """Loading a run's model raises ``message`` until the test ends, wherever generate loads it: one question
+    (qatune.evaluation.asking, which holds its own name for it: imported first, so that the name it keeps is the
+    real one once the test has ended) or a file (which looks it up as it loads)."""
+    import qatune.evaluation.asking
     import qatune.inference.run_model
 
     def no_loading(*args, **kwargs):
-        raise AssertionError("the model was loaded before the request was checked")
+        raise AssertionError(message)
 
-    monkeypatch.setattr(qatune.inference.run_model, "load_run_model", no_loading)
+    for module in (qatune.evaluation.asking, qatune.inference.run_model):
+        monkeypatch.setattr(module, "load_run_model", no_loading)
+
+
+def test_a_missing_passage_or_field_is_refused_before_the_model_loads(with_context, without_context, monkeypatch):
+    forbid_loading(monkeypatch, "the model was loaded before the request was checked")
     one_line_error(generate(with_context, QUESTION), NEEDS)
     one_line_error(generate(without_context, QUESTION, "--context", PASSAGE), REFUSES)
     for fields in ([], ["--field", "score= "]):  # its prompt needs {score}; a blank value is none
@@ -143,12 +152,7 @@ def test_a_missing_passage_or_field_is_refused_before_the_model_loads(with_conte
 
 
 def test_a_file_without_the_passage_column_is_refused_before_the_model_loads(with_context, tmp_path, monkeypatch):
-    import qatune.inference.run_model
-
-    def no_loading(*args, **kwargs):
-        raise AssertionError("the model was loaded before the file was read")
-
-    monkeypatch.setattr(qatune.inference.run_model, "load_run_model", no_loading)
+    forbid_loading(monkeypatch, "the model was loaded before the file was read")
     questions = tmp_path / "q.csv"
     questions.write_text(f"question\n{QUESTION}\n", encoding="utf-8")
     result = generate(with_context, "--file", questions)
