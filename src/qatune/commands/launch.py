@@ -80,8 +80,8 @@ def torchrun_launcher(processes: int, nodes: int = 1, node_rank: int = 0, master
     """The torchrun command that starts this machine's ``processes``, up to what they run (a script, ``-m``)."""
     launch = [sys.executable, "-m", "qatune.commands.torchrun", f"--nproc-per-node={processes}"]
     if nodes == 1:  # torchrun's --standalone, its ports on loopback only
-        launch += ["--nnodes=1", f"--rdzv-backend={LOCAL_RENDEZVOUS}", f"--rdzv-endpoint={LOOPBACK}:0",
-                   f"--rdzv-id={uuid.uuid4()}", f"--local-addr={LOOPBACK}"]
+        launch += ["--nnodes=1", f"--rdzv-backend={LOCAL_RENDEZVOUS}", f"--rdzv-id={uuid.uuid4()}",
+                   f"--local-addr={LOOPBACK}"]
     else:
         host, port = parse_master(master, nodes)
         launch += [f"--nnodes={nodes}", f"--node-rank={node_rank}", f"--master-addr={host}",

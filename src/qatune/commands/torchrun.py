@@ -13,7 +13,6 @@ there every few seconds: anyone on the network who reached the port could run co
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 import signal
@@ -35,7 +34,8 @@ def main(argv: list[str]) -> int:
     share_cores(argv)
     with tempfile.TemporaryDirectory(prefix="qatune-torchrun-", ignore_cleanup_errors=True) as logs:
         if f"--rdzv-backend={LOCAL_RENDEZVOUS}" in argv:
-            keep_to_loopback(logs)
+            keep_to_loopback()
+            argv = [f"--rdzv-endpoint={os.path.join(logs, 'rendezvous')}", *argv]  # the state's file
         try:
             # A log folder the user named (PET_LOG_DIR, with PET_REDIRECTS or PET_TEE) is theirs to keep.
             torchrun([*([] if os.environ.get("PET_LOG_DIR") else [f"--log-dir={logs}"]), *argv])
@@ -63,12 +63,13 @@ def share_cores(argv: list[str]) -> None:
     os.environ["OMP_NUM_THREADS"] = str(max(1, torch.get_num_threads() // int(given)))
 
 
-def keep_to_loopback(folder: str) -> None:
-    """Make the one-machine rendezvous known to torchrun (its state in ``folder``), and have the processes' own
-    connections (gloo's, NCCL's bootstrap) use the loopback interface, unless the user named one."""
+def keep_to_loopback() -> None:
+    """Make the one-machine rendezvous known to torchrun, and have the processes' own connections (gloo's, NCCL's
+    bootstrap) use the loopback interface, unless the user named one."""
     from torch.distributed.elastic.rendezvous import rendezvous_handler_registry
 
-    rendezvous_handler_registry.register(LOCAL_RENDEZVOUS, functools.partial(_local_rendezvous, folder=folder))
+    rendezvous_handler_registry.register(LOCAL_RENDEZVOUS, _local_rendezvous)
+    os.environ.pop("PET_STANDALONE", None)  # torchrun would take --standalone from it, over the backend asked for
     interface = loopback_interface()
     for variable in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
         if interface and variable not in os.environ:
@@ -84,9 +85,9 @@ def loopback_interface() -> str | None:
     return next((name for name in names if name in ("lo", "lo0")), None)
 
 
-def _local_rendezvous(params: Any, folder: str) -> Any:
-    """torchrun's c10d rendezvous handler, its state in a file of ``folder`` (the user's own), the store it shares
-    with the processes (MASTER_ADDR:MASTER_PORT) on 127.0.0.1."""
+def _local_rendezvous(params: Any) -> Any:
+    """torchrun's c10d rendezvous handler, its state in the file ``--rdzv-endpoint`` names (in a folder of the
+    user's alone), the store it shares with the processes (MASTER_ADDR:MASTER_PORT) on 127.0.0.1."""
     from torch.distributed import FileStore
     from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
     from torch.distributed.elastic.rendezvous.dynamic_rendezvous import create_handler
@@ -96,7 +97,7 @@ def _local_rendezvous(params: Any, folder: str) -> Any:
         def name(self) -> str:
             return LOCAL_RENDEZVOUS  # torchrun checks the handler's backend against the one it asked for
 
-    store = FileStore(os.path.join(folder, "rendezvous"))
+    store = FileStore(params.endpoint)
     handler = create_handler(store, LocalBackend(store, params.run_id), params)
     # torch's own store server listens on every interface: TCPStore takes no address to bind.
     handler._create_tcp_store_server = lambda addr, port: loopback_store()

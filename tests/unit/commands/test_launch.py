@@ -17,11 +17,11 @@ from qatune.errors import ConfigError
 
 def test_one_machine_meets_on_loopback_in_a_rendezvous_of_its_own():
     command = torchrun_command(2, ["train", "--config", "c.yaml"])
-    run_id = command[7].removeprefix("--rdzv-id=")
+    run_id = command[6].removeprefix("--rdzv-id=")
     assert command[1:] == ["-m", "qatune.commands.torchrun", "--nproc-per-node=2", "--nnodes=1",
-                           "--rdzv-backend=qatune-local", "--rdzv-endpoint=127.0.0.1:0", f"--rdzv-id={run_id}",
-                           "--local-addr=127.0.0.1", "-m", "qatune", "train", "--config", "c.yaml"]
-    assert len(run_id) == 36 and torchrun_command(2, ["train"])[7] != command[7]  # a new id for every run
+                           "--rdzv-backend=qatune-local", f"--rdzv-id={run_id}", "--local-addr=127.0.0.1", "-m",
+                           "qatune", "train", "--config", "c.yaml"]
+    assert len(run_id) == 36 and torchrun_command(2, ["train"])[6] != command[6]  # a new id for every run
 
 
 def listening(process=None):
@@ -36,8 +36,8 @@ def test_the_one_machine_rendezvous_keeps_its_state_in_a_file_and_serves_the_pro
 
     before = listening()
     handler = _local_rendezvous(RendezvousParameters(
-        backend="qatune-local", endpoint="127.0.0.1:0", run_id="run", min_nodes=1, max_nodes=1,
-        local_addr="127.0.0.1"), folder=str(tmp_path))
+        backend="qatune-local", endpoint=str(tmp_path / "rendezvous"), run_id="run", min_nodes=1, max_nodes=1,
+        local_addr="127.0.0.1"))
     try:
         info = handler.next_rendezvous()
         shared = info.bootstrap_store_info  # MASTER_ADDR:MASTER_PORT of the processes
@@ -49,12 +49,16 @@ def test_the_one_machine_rendezvous_keeps_its_state_in_a_file_and_serves_the_pro
         handler.shutdown()
 
 
-def test_the_processes_connect_over_loopback_unless_told_otherwise(monkeypatch, tmp_path):
+def test_the_processes_connect_over_loopback_unless_told_otherwise(monkeypatch):
     assert loopback_interface() in {name for _, name in socket.if_nameindex()}
-    monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "")  # so that the test's end takes it away again
+    monkeypatch.delenv("GLOO_SOCKET_IFNAME")
     monkeypatch.setenv("NCCL_SOCKET_IFNAME", "eth1")  # the user's own choice
-    keep_to_loopback(str(tmp_path))
+    monkeypatch.setenv("PET_STANDALONE", "1")  # torchrun's --standalone would override the rendezvous
+    for _ in range(2):  # as often as a process asks
+        keep_to_loopback()
     assert (os.environ["GLOO_SOCKET_IFNAME"], os.environ["NCCL_SOCKET_IFNAME"]) == (loopback_interface(), "eth1")
+    assert "PET_STANDALONE" not in os.environ
 
 
 def test_several_machines_meet_at_the_master():
