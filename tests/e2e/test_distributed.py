@@ -148,13 +148,16 @@ def test_every_port_a_run_on_one_machine_opens_is_on_loopback(tmp_path):
     temporary.mkdir()
     env = injected(tmp_path, (0, "qatune.train.loop:evaluate_epoch", "sleep"),
                    (1, "qatune.train.loop:evaluate_epoch", "sleep")) | {"TMPDIR": str(temporary)}
-    launcher = subprocess.Popen([sys.executable, "-m", "qatune", "train", "--config", str(write_config(tmp_path)),
-                                 "--output-dir", str(run), "--quiet", "--num-processes", "2"], cwd=ROOT, env=env,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    said = tmp_path / "stderr.txt"
+    with open(said, "w") as stderr:
+        launcher = subprocess.Popen([sys.executable, "-m", "qatune", "train", "--config",
+                                     str(write_config(tmp_path)), "--output-dir", str(run), "--quiet",
+                                     "--num-processes", "2"], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                                    stderr=stderr)
     try:
         deadline = time.monotonic() + 300
         while not (run / "metrics.jsonl").exists() or len((run / "metrics.jsonl").read_text().splitlines()) < 4:
-            assert launcher.poll() is None and time.monotonic() < deadline, launcher.stderr.read()
+            assert launcher.poll() is None and time.monotonic() < deadline, said.read_text()
             time.sleep(0.5)
         time.sleep(1)
         processes = [psutil.Process(launcher.pid), *psutil.Process(launcher.pid).children(recursive=True)]
