@@ -4,10 +4,13 @@ the same run directory layout, leaving no torchrun folder in the temporary direc
 ends both within seconds, in one line; nothing the run listens on is reachable but from this machine."""
 
 import json
+import os
 import re
+import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -170,3 +173,56 @@ def test_every_port_a_run_on_one_machine_opens_is_on_loopback(tmp_path):
         launcher.wait()
     assert len({pid for _, _, pid in listening}) == 3, listening  # torchrun's agent and the two processes
     assert {address for address, _, _ in listening} == {"127.0.0.1"}, listening
+
+
+def stop_a_run(tmp_path, arguments, lines, signalled):
+    """Start ``qatune train ARGUMENTS --num-processes 2`` in a group of its own, send a signal with ``signalled``
+    (given the command's process) once the run's metrics.jsonl has ``lines`` lines, wait for it: its exit code and
+    stderr."""
+    run, temporary = tmp_path / "run", tmp_path / "temporary"
+    temporary.mkdir(exist_ok=True)
+    said = tmp_path / "stderr.txt"
+    with open(said, "w") as stderr:
+        command = subprocess.Popen([sys.executable, "-m", "qatune", "train", *arguments, "--quiet", "--num-processes",
+                                    "2"], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=stderr,
+                                   env={**os.environ, "TMPDIR": str(temporary)}, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 300
+        while not (run / "metrics.jsonl").exists() or len((run / "metrics.jsonl").read_text().splitlines()) < lines:
+            assert command.poll() is None and time.monotonic() < deadline, said.read_text()
+            time.sleep(0.5)
+        signalled(psutil.Process(command.pid))
+        code = command.wait(timeout=120)
+    finally:
+        if command.poll() is None:  # it did not end: its processes, and none of this test process's others
+            for process in [*psutil.Process(command.pid).children(recursive=True), psutil.Process(command.pid)]:
+                process.kill()
+    assert not [*temporary.glob("torchelastic_*"), *temporary.glob("qatune-torchrun-*")]  # torchrun's went with it
+    return code, said.read_text()
+
+
+def test_a_stop_saves_a_checkpoint_and_ends_in_the_line_that_resumes(tmp_path):
+    """A terminal's Ctrl-C goes to every process of the command's group: the command, torchrun's agent and the two
+    training processes (which the agent tells again); a scheduler's SIGTERM may reach one process alone. Either way
+    every process finishes the same step, the checkpoint is saved, the command waits for them and ends with 130 in
+    one line, with no traceback and nothing left over; the run resumes from that step."""
+    config = write_config(tmp_path)
+    config.write_text(config.read_text().replace("epochs: 2", "epochs: 500"))
+    run = tmp_path / "run"
+    stopped_at = []
+    ctrl_c = lambda command: os.killpg(command.pid, signal.SIGINT)  # noqa: E731
+    second_process = lambda command: next(  # noqa: E731
+        p for p in command.children(recursive=True) if p.environ().get("RANK") == "1").send_signal(signal.SIGTERM)
+    for arguments, signalled, name in [(["--config", str(config), "--output-dir", str(run)], ctrl_c, "SIGINT"),
+                                       (["--resume", str(run)], second_process, "SIGTERM")]:
+        logged = len((run / "metrics.jsonl").read_text().splitlines()) if run.exists() else 0
+        code, said = stop_a_run(tmp_path, arguments, logged + 6, signalled)  # in training, a few steps on
+        stopped = error_lines(said)
+        assert code == 130 and len(stopped) == 1 and "Traceback" not in said, said
+        line = re.fullmatch(rf"error: training stopped by {name} at step (\d+) \((in|after) epoch \d+\); checkpoint "
+                            r"saved in (\S+); resume with: qatune train --resume (\S+) --num-processes 2", stopped[0])
+        assert line and line[4] == str(run), stopped
+        assert (Path(line[3]) / "trainer_state.json").exists() and Path(line[3]).name == f"step-{int(line[1]):07d}"
+        assert json.loads((run / "run.json").read_text())["status"] == "stopped"
+        stopped_at.append(int(line[1]))
+    assert stopped_at[1] > stopped_at[0], stopped_at

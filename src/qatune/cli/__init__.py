@@ -36,7 +36,8 @@ class QatuneGroup(click.Group):
         except QatuneError as exc:
             if ctx.meta.get("qatune.verbose"):
                 traceback.print_exc()
-            if first_to_say(str(exc)):  # several processes of a run meeting one error say it once
+            # several processes of a run meeting one error say it once
+            if getattr(exc, "said_here", True) and first_to_say(str(exc)):
                 click.echo(f"error: {exc}", err=True)
             ctx.exit(exc.exit_code)
         except KeyboardInterrupt:

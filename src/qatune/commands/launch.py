@@ -41,7 +41,12 @@ def launch(qatune_args: list[str], processes: int, nodes: int, node_rank: int, m
     command = torchrun_command(processes, qatune_args, nodes, node_rank, master, join_timeout)
     wait_for_machines(nodes, node_rank, master, join_timeout)
     log.info("launching %d processes on this machine: %s", processes, " ".join(command))
-    return subprocess.run(command, check=False).returncode
+    with subprocess.Popen(command) as torchrun:
+        while True:
+            try:
+                return torchrun.wait()
+            except KeyboardInterrupt:  # Ctrl-C reached the processes too: they save a checkpoint and stop
+                continue
 
 
 def parse_master(master: str | None, nodes: int) -> tuple[str, int]:

@@ -27,10 +27,12 @@ LOOPBACK = "127.0.0.1"
 
 
 def main(argv: list[str]) -> int:
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun
 
-    logging.getLogger("torch.distributed.elastic.multiprocessing.api").addFilter(_without_failure_line)
+    for name in ("torch.distributed.elastic.multiprocessing.api", "torch.distributed.elastic.agent.server.api"):
+        logging.getLogger(name).addFilter(_without_narration)
     share_cores(argv)
     with tempfile.TemporaryDirectory(prefix="qatune-torchrun-", ignore_cleanup_errors=True) as logs:
         if f"--rdzv-backend={LOCAL_RENDEZVOUS}" in argv:
@@ -48,6 +50,8 @@ def main(argv: list[str]) -> int:
             print(f"error: training process {rank} was killed by {how}; the others were stopped (continue from the "
                   "newest checkpoint with --resume)", file=sys.stderr)
             return 128 - failure.exitcode
+        except SignalException as exc:  # Ctrl-C, SIGTERM: the processes, told too, have said how they stopped
+            return 128 + exc.sigval
     return 0
 
 
@@ -116,9 +120,13 @@ def loopback_store() -> Any:
     return TCPStore(LOOPBACK, port, is_master=True, multi_tenant=True, master_listen_fd=listener.detach())
 
 
-def _without_failure_line(record: logging.LogRecord) -> bool:
-    """torchrun's "failed (exitcode: N) local_rank: R" line: left out."""
-    return not str(record.msg).startswith("failed (exitcode")
+NARRATION = ("failed (exitcode", "Received %s death signal", "Sending process %s closing signal")
+"""torchrun's lines on a failure or a stop that qatune's one line says: "failed (exitcode: N) local_rank: R", and
+Ctrl-C's "Received 2 death signal, shutting down workers" and "Sending process P closing signal SIGINT"."""
+
+
+def _without_narration(record: logging.LogRecord) -> bool:
+    return not str(record.msg).startswith(NARRATION)
 
 
 if __name__ == "__main__":

@@ -71,14 +71,14 @@ def fit(prepared: Prepared, run_dir: Path | None, progress: bool = True, resume_
                 done = train_step(loop, window)
                 if done is not None:
                     loop.after_update(done, bar)
-                if stop.requested:
+                if stopping := stop.agreed(loop.accelerator):
                     bar.close()
-                    raise TrainingInterrupted(stop.requested, state, loop.checkpoint(), loop.processes)
+                    raise loop.interrupted(stopping, loop.checkpoint())
             loop.end_epoch(when_trained if epoch == train_cfg.epochs - 1 else None)
             # a stop that came during validation: the checkpoint is written
-            if stop.requested and state.epoch < train_cfg.epochs:
+            if state.epoch < train_cfg.epochs and (stopping := stop.agreed(loop.accelerator)):
                 bar.close()
-                raise TrainingInterrupted(stop.requested, state, loop.last_checkpoint, loop.processes)
+                raise loop.interrupted(stopping, loop.last_checkpoint)
             if loop.patience_ran_out():
                 break
         bar.close()
@@ -352,6 +352,11 @@ class Loop:
             before_checkpoint()
         self.checkpoint()
         self.accelerator.wait_for_everyone()
+
+    def interrupted(self, signal_name: str, checkpoint: Path | None) -> TrainingInterrupted:
+        """The stop every process raises once ``checkpoint`` is written; the main process's line says it for all."""
+        self.accelerator.wait_for_everyone()
+        return TrainingInterrupted(signal_name, self.state, checkpoint, self.processes, said_here=self.main)
 
     def patience_ran_out(self) -> bool:
         train_cfg = self.prepared.config.train

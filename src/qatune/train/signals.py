@@ -6,6 +6,7 @@ import logging
 import shlex
 import signal
 import threading
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -18,12 +19,18 @@ if TYPE_CHECKING:
 log = logging.getLogger("qatune")
 
 
+SAME_CTRL_C = 1.0
+"""Seconds within which a second SIGINT is the same Ctrl-C: the terminal's reaches every process of a multi-process
+run, and torchrun's agent passes the one it got on to them."""
+
+
 class StopSignals:
     """SIGINT/SIGTERM ask the loop to finish its step, save a checkpoint and stop; a second SIGINT
     stops at once."""
 
     def __init__(self) -> None:
         self.requested: str | None = None
+        self._requested_at = 0.0
         self._previous: dict[int, Any] = {}
 
     def __enter__(self) -> Self:
@@ -32,16 +39,34 @@ class StopSignals:
                 self._previous[sig] = signal.signal(sig, self._handle)
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, _type: object, exc: BaseException | None, _traceback: object) -> None:
+        # The processes of a stopped multi-process run end together: torchrun's agent, seeing one end, sends the
+        # others SIGTERM, which must not cut short the line the main one says for all.
+        ending = isinstance(exc, TrainingInterrupted) and exc.processes > 1
         for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
+            signal.signal(sig, signal.SIG_IGN if ending and sig == signal.SIGTERM else handler)
 
     def _handle(self, signum: int, _frame: Any) -> None:
+        if self.requested and time.monotonic() - self._requested_at < SAME_CTRL_C:
+            return
         if self.requested and signum == signal.SIGINT:
             raise KeyboardInterrupt
-        self.requested = signal.Signals(signum).name
+        self.requested, self._requested_at = signal.Signals(signum).name, time.monotonic()
         log.warning("%s received: finishing the current step and saving a checkpoint (Ctrl-C again to stop now)",
                     self.requested)
+
+    def agreed(self, accelerator: Any) -> str | None:
+        """The stop to act on now. With several processes, every one must call this at the same point (a
+        collective): any process's stop is every process's, so all save the same step and end together; of two
+        different signals, the higher-numbered (SIGTERM over SIGINT) names it."""
+        if accelerator.num_processes == 1:
+            return self.requested
+        import torch
+        import torch.distributed as dist
+
+        asked = torch.tensor([signal.Signals[self.requested] if self.requested else 0], device=accelerator.device)
+        dist.all_reduce(asked, op=dist.ReduceOp.MAX)
+        return signal.Signals(int(asked)).name if int(asked) else None
 
 
 class TrainingInterrupted(TrainingError):
@@ -49,8 +74,11 @@ class TrainingInterrupted(TrainingError):
 
     exit_code = 130
 
-    def __init__(self, signal_name: str, state: TrainState, checkpoint: Path | None, processes: int = 1):
-        self.checkpoint = checkpoint
+    def __init__(self, signal_name: str, state: TrainState, checkpoint: Path | None, processes: int = 1,
+                 said_here: bool = True):
+        self.checkpoint, self.processes = checkpoint, processes
+        self.said_here = said_here
+        """False on the processes of a multi-process run but the main one, which says the line for all."""
         where = f"; checkpoint saved in {checkpoint}" if checkpoint else ""
         how = f"; resume with: {resume_command(checkpoint.parent.parent, processes)}" if checkpoint else ""
         when = f"in epoch {state.epoch + 1}" if state.consumed else f"after epoch {state.epoch}"

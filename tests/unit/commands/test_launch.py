@@ -85,11 +85,27 @@ def test_a_train_command_launches_the_processes_only_where_several_are_asked_for
     assert not launches(2, 1)
 
 
-def test_the_launch_runs_torchrun_and_ends_with_its_exit_code(monkeypatch):
+def test_the_launch_runs_torchrun_and_ends_with_its_exit_code_waiting_through_ctrl_c(monkeypatch):
     ran = []
-    monkeypatch.setattr(launching.subprocess, "run",
-                        lambda command, check: ran.append(command) or subprocess.CompletedProcess(command, 3))
-    assert launch(["train", "--config", "c.yaml"], 2, 1, 0, None, 30) == 3
+
+    class Torchrun(subprocess.Popen):
+        """Waited for: Ctrl-C first (the processes save a checkpoint and stop), then their exit code."""
+
+        def __init__(self, command):
+            ran.append(command)
+            self.waits = [KeyboardInterrupt, 130]
+
+        def wait(self, timeout=None):
+            outcome = self.waits.pop(0)
+            if outcome is KeyboardInterrupt:
+                raise KeyboardInterrupt
+            return outcome
+
+        def __exit__(self, *exc):
+            pass
+
+    monkeypatch.setattr(launching.subprocess, "Popen", Torchrun)
+    assert launch(["train", "--config", "c.yaml"], 2, 1, 0, None, 30) == 130
     expected = torchrun_command(2, ["train", "--config", "c.yaml"])
     assert [[a for a in command if not a.startswith("--rdzv-id=")] for command in ran] == [
         [a for a in expected if not a.startswith("--rdzv-id=")]]
