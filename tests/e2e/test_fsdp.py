@@ -13,10 +13,13 @@ import subprocess
 import sys
 import textwrap
 import time
+import warnings
 
 import pytest
+from click.testing import CliRunner
 from safetensors.torch import load_file
 
+from qatune.cli import cli
 from qatune.commands.launch import torchrun_launcher
 from tests.conftest import ROOT, chat_tokenizer, tiny_llama
 from tests.failing_process import error_lines, injected
@@ -27,10 +30,15 @@ ROWS = [(f"what is item {i}?", f"thing {i * 7}") for i in range(32)]
 GPT2 = "{scratch: {n_layer: 2, n_embd: 32, n_head: 2, vocab_size: 300}}"
 
 
-def qatune(*args, processes=1):
-    """``qatune ARGS`` in a child process (``--num-processes`` launches torchrun from it); its stderr."""
-    extra = ["--num-processes", str(processes)] if processes > 1 else []
-    done = subprocess.run([sys.executable, "-m", "qatune", *map(str, args), *extra], capture_output=True, text=True,
+def qatune(*args, processes=1, here=True):
+    """``qatune ARGS``: one process ``here`` runs in this one (its imports made once; its peak memory is this
+    process's), else in a child process, which launches torchrun for several. Its stderr, or run here its stdout."""
+    if processes == 1 and here:
+        done = CliRunner().invoke(cli, [*map(str, args)])
+        assert done.exit_code == 0, done.output + done.stderr
+        return done.stdout
+    launch = ["--num-processes", str(processes)] if processes > 1 else []
+    done = subprocess.run([sys.executable, "-m", "qatune", *map(str, args), *launch], capture_output=True, text=True,
                           cwd=ROOT, check=False)
     assert done.returncode == 0, done.stdout + done.stderr
     return done.stderr
@@ -57,14 +65,15 @@ def config(tmp_path, data, model, *extra):
     return path
 
 
-def train_both(tmp_path, path, *sets, sharded_only=(), one_speedups="off"):
-    """The config on two processes with fsdp, and on one (speed paths off: fsdp has none) with accumulation 2."""
+def train_both(tmp_path, path, *sets, sharded_only=(), one_speedups="off", one_here=True):
+    """The config on two processes with fsdp, and on one (speed paths off: fsdp has none) with accumulation 2 (in this
+    process unless ``one_here`` is false)."""
     sets = [arg for item in sets for arg in ("--set", item)]
     two = qatune("train", "--config", path, "--output-dir", tmp_path / "two", "--quiet", "--set",
                  "train.distributed=fsdp", *sets, *[arg for item in sharded_only for arg in ("--set", item)],
                  processes=2)
     qatune("train", "--config", path, "--output-dir", tmp_path / "one", "--quiet", "--set",
-           "train.gradient_accumulation_steps=2", "--set", f"train.speedups={one_speedups}", *sets)
+           "train.gradient_accumulation_steps=2", "--set", f"train.speedups={one_speedups}", *sets, here=one_here)
     return two
 
 
@@ -102,7 +111,8 @@ def test_gpt2_matches_one_process_and_resumes_exactly(tmp_path, data):
     averages its shard. Without clipping the updates are identical (test_clipped_gradients_match_one_process: with
     it)."""
     path = config(tmp_path, data, GPT2)
-    log = train_both(tmp_path, path, "train.max_grad_norm=null", "train.save_every=3", "train.ema_decay=0.8")
+    log = train_both(tmp_path, path, "train.max_grad_norm=null", "train.save_every=3", "train.ema_decay=0.8",
+                     one_here=False)  # its peak memory is measured below
     assert "fsdp: 2 FSDPGPT2Block units and the root, sharded on 2 processes: 0.02M of 0.04M parameters" in log
     assert "speedups (auto): none on: train.distributed is fsdp" in log
     assert_same_steps(tmp_path / "one", tmp_path / "two")
@@ -110,9 +120,8 @@ def test_gpt2_matches_one_process_and_resumes_exactly(tmp_path, data):
     validation = "predictions-validation.csv"
     assert (tmp_path / "two" / validation).read_text() == (tmp_path / "one" / validation).read_text()
     # qatune check's estimates of the peak per process, against the peaks the runs measured.
-    check = subprocess.run([sys.executable, "-m", "qatune", "check", "--config", str(path), "--json"],
-                           capture_output=True, text=True, cwd=ROOT, check=True)
-    estimated = {s["setup"]: s["total_gib"] for s in json.loads(check.stdout)["memory"]["setups"]}
+    check = qatune("check", "--config", path, "--json")
+    estimated = {s["setup"]: s["total_gib"] for s in json.loads(check)["memory"]["setups"]}
     for setup, run in (("1 process", "one"), ("fsdp x 2", "two")):
         measured = json.loads((tmp_path / run / "run.json").read_text())["result"]["peak_memory_mb"] / 1024
         assert 0.7 * measured <= estimated[setup] <= 1.3 * measured, (setup, estimated, measured)
@@ -126,11 +135,11 @@ def test_gpt2_matches_one_process_and_resumes_exactly(tmp_path, data):
     assert {"sharded/.metadata", "sharded/__0_0.distcp", "sharded/__1_0.distcp", "scheduler.pt", "rng.pt",
             "trainer_state.json", "config.json"} <= set(step3)
     assert "model.safetensors" not in step3 and "optimizer.pt" not in step3 and "average.pt" not in step3
-    # eval reads a sharded checkpoint in one process: the same weights as one process's step 3.
-    scores = [json.loads(subprocess.run(
-        [sys.executable, "-m", "qatune", "eval", str(tmp_path / run / "checkpoints" / "step-0000003"), "--data",
-         str(data / "held.csv"), "--json"], capture_output=True, text=True, cwd=ROOT, check=True).stdout)
-        for run in ("one", "two")]
+    # eval reads a sharded checkpoint in one process, without a warning: the same weights as one process's step 3.
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        scores = [json.loads(qatune("eval", tmp_path / run / "checkpoints" / "step-0000003", "--data",
+                                    data / "held.csv", "--json")) for run in ("one", "two")]
     assert abs(scores[0]["loss"] - scores[1]["loss"]) <= 1e-5 * scores[0]["loss"], scores
     # A checkpoint written at step 3 continues as the run that never stopped.
     resumed = tmp_path / "resumed"
@@ -370,10 +379,11 @@ def test_resumes_after_one_process_is_killed(tmp_path, data):
     qatune("train", "--resume", tmp_path / "killed", "--quiet", processes=2)
     assert_same_steps(tmp_path / "whole", tmp_path / "killed", rel=1e-6)
     assert not [p.name for p in (tmp_path / "killed" / "checkpoints").iterdir() if p.name.startswith(".")]
-    # Resuming with another number of processes is refused: each trains its own share of every step.
+    # Resuming with another number of processes is refused before they start: each trains its own share of every
+    # step.
     done = subprocess.run([sys.executable, "-m", "qatune", "train", "--resume", str(tmp_path / "whole" / "checkpoints"
                            / "step-0000010"), "--quiet", "--num-processes", "3"], capture_output=True, text=True,
                           cwd=ROOT, check=False)
-    assert done.returncode != 0 and "Traceback" not in done.stderr
+    assert done.returncode != 0 and "Traceback" not in done.stderr and "launching" not in done.stderr
     assert "was written by a run of 2 processes and this one has 3: an exact resume needs the same number" in \
         done.stderr

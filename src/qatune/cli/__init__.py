@@ -133,6 +133,10 @@ def train(ctx: click.Context, config_path: str | None, overrides: tuple[str, ...
     from qatune.commands.launch import launch, launches, process_args
 
     if launches(num_processes, nodes):
+        if resume:
+            from qatune.train.resume import check_launch
+
+            check_launch(resume, num_processes * nodes)
         args = process_args(config_path, overrides, output_dir, overwrite, resume, quiet,
                             verbose=bool(ctx.find_root().meta.get("qatune.verbose")))
         ctx.exit(launch(args, num_processes, nodes, node_rank, master, join_timeout))

@@ -10,6 +10,7 @@ Where folders live in a run directory is :mod:`qatune.runs.layout`'s.
 from __future__ import annotations
 
 import json
+import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -199,7 +200,9 @@ def _load_sharded(folder: Path, auto: Any, trust: bool) -> Any:
     model = auto.from_config(AutoConfig.from_pretrained(folder, trust_remote_code=trust), trust_remote_code=trust)
     tied = _tied_copies(model)
     weights = {name: w for name, w in model.state_dict().items() if name not in tied}
-    dcp.load({"model": weights}, checkpoint_id=str(folder / layout.SHARDS), no_dist=True)
+    with warnings.catch_warnings():  # torch warns of the single process that no_dist asks for
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
+        dcp.load({"model": weights}, checkpoint_id=str(folder / layout.SHARDS), no_dist=True)
     model.load_state_dict(weights, strict=False)
     model.tie_weights()
     return model

@@ -94,15 +94,21 @@ def check_epochs_left(state: TrainState, epochs: int, planned: int, checkpoint: 
                       f"or --set train.epochs to {done + 1} or more")
 
 
-def check_processes(state: TrainState, checkpoint: Path, path: Path) -> None:
-    """Refuse to resume with another number of processes: the batches of an epoch, and so the steps, are split by
-    it, and the position in the epoch is counted per process."""
-    processes = int(os.environ.get("WORLD_SIZE", "1"))
+def check_processes(state: TrainState, checkpoint: Path, path: Path, processes: int | None = None) -> None:
+    """Refuse to resume with another number of processes (this run's, or ``processes``): the batches of an epoch, and
+    so the steps, are split by it, and the position in the epoch is counted per process."""
+    processes = processes or int(os.environ.get("WORLD_SIZE", "1"))
     if state.processes is not None and state.processes != processes:
         raise ConfigError(f"{checkpoint} was written by a run of {state.processes} process"
                           f"{'es' if state.processes > 1 else ''} and this one has {processes}: an exact resume "
                           f"needs the same number (each process trains its own share of every step): "
                           f"{resume_command(path, state.processes)}")
+
+
+def check_launch(path: str, processes: int) -> None:
+    """Before ``processes`` are launched to resume ``path``: refused at once if they could not resume it."""
+    checkpoint = find_checkpoint(Path(path))
+    check_processes(load_state(checkpoint), checkpoint, Path(path), processes)
 
 
 def load_weights(model: torch.nn.Module, checkpoint: Path) -> torch.nn.Module:
