@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -41,12 +43,23 @@ def launch(qatune_args: list[str], processes: int, nodes: int, node_rank: int, m
     command = torchrun_command(processes, qatune_args, nodes, node_rank, master, join_timeout)
     wait_for_machines(nodes, node_rank, master, join_timeout)
     log.info("launching %d processes on this machine: %s", processes, " ".join(command))
-    with subprocess.Popen(command) as torchrun:
-        while True:
-            try:
-                return torchrun.wait()
-            except KeyboardInterrupt:  # Ctrl-C reached the processes too: they save a checkpoint and stop
-                continue
+    with subprocess.Popen(command) as torchrun, passed_on(torchrun):
+        return torchrun.wait()
+
+
+@contextmanager
+def passed_on(torchrun: subprocess.Popen) -> Iterator[None]:
+    """While entered, Ctrl-C and SIGTERM sent to this command are passed on to torchrun's agent, which passes them on
+    to the processes: they finish their step, save a checkpoint and stop, and this command waits for them. A
+    terminal's Ctrl-C reaches the agent and the processes itself as well; each takes a repeat within a second as the
+    same signal."""
+    handled = (signal.SIGINT, signal.SIGTERM) if threading.current_thread() is threading.main_thread() else ()
+    previous = {sig: signal.signal(sig, lambda signum, _frame: torchrun.send_signal(signum)) for sig in handled}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def parse_master(master: str | None, nodes: int) -> tuple[str, int]:

@@ -19,6 +19,7 @@ import signal
 import socket
 import sys
 import tempfile
+import time
 from typing import Any
 
 LOCAL_RENDEZVOUS = "qatune-local"
@@ -33,6 +34,7 @@ def main(argv: list[str]) -> int:
 
     for name in ("torch.distributed.elastic.multiprocessing.api", "torch.distributed.elastic.agent.server.api"):
         logging.getLogger(name).addFilter(_without_narration)
+    handle_signals_once()
     share_cores(argv)
     with tempfile.TemporaryDirectory(prefix="qatune-torchrun-", ignore_cleanup_errors=True) as logs:
         if f"--rdzv-backend={LOCAL_RENDEZVOUS}" in argv:
@@ -50,8 +52,8 @@ def main(argv: list[str]) -> int:
             print(f"error: training process {rank} was killed by {how}; the others were stopped (continue from the "
                   "newest checkpoint with --resume)", file=sys.stderr)
             return 128 - failure.exitcode
-        except SignalException as exc:  # Ctrl-C, SIGTERM: the processes, told too, have said how they stopped
-            return 128 + exc.sigval
+        except SignalException:  # Ctrl-C, SIGTERM: the processes, told too, have said how they stopped
+            return INTERRUPTED
     return 0
 
 
@@ -65,6 +67,30 @@ def share_cores(argv: list[str]) -> None:
     if "OMP_NUM_THREADS" in os.environ or not given.isdigit() or int(given) < 1:
         return  # the user's setting, or a count torchrun works out itself (auto, gpu)
     os.environ["OMP_NUM_THREADS"] = str(max(1, torch.get_num_threads() // int(given)))
+
+
+INTERRUPTED = 130
+"""The exit code of a run stopped by Ctrl-C or SIGTERM, as one process's (qatune's TrainingInterrupted)."""
+SAME_SIGNAL = 1.0
+"""Seconds within which the agent takes a repeat of a signal as the same one (as the processes do: SAME_CTRL_C)."""
+
+
+def handle_signals_once() -> None:
+    """The agent's handler of SIGINT and SIGTERM (which stops the processes, and on a second signal the agent itself)
+    takes a repeat within SAME_SIGNAL as the same signal: a terminal's Ctrl-C reaches the agent both from the terminal
+    and from ``qatune train``, which passes on what it gets."""
+    from torch.distributed.elastic.multiprocessing import api
+
+    handler, last = api._terminate_process_handler, {}
+
+    def once(signum: int, frame: Any) -> None:
+        now = time.monotonic()
+        if signum in last and now - last[signum] < SAME_SIGNAL:
+            return
+        last[signum] = now
+        handler(signum, frame)
+
+    api._terminate_process_handler = once  # what torchrun installs as it starts the processes
 
 
 def keep_to_loopback() -> None:

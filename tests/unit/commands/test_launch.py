@@ -3,6 +3,7 @@ addresses it refuses, the cores each process computes with, and the one-machine 
 loopback."""
 
 import os
+import signal
 import socket
 import subprocess
 
@@ -85,30 +86,53 @@ def test_a_train_command_launches_the_processes_only_where_several_are_asked_for
     assert not launches(2, 1)
 
 
-def test_the_launch_runs_torchrun_and_ends_with_its_exit_code_waiting_through_ctrl_c(monkeypatch):
-    ran = []
+def test_the_launch_runs_torchrun_passes_on_ctrl_c_and_sigterm_and_ends_with_its_exit_code(monkeypatch):
+    """A signal sent to the command alone (kill, a container's stop, qatune ui's Stop) reaches torchrun's agent,
+    which stops the processes with a checkpoint; the command waits for them, and gets its own handlers back."""
+    ran, passed = [], []
 
     class Torchrun(subprocess.Popen):
-        """Waited for: Ctrl-C first (the processes save a checkpoint and stop), then their exit code."""
-
         def __init__(self, command):
             ran.append(command)
-            self.waits = [KeyboardInterrupt, 130]
+
+        def send_signal(self, signum):
+            passed.append(signum)
 
         def wait(self, timeout=None):
-            outcome = self.waits.pop(0)
-            if outcome is KeyboardInterrupt:
-                raise KeyboardInterrupt
-            return outcome
+            signal.raise_signal(signal.SIGINT)  # no KeyboardInterrupt here: the processes save their checkpoint
+            signal.raise_signal(signal.SIGTERM)
+            return 130
 
         def __exit__(self, *exc):
             pass
 
     monkeypatch.setattr(launching.subprocess, "Popen", Torchrun)
+    before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
     assert launch(["train", "--config", "c.yaml"], 2, 1, 0, None, 30) == 130
+    assert passed == [signal.SIGINT, signal.SIGTERM]
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
     expected = torchrun_command(2, ["train", "--config", "c.yaml"])
     assert [[a for a in command if not a.startswith("--rdzv-id=")] for command in ran] == [
         [a for a in expected if not a.startswith("--rdzv-id=")]]
+
+
+def test_the_agent_takes_a_repeated_signal_within_a_second_as_the_same_one(monkeypatch):
+    """A terminal's Ctrl-C reaches torchrun's agent twice (from the terminal, and passed on by the command): once is
+    a stop with a checkpoint, twice would end the agent before the processes have saved it."""
+    from torch.distributed.elastic.multiprocessing import SignalException, api
+
+    from qatune.commands import torchrun
+
+    monkeypatch.setattr(api, "_terminate_process_handler", api._terminate_process_handler)  # restored after
+    torchrun.handle_signals_once()
+    with pytest.raises(SignalException):
+        api._terminate_process_handler(signal.SIGINT, None)
+    api._terminate_process_handler(signal.SIGINT, None)  # the same Ctrl-C
+    with pytest.raises(SignalException):
+        api._terminate_process_handler(signal.SIGTERM, None)
+    monkeypatch.setattr(torchrun, "SAME_SIGNAL", 0.0)  # as if a second had passed: a second Ctrl-C
+    with pytest.raises(SignalException):
+        api._terminate_process_handler(signal.SIGINT, None)
 
 
 def test_each_process_reruns_this_train_command_without_the_launch_options():
