@@ -25,6 +25,7 @@ from qatune.export import ExportError
 from qatune.export.gguf_prompt import chat_template
 from qatune.model.families import FAMILIES, GgufLayout, family_of, rope_parameters
 from qatune.model.folder import LoadedModel
+from qatune.model.gguf_cache import quick_reader
 from qatune.model.gguf_file import embedded_run
 from qatune.runs.layout import BEST, FINAL
 
@@ -365,7 +366,7 @@ def read_into(model: Any, path: Path) -> None:
     by_name = {name: hf_name for hf_name, name, _ in file_tensors(model, layout)}
     extra = extra_tensors(layout, model.config)  # the model computes them from its config
     state = model.state_dict()
-    for tensor in gguf.GGUFReader(str(path)).tensors:
+    for tensor in quick_reader()(str(path)).tensors:
         if tensor.name in extra:
             continue
         hf_name = by_name.get(tensor.name)

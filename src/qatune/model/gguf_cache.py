@@ -19,6 +19,7 @@ A packaged model shipped in parts (``gemma3-270m``) has its file written whole o
 from __future__ import annotations
 
 import atexit
+import functools
 import hashlib
 import json
 import logging
@@ -233,7 +234,7 @@ def read_metadata(file: Path) -> dict[str, Any]:
     ValueError for a file that is no GGUF file."""
     import gguf
 
-    reader = gguf.GGUFReader(str(file))
+    reader = quick_reader()(str(file))
     values: dict[str, Any] = {}
     for key, field in reader.fields.items():
         if field.types and field.types[0] == gguf.GGUFValueType.ARRAY:
@@ -244,3 +245,31 @@ def read_metadata(file: Path) -> dict[str, Any]:
         except (ValueError, IndexError):  # a value type this gguf cannot read: not one qatune needs
             continue
     return values
+
+
+@functools.cache
+def quick_reader() -> type:
+    """gguf's ``GGUFReader`` over a plain array view of the file's memory map: the same fields and tensors, read about
+    three times faster. The reader slices the map twice for each string of a vocabulary (SmolLM2's 49k tokens and
+    as many merges, Gemma 3's 262k tokens), and each slice of a ``numpy.memmap`` costs a Python call of its own."""
+    import gguf
+    import numpy as np
+
+    class QuickReader(gguf.GGUFReader):
+        @property
+        def data(self) -> Any:
+            return self._array
+
+        @data.setter
+        def data(self, value: Any) -> None:
+            self._array = value.view(np.ndarray) if isinstance(value, np.memmap) else value
+
+    return QuickReader
+
+
+def read_quickly() -> None:
+    """transformers reads a .gguf file (its config, tokenizer and weights, each in turn) with ``gguf.GGUFReader``,
+    looked up as it reads: it gets :func:`quick_reader` from now on."""
+    import gguf
+
+    gguf.GGUFReader = quick_reader()

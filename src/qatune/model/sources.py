@@ -93,6 +93,7 @@ def _load_kwargs(model: ModelConfig, source: ModelSource) -> dict[str, Any]:
             raise ModelError(f"model '{source.name}' is read from a .gguf file, which needs the gguf package; "
                              f"run: {install}")
         kwargs["gguf_file"] = source.gguf_file
+        gguf_cache.read_quickly()
     if not _is_local(source.path) and not hub_reachable():
         # Offline: only the local cache can help, and it answers at once instead of after minutes of retries.
         kwargs["local_files_only"] = True

@@ -158,3 +158,20 @@ def test_a_failed_conversion_reads_the_file_and_a_damaged_folder_is_converted_ag
         assert_same(loaded(gguf_file), expected)
     assert f"{weights} has" in caplog.text and "(truncated or replaced); it is converted again" in caplog.text
     assert conversions == ["tiny.gguf", "tiny.gguf"]
+
+
+def test_the_quick_reader_reads_what_ggufs_reader_reads_and_transformers_reads_with_it(gguf_file, monkeypatch):
+    import gguf
+    from gguf.gguf_reader import GGUFReader
+
+    slow, quick = GGUFReader(str(gguf_file)), gguf_cache.quick_reader()(str(gguf_file))
+    assert list(slow.fields) == list(quick.fields) and "tokenizer.ggml.tokens" in quick.fields
+    for name, field in slow.fields.items():
+        assert field.types == quick.fields[name].types
+        assert [part.tobytes() for part in field.parts] == [part.tobytes() for part in quick.fields[name].parts]
+    assert quick.fields["tokenizer.ggml.tokens"].contents() == slow.fields["tokenizer.ggml.tokens"].contents()
+    assert [(t.name, t.tensor_type, t.shape.tolist(), t.data.tobytes()) for t in slow.tensors] == [
+        (t.name, t.tensor_type, t.shape.tolist(), t.data.tobytes()) for t in quick.tensors]
+    monkeypatch.setattr(gguf, "GGUFReader", GGUFReader)  # as before any file was read here; restored after
+    direct(gguf_file, monkeypatch)  # read through transformers
+    assert gguf.GGUFReader is gguf_cache.quick_reader()
