@@ -2,8 +2,8 @@
 transformers folder in qatune's cache, which later commands load in a fraction of a second.
 
 Reading a GGUF file through transformers parses its metadata (a vocabulary element by element) once for the
-tokenizer, once for the config and once for the model, and dequantizes every tensor: about 20 s for
-SmolLM2-135M on two cores, for each command. The folder holds exactly what that reading gives (float32
+tokenizer, once for the config and once for the model (with :func:`quick_reader`), and dequantizes every tensor,
+for each command. The folder holds exactly what that reading gives (float32
 weights), under a key made of the file's path, size and modification time and of the transformers version that
 read it: a file changed in place, or another transformers, gets a new folder.
 
