@@ -32,7 +32,8 @@ GPT2 = "{scratch: {n_layer: 2, n_embd: 32, n_head: 2, vocab_size: 300}}"
 
 def qatune(*args, processes=1, here=True):
     """``qatune ARGS``: one process ``here`` runs in this one (its imports made once; its peak memory is this
-    process's), else in a child process, which launches torchrun for several. Its stderr, or run here its stdout."""
+    process's), else in a child process, which launches torchrun for several. Its stdout, or of several processes
+    their stderr (their log)."""
     if processes == 1 and here:
         done = CliRunner().invoke(cli, [*map(str, args)])
         assert done.exit_code == 0, done.output + done.stderr
@@ -41,7 +42,7 @@ def qatune(*args, processes=1, here=True):
     done = subprocess.run([sys.executable, "-m", "qatune", *map(str, args), *launch], capture_output=True, text=True,
                           cwd=ROOT, check=False)
     assert done.returncode == 0, done.stdout + done.stderr
-    return done.stderr
+    return done.stdout if processes == 1 else done.stderr
 
 
 @pytest.fixture(scope="module")
