@@ -202,11 +202,11 @@ def stop_a_run(tmp_path, arguments, lines, signalled):
 
 
 def test_a_stop_saves_a_checkpoint_and_ends_in_the_line_that_resumes(tmp_path):
-    """A terminal's Ctrl-C goes to every process of the command's group: the command, torchrun's agent and the two
-    training processes (which the agent tells again); kill (or a container's stop) sends SIGTERM to the command
-    alone; a scheduler's SIGTERM may reach one training process alone. Each time every process finishes the same
-    step, the checkpoint is saved, the command waits for them and ends with 130 in one line, with no traceback and
-    nothing left over; the run resumes from that step."""
+    """A terminal's Ctrl-C goes to the command's process group: the command (which passes it on) and torchrun's agent
+    (which passes it on to the training processes, each in a group of its own); kill (or a container's stop) sends
+    SIGTERM to the command alone; a scheduler's SIGTERM may reach one training process alone. Each time every process
+    finishes the same step, the checkpoint is saved, the command waits for them and ends with 130 in one line, with
+    no traceback and nothing left over; the run resumes from that step."""
     config = write_config(tmp_path)
     config.write_text(config.read_text().replace("epochs: 2", "epochs: 500"))
     run = tmp_path / "run"

@@ -51,8 +51,8 @@ def launch(qatune_args: list[str], processes: int, nodes: int, node_rank: int, m
 def passed_on(torchrun: subprocess.Popen) -> Iterator[None]:
     """While entered, Ctrl-C and SIGTERM sent to this command are passed on to torchrun's agent, which passes them on
     to the processes: they finish their step, save a checkpoint and stop, and this command waits for them. A
-    terminal's Ctrl-C reaches the agent and the processes itself as well; each takes a repeat within a second as the
-    same signal."""
+    terminal's Ctrl-C reaches the agent itself as well (not the processes: torchrun starts each in a process group of
+    its own); the agent takes a repeat within a second as the same signal."""
     handled = (signal.SIGINT, signal.SIGTERM) if threading.current_thread() is threading.main_thread() else ()
     previous = {sig: signal.signal(sig, lambda signum, _frame: torchrun.send_signal(signum)) for sig in handled}
     try:

@@ -22,6 +22,8 @@ import tempfile
 import time
 from typing import Any
 
+import psutil
+
 LOCAL_RENDEZVOUS = "qatune-local"
 """torchrun's ``--rdzv-backend`` for a run on this machine alone: its state in a file, its store on 127.0.0.1."""
 LOOPBACK = "127.0.0.1"
@@ -76,21 +78,31 @@ SAME_SIGNAL = 1.0
 
 
 def handle_signals_once() -> None:
-    """The agent's handler of SIGINT and SIGTERM (which stops the processes, and on a second signal the agent itself)
-    takes a repeat within SAME_SIGNAL as the same signal: a terminal's Ctrl-C reaches the agent both from the terminal
-    and from ``qatune train``, which passes on what it gets."""
+    """The agent's handler of SIGINT and SIGTERM: the first stops the processes (each finishes its step and saves a
+    checkpoint), and a repeat within SAME_SIGNAL is that one (a terminal's Ctrl-C reaches the agent both from the
+    terminal and from ``qatune train``, which passes on what it gets). A later one, a second Ctrl-C, is passed on to
+    the processes, which stop at once; torchrun's own handling of it would send them SIGTERM and wait 30 s."""
     from torch.distributed.elastic.multiprocessing import api
 
-    handler, last = api._terminate_process_handler, {}
+    handler, first = api._terminate_process_handler, []
 
     def once(signum: int, frame: Any) -> None:
-        now = time.monotonic()
-        if signum in last and now - last[signum] < SAME_SIGNAL:
-            return
-        last[signum] = now
-        handler(signum, frame)
+        if not first:
+            first.append(time.monotonic())
+            handler(signum, frame)  # raises torchrun's SignalException: it stops the processes with this signal
+        elif time.monotonic() - first[0] >= SAME_SIGNAL:
+            pass_on(signum)
 
     api._terminate_process_handler = once  # what torchrun installs as it starts the processes
+
+
+def pass_on(signum: int) -> None:
+    """Send ``signum`` to the training processes (torchrun starts each in a process group of its own)."""
+    for process in psutil.Process().children():
+        try:
+            os.killpg(process.pid, signum)
+        except ProcessLookupError:
+            pass
 
 
 def keep_to_loopback() -> None:

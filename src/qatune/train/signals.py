@@ -20,8 +20,8 @@ log = logging.getLogger("qatune")
 
 
 SAME_CTRL_C = 1.0
-"""Seconds within which a second SIGINT is the same Ctrl-C: the terminal's reaches every process of a multi-process
-run, and torchrun's agent passes the one it got on to them."""
+"""Seconds within which a second SIGINT is the same Ctrl-C: a signal sent to every process of a job (a scheduler's)
+reaches a training process of a multi-process run directly and again from torchrun's agent."""
 
 
 class StopSignals:
@@ -47,10 +47,12 @@ class StopSignals:
             signal.signal(sig, signal.SIG_IGN if ending and sig == signal.SIGTERM else handler)
 
     def _handle(self, signum: int, _frame: Any) -> None:
-        if self.requested and time.monotonic() - self._requested_at < SAME_CTRL_C:
+        if self.requested:
+            # A second Ctrl-C stops at once; a repeat within SAME_CTRL_C of the first signal is that one, and a
+            # SIGTERM after it (torchrun's agent sends one as it shuts down) lets the stop go on.
+            if signum == signal.SIGINT and time.monotonic() - self._requested_at >= SAME_CTRL_C:
+                raise KeyboardInterrupt
             return
-        if self.requested and signum == signal.SIGINT:
-            raise KeyboardInterrupt
         self.requested, self._requested_at = signal.Signals(signum).name, time.monotonic()
         log.warning("%s received: finishing the current step and saving a checkpoint (Ctrl-C again to stop now)",
                     self.requested)

@@ -116,23 +116,27 @@ def test_the_launch_runs_torchrun_passes_on_ctrl_c_and_sigterm_and_ends_with_its
         [a for a in expected if not a.startswith("--rdzv-id=")]]
 
 
-def test_the_agent_takes_a_repeated_signal_within_a_second_as_the_same_one(monkeypatch):
+def test_the_agent_takes_a_repeated_signal_within_a_second_as_the_same_one_and_passes_a_second_ctrl_c_on(
+        monkeypatch):
     """A terminal's Ctrl-C reaches torchrun's agent twice (from the terminal, and passed on by the command): once is
-    a stop with a checkpoint, twice would end the agent before the processes have saved it."""
+    a stop with a checkpoint, twice would end the agent before the processes have saved it. A second Ctrl-C goes on
+    to the processes, which stop at once."""
     from torch.distributed.elastic.multiprocessing import SignalException, api
 
     from qatune.commands import torchrun
 
     monkeypatch.setattr(api, "_terminate_process_handler", api._terminate_process_handler)  # restored after
+    passed = []
+    monkeypatch.setattr(torchrun, "pass_on", passed.append)
     torchrun.handle_signals_once()
     with pytest.raises(SignalException):
         api._terminate_process_handler(signal.SIGINT, None)
     api._terminate_process_handler(signal.SIGINT, None)  # the same Ctrl-C
-    with pytest.raises(SignalException):
-        api._terminate_process_handler(signal.SIGTERM, None)
+    api._terminate_process_handler(signal.SIGTERM, None)
+    assert passed == []
     monkeypatch.setattr(torchrun, "SAME_SIGNAL", 0.0)  # as if a second had passed: a second Ctrl-C
-    with pytest.raises(SignalException):
-        api._terminate_process_handler(signal.SIGINT, None)
+    api._terminate_process_handler(signal.SIGINT, None)
+    assert passed == [signal.SIGINT]
 
 
 def test_each_process_reruns_this_train_command_without_the_launch_options():

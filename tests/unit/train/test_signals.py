@@ -18,8 +18,9 @@ def test_the_stop_message_names_the_command_that_resumes(tmp_path):
 
 
 def test_a_second_sigint_within_a_second_is_the_same_ctrl_c_and_a_later_one_stops_at_once(monkeypatch):
-    """A terminal's Ctrl-C reaches every process of a multi-process run, and torchrun's agent passes on the one it
-    got: one Ctrl-C arrives twice, and must still finish the step and save a checkpoint."""
+    """A signal sent to every process of a job (a scheduler's) reaches a training process of a multi-process run
+    directly and again from torchrun's agent: one stop arrives twice, and must still finish the step and save a
+    checkpoint."""
     import signal
 
     from qatune.train import signals
@@ -29,6 +30,8 @@ def test_a_second_sigint_within_a_second_is_the_same_ctrl_c_and_a_later_one_stop
         signal.raise_signal(signal.SIGINT)  # the agent's, a moment later
         assert stop.requested == "SIGINT"
         monkeypatch.setattr(signals, "SAME_CTRL_C", 0.0)  # as if a second had passed
+        signal.raise_signal(signal.SIGTERM)  # the agent's as it shuts down: the stop goes on
+        assert stop.requested == "SIGINT"
         with pytest.raises(KeyboardInterrupt):
             signal.raise_signal(signal.SIGINT)
 
