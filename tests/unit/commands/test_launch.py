@@ -87,7 +87,7 @@ def test_a_train_command_launches_the_processes_only_where_several_are_asked_for
 
 
 def test_the_launch_runs_torchrun_passes_on_ctrl_c_and_sigterm_and_ends_with_its_exit_code(monkeypatch):
-    """A signal sent to the command alone (kill, a container's stop, qatune ui's Stop) reaches torchrun's agent,
+    """A signal sent to the command alone (kill, a container's stop) reaches torchrun's agent,
     which stops the processes with a checkpoint; the command waits for them, and gets its own handlers back."""
     ran, passed = [], []
 
